@@ -1,0 +1,65 @@
+// The planner: the decision guide as code. A Strategy proposes the next trials from the results
+// so far and knows when to stop, so the coordinator can drive it with any number of workers.
+//
+// Usage (single-threaded; the coordinator calls it under its own lock):
+//   auto strategy = MakeStrategy(spec);
+//   while (!strategy->Done()) {
+//     for (auto& c : strategy->Propose(free_slots)) dispatch(c.policy);
+//     ... strategy->Observe(result) for each result that arrives ...
+//   }
+// Propose never returns a policy it returned before. A strategy is rebuilt after a coordinator
+// restart by replaying Propose/Observe with the recorded trials (Restore).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "search/memory_model.h"
+#include "search/policy.h"
+#include "search/spec.h"
+#include "search/trial.h"
+
+namespace remat::search {
+
+struct Candidate {
+  Policy policy;
+  std::string reason;  // why the guide proposes it ("matched no-recompute control", ...)
+  MemoryEstimate estimate;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+
+  // Up to `max_count` new candidates that can run now (fewer when the next step depends on
+  // results still outstanding). Empty when nothing can be proposed until more results arrive
+  // or when the search is done.
+  virtual std::vector<Candidate> Propose(int max_count) = 0;
+
+  // A result for a policy this strategy proposed (any status).
+  virtual void Observe(const TrialResult& result) = 0;
+
+  // True when no further trial could change the outcome: frontier settled, trial limit reached,
+  // or nothing left to try. Outstanding proposals must have been observed.
+  virtual bool Done() const = 0;
+
+  // The number of trials this strategy expects to run in total (an estimate for progress bars).
+  virtual int PlannedTotal() const = 0;
+
+  // Rebuild state after a restart: `proposed` in the order they were proposed, `results` for
+  // those that finished. Afterwards Propose continues where the strategy left off.
+  virtual void Restore(const std::vector<Candidate>& proposed,
+                       const std::vector<TrialResult>& results) = 0;
+};
+
+// The guided strategy (the decision guide) or the exhaustive one, per spec.search.strategy.
+std::unique_ptr<Strategy> MakeStrategy(const SearchSpec& spec);
+std::unique_ptr<Strategy> MakeGuidedStrategy(const SearchSpec& spec);
+std::unique_ptr<Strategy> MakeExhaustiveStrategy(const SearchSpec& spec);
+
+// What `remat plan` shows: the control, the valid single labels led by the architecture's first
+// boundary, then the full-recompute policies; each with its reason and estimate.
+std::vector<Candidate> InitialPlan(const SearchSpec& spec);
+
+}  // namespace remat::search

@@ -1,0 +1,280 @@
+#include "search/spec.h"
+
+#include <cmath>
+
+namespace remat::search {
+namespace {
+
+template <typename E, size_t N>
+std::optional<E> ParseByName(const std::string& s, const char* const (&names)[N]) {
+  for (size_t i = 0; i < N; ++i) {
+    if (s == names[i]) return static_cast<E>(i);
+  }
+  return std::nullopt;
+}
+
+constexpr const char* kNormalization[] = {"LayerNorm", "RMSNorm"};
+constexpr const char* kAttentionBackend[] = {"unfused", "flash"};
+constexpr const char* kPositionEmbedding[] = {"learned_absolute", "rope", "none"};
+constexpr const char* kPrecision[] = {"bf16", "fp32"};
+constexpr const char* kMemoryMetric[] = {"reserved", "allocated"};
+constexpr const char* kStrategy[] = {"guided", "exhaustive"};
+constexpr const char* kBackend[] = {"builtin", "command", "replay"};
+constexpr const char* kDevice[] = {"auto", "cuda", "cpu"};
+
+Status Positive(const char* field, long long v) {
+  if (v <= 0) return InvalidArgument(std::string(field) + ": must be a positive integer");
+  return OkStatus();
+}
+
+Status Divides(const char* field, long long value, const char* by_field, long long by) {
+  if (by > 0 && value % by != 0) {
+    return InvalidArgument(std::string(field) + ": " + std::to_string(value) +
+                           " must be divisible by " + by_field + " (" + std::to_string(by) + ")");
+  }
+  return OkStatus();
+}
+
+Status Probability(const char* field, double v) {
+  if (!(v >= 0.0 && v < 1.0)) {
+    return InvalidArgument(std::string(field) + ": must be in [0, 1)");
+  }
+  return OkStatus();
+}
+
+Status ValidateModel(const ModelSpec& m, const ParallelSpec& p) {
+  REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.num_layers", m.num_layers));
+  REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.hidden_size", m.hidden_size));
+  REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.num_attention_heads", m.num_attention_heads));
+  REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.seq_length", m.seq_length));
+  REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.vocab_size", m.vocab_size));
+  if (m.num_query_groups) {
+    REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.num_query_groups", *m.num_query_groups));
+    REMAT_SEARCH_RETURN_IF_ERROR(Divides("model.num_attention_heads", m.num_attention_heads,
+                                         "model.num_query_groups", *m.num_query_groups));
+  }
+  if (m.ffn_hidden_size) {
+    REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.ffn_hidden_size", *m.ffn_hidden_size));
+  }
+  if (m.kv_channels) {
+    REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.kv_channels", *m.kv_channels));
+  } else if (!m.multi_latent_attention) {
+    REMAT_SEARCH_RETURN_IF_ERROR(Divides("model.hidden_size", m.hidden_size,
+                                         "model.num_attention_heads", m.num_attention_heads));
+  }
+  REMAT_SEARCH_RETURN_IF_ERROR(Probability("model.attention_dropout", m.attention_dropout));
+  REMAT_SEARCH_RETURN_IF_ERROR(Probability("model.hidden_dropout", m.hidden_dropout));
+  if (m.position_embedding_type == PositionEmbedding::kRope && !m.multi_latent_attention &&
+      m.EffectiveKvChannels() % 2 != 0) {
+    return InvalidArgument("model.kv_channels: rotary embeddings need an even head dimension, got " +
+                           std::to_string(m.EffectiveKvChannels()));
+  }
+
+  if (m.multi_latent_attention) {
+    if (m.q_lora_rank) REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.q_lora_rank", *m.q_lora_rank));
+    REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.kv_lora_rank", m.kv_lora_rank));
+    REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.qk_head_dim", m.qk_head_dim));
+    REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.qk_pos_emb_head_dim", m.qk_pos_emb_head_dim));
+    REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.v_head_dim", m.v_head_dim));
+    if (m.qk_pos_emb_head_dim % 2 != 0) {
+      return InvalidArgument("model.qk_pos_emb_head_dim: rotary embeddings need an even size, got " +
+                             std::to_string(m.qk_pos_emb_head_dim));
+    }
+    if (m.num_query_groups && *m.num_query_groups != m.num_attention_heads) {
+      return InvalidArgument(
+          "model.num_query_groups: multi-latent attention has one key/value head per query head; "
+          "leave num_query_groups unset or equal to num_attention_heads");
+    }
+  }
+
+  if (m.num_moe_experts) {
+    REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.num_moe_experts", *m.num_moe_experts));
+    REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.moe_router_topk", m.moe_router_topk));
+    if (m.moe_router_topk > *m.num_moe_experts) {
+      return InvalidArgument("model.moe_router_topk: " + std::to_string(m.moe_router_topk) +
+                             " exceeds num_moe_experts (" + std::to_string(*m.num_moe_experts) +
+                             ")");
+    }
+    if (m.moe_ffn_hidden_size) {
+      REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.moe_ffn_hidden_size", *m.moe_ffn_hidden_size));
+    }
+    if (m.moe_shared_expert_intermediate_size) {
+      REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.moe_shared_expert_intermediate_size",
+                                            *m.moe_shared_expert_intermediate_size));
+    }
+    REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.moe_layer_freq", m.moe_layer_freq));
+    if (!m.moe_layer_pattern.empty()) {
+      if (static_cast<int>(m.moe_layer_pattern.size()) != m.num_layers) {
+        return InvalidArgument("model.moe_layer_freq: a pattern must have num_layers (" +
+                               std::to_string(m.num_layers) + ") entries, got " +
+                               std::to_string(m.moe_layer_pattern.size()));
+      }
+      for (int v : m.moe_layer_pattern) {
+        if (v != 0 && v != 1) {
+          return InvalidArgument("model.moe_layer_freq: a pattern holds only 0 (dense) and 1 (MoE)");
+        }
+      }
+    }
+    REMAT_SEARCH_RETURN_IF_ERROR(Divides("model.num_moe_experts", *m.num_moe_experts,
+                                         "parallel.expert_model_parallel_size",
+                                         p.expert_model_parallel_size));
+  } else {
+    const char* moe_only = nullptr;
+    if (m.moe_shared_expert_intermediate_size) moe_only = "model.moe_shared_expert_intermediate_size";
+    if (m.moe_shared_expert_overlap) moe_only = "model.moe_shared_expert_overlap";
+    if (m.overlap_moe_expert_parallel_comm) moe_only = "model.overlap_moe_expert_parallel_comm";
+    if (moe_only) {
+      return InvalidArgument(std::string(moe_only) +
+                             ": needs a mixture-of-experts model (set model.num_moe_experts)");
+    }
+  }
+  if (m.moe_shared_expert_overlap && !m.HasSharedExperts()) {
+    return InvalidArgument(
+        "model.moe_shared_expert_overlap: needs shared experts "
+        "(model.moe_shared_expert_intermediate_size)");
+  }
+  if (m.experimental_attention_variant && !m.IsGdn()) {
+    return InvalidArgument("model.experimental_attention_variant: must be \"gdn\" or \"gdn2\"");
+  }
+  return OkStatus();
+}
+
+Status ValidateParallel(const ModelSpec& m, const ParallelSpec& p) {
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      Positive("parallel.tensor_model_parallel_size", p.tensor_model_parallel_size));
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      Positive("parallel.pipeline_model_parallel_size", p.pipeline_model_parallel_size));
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      Positive("parallel.expert_model_parallel_size", p.expert_model_parallel_size));
+  REMAT_SEARCH_RETURN_IF_ERROR(Positive("parallel.data_parallel_size", p.data_parallel_size));
+  const int tp = p.tensor_model_parallel_size;
+  REMAT_SEARCH_RETURN_IF_ERROR(Divides("model.num_attention_heads", m.num_attention_heads,
+                                       "parallel.tensor_model_parallel_size", tp));
+  if (!m.multi_latent_attention) {
+    REMAT_SEARCH_RETURN_IF_ERROR(Divides("model.num_query_groups", m.EffectiveQueryGroups(),
+                                         "parallel.tensor_model_parallel_size", tp));
+  }
+  REMAT_SEARCH_RETURN_IF_ERROR(Divides("model.ffn_hidden_size", m.EffectiveFfnHiddenSize(),
+                                       "parallel.tensor_model_parallel_size", tp));
+  if (m.HasSharedExperts()) {
+    REMAT_SEARCH_RETURN_IF_ERROR(Divides("model.moe_shared_expert_intermediate_size",
+                                         *m.moe_shared_expert_intermediate_size,
+                                         "parallel.tensor_model_parallel_size", tp));
+  }
+  REMAT_SEARCH_RETURN_IF_ERROR(Divides("model.num_layers", m.num_layers,
+                                       "parallel.pipeline_model_parallel_size",
+                                       p.pipeline_model_parallel_size));
+  if (p.sequence_parallel) {
+    if (tp <= 1) {
+      return InvalidArgument(
+          "parallel.sequence_parallel: needs tensor_model_parallel_size > 1 (Megatron Bridge "
+          "turns it off at TP 1; set it to false)");
+    }
+    REMAT_SEARCH_RETURN_IF_ERROR(Divides("model.seq_length", m.seq_length,
+                                         "parallel.tensor_model_parallel_size", tp));
+  }
+  const int ep = p.expert_model_parallel_size;
+  if (ep > 1) {
+    if (!m.IsMoe()) {
+      return InvalidArgument(
+          "parallel.expert_model_parallel_size: must be 1 for a dense model (no experts)");
+    }
+    if ((tp * p.data_parallel_size) % ep != 0) {
+      return InvalidArgument("parallel.expert_model_parallel_size: " + std::to_string(ep) +
+                             " must divide tensor_model_parallel_size x data_parallel_size (" +
+                             std::to_string(tp * p.data_parallel_size) +
+                             "): experts are carved out of the same ranks");
+    }
+  }
+  if (m.overlap_moe_expert_parallel_comm && ep <= 1) {
+    return InvalidArgument(
+        "model.overlap_moe_expert_parallel_comm: needs expert_model_parallel_size > 1");
+  }
+  if (m.cpu_offloading && p.pipeline_model_parallel_size > 1) {
+    return InvalidArgument(
+        "model.cpu_offloading: there is no support for pipeline parallelism with CPU offloading");
+  }
+  return OkStatus();
+}
+
+Status ValidateTrain(const TrainSpec& t) {
+  return Positive("train.micro_batch_size", t.micro_batch_size);
+}
+
+Status ValidateSearch(const SearchOptions& s) {
+  if (!(s.memory_budget_gib > 0) || !std::isfinite(s.memory_budget_gib)) {
+    return InvalidArgument("search.memory_budget_gib: must be a positive number");
+  }
+  REMAT_SEARCH_RETURN_IF_ERROR(Positive("search.max_trials", s.max_trials));
+  if (s.warmup_steps < 0) return InvalidArgument("search.warmup_steps: must be 0 or more");
+  REMAT_SEARCH_RETURN_IF_ERROR(Positive("search.measure_steps", s.measure_steps));
+  if (s.backend == Backend::kReplay && s.replay_table.empty()) {
+    return InvalidArgument("search.replay_table: required with backend replay");
+  }
+  if (s.backend == Backend::kCommand && s.command_template.empty()) {
+    return InvalidArgument(
+        "search.command_template: required with backend command (the name of a template the "
+        "worker's operator configured)");
+  }
+  if (!(s.trial_timeout_s > 0) || !std::isfinite(s.trial_timeout_s)) {
+    return InvalidArgument("search.trial_timeout_s: must be a positive number");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+bool ModelSpec::IsMoeLayer(int i) const {
+  if (!IsMoe()) return false;
+  if (!moe_layer_pattern.empty()) {
+    return i >= 0 && i < static_cast<int>(moe_layer_pattern.size()) && moe_layer_pattern[i] == 1;
+  }
+  return moe_layer_freq > 0 && i % moe_layer_freq == 0;
+}
+
+int ModelSpec::NumMoeLayers() const {
+  int n = 0;
+  for (int i = 0; i < num_layers; ++i) n += IsMoeLayer(i) ? 1 : 0;
+  return n;
+}
+
+Status ValidateSpec(const SearchSpec& spec) {
+  REMAT_SEARCH_RETURN_IF_ERROR(ValidateModel(spec.model, spec.parallel));
+  REMAT_SEARCH_RETURN_IF_ERROR(ValidateParallel(spec.model, spec.parallel));
+  REMAT_SEARCH_RETURN_IF_ERROR(ValidateTrain(spec.train));
+  return ValidateSearch(spec.search);
+}
+
+const char* Name(Normalization v) { return kNormalization[static_cast<int>(v)]; }
+const char* Name(AttentionBackend v) { return kAttentionBackend[static_cast<int>(v)]; }
+const char* Name(PositionEmbedding v) { return kPositionEmbedding[static_cast<int>(v)]; }
+const char* Name(Precision v) { return kPrecision[static_cast<int>(v)]; }
+const char* Name(MemoryMetric v) { return kMemoryMetric[static_cast<int>(v)]; }
+const char* Name(StrategyKind v) { return kStrategy[static_cast<int>(v)]; }
+const char* Name(Backend v) { return kBackend[static_cast<int>(v)]; }
+const char* Name(Device v) { return kDevice[static_cast<int>(v)]; }
+
+std::optional<Normalization> ParseNormalization(const std::string& s) {
+  return ParseByName<Normalization>(s, kNormalization);
+}
+std::optional<AttentionBackend> ParseAttentionBackend(const std::string& s) {
+  return ParseByName<AttentionBackend>(s, kAttentionBackend);
+}
+std::optional<PositionEmbedding> ParsePositionEmbedding(const std::string& s) {
+  return ParseByName<PositionEmbedding>(s, kPositionEmbedding);
+}
+std::optional<Precision> ParsePrecision(const std::string& s) {
+  return ParseByName<Precision>(s, kPrecision);
+}
+std::optional<MemoryMetric> ParseMemoryMetric(const std::string& s) {
+  return ParseByName<MemoryMetric>(s, kMemoryMetric);
+}
+std::optional<StrategyKind> ParseStrategyKind(const std::string& s) {
+  return ParseByName<StrategyKind>(s, kStrategy);
+}
+std::optional<Backend> ParseBackend(const std::string& s) {
+  return ParseByName<Backend>(s, kBackend);
+}
+std::optional<Device> ParseDevice(const std::string& s) { return ParseByName<Device>(s, kDevice); }
+
+}  // namespace remat::search

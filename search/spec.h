@@ -1,0 +1,165 @@
+// The search spec: the model, its parallel layout, training settings and search options.
+//
+// Field names are Megatron Core / Megatron Bridge names. A default-constructed struct holds
+// Megatron Core's defaults (TransformerConfig / GPTModel), so an omitted YAML key takes the value
+// a Megatron user would get. Fields whose Megatron default depends on other fields (e.g.
+// ffn_hidden_size = 4 * hidden_size) are std::optional here; the Effective*() helpers resolve them.
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "search/status.h"
+
+namespace remat::search {
+
+enum class Normalization { kLayerNorm, kRMSNorm };
+enum class AttentionBackend { kUnfused, kFlash };
+enum class PositionEmbedding { kLearnedAbsolute, kRope, kNone };
+enum class Precision { kBf16, kFp32 };
+enum class MemoryMetric { kReserved, kAllocated };
+enum class StrategyKind { kGuided, kExhaustive };
+enum class Backend { kBuiltin, kCommand, kReplay };
+enum class Device { kAuto, kCuda, kCpu };
+
+struct ModelSpec {
+  int num_layers = 0;           // required
+  int hidden_size = 0;          // required
+  int num_attention_heads = 0;  // required
+  int seq_length = 0;           // required
+  int vocab_size = 0;           // required
+  std::optional<int> num_query_groups;  // default: num_attention_heads (plain multi-head)
+  std::optional<int> ffn_hidden_size;   // default: 4 * hidden_size
+  std::optional<int> kv_channels;       // default: hidden_size / num_attention_heads
+  bool gated_linear_unit = false;       // SwiGLU when true (with the default swish activation)
+  Normalization normalization = Normalization::kLayerNorm;
+  AttentionBackend attention_backend = AttentionBackend::kUnfused;
+  double attention_dropout = 0.1;
+  double hidden_dropout = 0.1;
+  bool attention_softmax_in_fp32 = true;
+  bool add_bias_linear = true;
+  PositionEmbedding position_embedding_type = PositionEmbedding::kLearnedAbsolute;
+  bool share_embeddings_and_output_weights = false;  // GPTModel default: untied output layer
+
+  // Multi-Latent Attention (DeepSeek-V2). Megatron's MLATransformerConfig defaults.
+  bool multi_latent_attention = false;
+  std::optional<int> q_lora_rank;  // null: no q compression
+  int kv_lora_rank = 512;
+  int qk_head_dim = 128;
+  int qk_pos_emb_head_dim = 64;
+  int v_head_dim = 128;
+
+  // Mixture of experts. num_moe_experts null means a dense model.
+  std::optional<int> num_moe_experts;
+  int moe_router_topk = 2;
+  std::optional<int> moe_ffn_hidden_size;  // default: ffn_hidden_size
+  std::optional<int> moe_shared_expert_intermediate_size;  // null: no shared experts
+  bool moe_grouped_gemm = false;
+  // 1 = every layer MoE, k = every k-th layer; or an explicit 0/1 pattern of num_layers entries.
+  int moe_layer_freq = 1;
+  std::vector<int> moe_layer_pattern;  // non-empty when given as a list; wins over moe_layer_freq
+  bool moe_shared_expert_overlap = false;
+  bool overlap_moe_expert_parallel_comm = false;
+
+  // Gated DeltaNet ("gdn"/"gdn2") hybrid attention: validation and planning only.
+  std::optional<std::string> experimental_attention_variant;
+
+  bool cpu_offloading = false;  // validation only: conflicts with any recompute
+  bool distribute_saved_activations = false;
+
+  int EffectiveQueryGroups() const { return num_query_groups.value_or(num_attention_heads); }
+  int EffectiveFfnHiddenSize() const { return ffn_hidden_size.value_or(4 * hidden_size); }
+  int EffectiveKvChannels() const {
+    return kv_channels.value_or(num_attention_heads > 0 ? hidden_size / num_attention_heads : 0);
+  }
+  int EffectiveMoeFfnHiddenSize() const {
+    return moe_ffn_hidden_size.value_or(EffectiveFfnHiddenSize());
+  }
+  bool IsMoe() const { return num_moe_experts.has_value() && *num_moe_experts > 0; }
+  bool HasSharedExperts() const {
+    return IsMoe() && moe_shared_expert_intermediate_size.has_value() &&
+           *moe_shared_expert_intermediate_size > 0;
+  }
+  bool IsGdn() const {
+    return experimental_attention_variant &&
+           (*experimental_attention_variant == "gdn" || *experimental_attention_variant == "gdn2");
+  }
+  // Whether layer `i` (0-based, global) has an MoE MLP, following Megatron's moe_layer_freq.
+  bool IsMoeLayer(int i) const;
+  int NumMoeLayers() const;
+};
+
+struct TrainSpec {
+  int micro_batch_size = 1;
+  Precision precision = Precision::kBf16;
+  bool use_distributed_optimizer = false;
+  uint64_t seed = 1234;
+};
+
+struct ParallelSpec {
+  int tensor_model_parallel_size = 1;
+  int pipeline_model_parallel_size = 1;
+  bool sequence_parallel = false;
+  int expert_model_parallel_size = 1;
+  int data_parallel_size = 1;
+
+  int WorldSize() const {
+    return tensor_model_parallel_size * pipeline_model_parallel_size * data_parallel_size;
+  }
+};
+
+struct SearchOptions {
+  double memory_budget_gib = 80;
+  MemoryMetric memory_metric = MemoryMetric::kReserved;
+  StrategyKind strategy = StrategyKind::kGuided;
+  int max_trials = 40;
+  int warmup_steps = 2;
+  int measure_steps = 5;
+  Backend backend = Backend::kBuiltin;
+  std::string replay_table;      // with backend replay: path relative to the spec file
+  std::string command_template;  // with backend command: the operator-configured template's name
+  Device device = Device::kAuto;
+  double trial_timeout_s = 900;  // a trial still running after this is killed: status timeout
+
+  uint64_t MemoryBudgetBytes() const {
+    return static_cast<uint64_t>(memory_budget_gib * 1024.0 * 1024.0 * 1024.0);
+  }
+};
+
+struct SearchSpec {
+  std::string name;
+  ModelSpec model;
+  TrainSpec train;
+  ParallelSpec parallel;
+  SearchOptions search;
+};
+
+// Checks every field's value and the relations between fields (divisibility, ranges, MoE/MLA
+// consistency), as Megatron Core would at config time. Returns the first problem, as
+// InvalidArgument whose message starts with the field path ("model.kv_lora_rank: ..."), or Ok.
+Status ValidateSpec(const SearchSpec& spec);
+
+// Names for enums, as written in the YAML spec (e.g. "RMSNorm", "unfused", "reserved").
+const char* Name(Normalization v);
+const char* Name(AttentionBackend v);
+const char* Name(PositionEmbedding v);
+const char* Name(Precision v);
+const char* Name(MemoryMetric v);
+const char* Name(StrategyKind v);
+const char* Name(Backend v);
+const char* Name(Device v);
+
+// Parses those names back; returns nullopt for an unknown name.
+std::optional<Normalization> ParseNormalization(const std::string& s);
+std::optional<AttentionBackend> ParseAttentionBackend(const std::string& s);
+std::optional<PositionEmbedding> ParsePositionEmbedding(const std::string& s);
+std::optional<Precision> ParsePrecision(const std::string& s);
+std::optional<MemoryMetric> ParseMemoryMetric(const std::string& s);
+std::optional<StrategyKind> ParseStrategyKind(const std::string& s);
+std::optional<Backend> ParseBackend(const std::string& s);
+std::optional<Device> ParseDevice(const std::string& s);
+
+}  // namespace remat::search

@@ -1,0 +1,35 @@
+#include "search/trial.h"
+
+#include <algorithm>
+
+namespace remat::search {
+namespace {
+constexpr const char* kStatus[] = {"ok", "oom", "failed", "timeout", "invalid", "cancelled"};
+}  // namespace
+
+const char* Name(TrialStatus s) { return kStatus[static_cast<int>(s)]; }
+
+std::optional<TrialStatus> ParseTrialStatus(const std::string& s) {
+  for (int i = 0; i < 6; ++i) {
+    if (s == kStatus[i]) return static_cast<TrialStatus>(i);
+  }
+  return std::nullopt;
+}
+
+uint64_t TrialResult::PeakAllocatedBytes() const {
+  uint64_t m = 0;
+  for (const auto& r : ranks) m = std::max(m, r.peak_allocated_bytes);
+  return m;
+}
+
+uint64_t TrialResult::PeakReservedBytes() const {
+  uint64_t m = 0;
+  for (const auto& r : ranks) m = std::max(m, r.peak_reserved_bytes);
+  return m;
+}
+
+uint64_t TrialResult::PeakBytes(MemoryMetric metric) const {
+  return metric == MemoryMetric::kReserved ? PeakReservedBytes() : PeakAllocatedBytes();
+}
+
+}  // namespace remat::search

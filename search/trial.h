@@ -1,0 +1,51 @@
+// What one trial measured: the domain form of a trial result, shared by the planner, the
+// frontier, the coordinator and the trial engine. Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "search/policy.h"
+#include "search/spec.h"
+
+namespace remat::search {
+
+enum class TrialStatus { kOk, kOom, kFailed, kTimeout, kInvalid, kCancelled };
+const char* Name(TrialStatus s);  // "ok", "oom", ...
+std::optional<TrialStatus> ParseTrialStatus(const std::string& s);
+
+// One rank's measurements over the whole trial (build, optimizer init and every step).
+struct RankResult {
+  int rank = 0;
+  uint64_t peak_allocated_bytes = 0;
+  uint64_t peak_reserved_bytes = 0;  // CPU: equals allocated (no caching allocator)
+  uint64_t static_bytes = 0;         // weights + gradients + optimizer state
+  uint64_t alloc_retries = 0;        // caching-allocator retries (fragmentation signal)
+  uint64_t failing_request_bytes = 0;  // with status oom: the allocation that failed
+  double step_time_s = 0;            // this rank's median measured step
+};
+
+struct TrialResult {
+  Policy policy;
+  TrialStatus status = TrialStatus::kFailed;
+  std::vector<RankResult> ranks;
+  double step_time_s = 0;         // median of the measured steps (max over ranks)
+  double step_time_spread_s = 0;  // max - min of the measured steps
+  double tokens_per_s = 0;        // micro_batch * seq_length * dp / step_time_s
+  double model_tflops = 0;        // model FLOPs (recompute not counted) per second per GPU, 1e12
+  double loss = 0;                // first measured step (builtin backend)
+  double grad_norm = 0;           // first measured step (builtin backend)
+  double setup_s = 0;             // process start, device init and model build
+  double wall_s = 0;              // lease to result
+  bool reused = false;            // taken from the results cache, not re-run
+  bool predicted = false;         // a depth-proxy prediction, not a measurement
+  std::string message;            // why it failed / what it says
+
+  uint64_t PeakAllocatedBytes() const;  // max over ranks
+  uint64_t PeakReservedBytes() const;   // max over ranks
+  uint64_t PeakBytes(MemoryMetric metric) const;
+};
+
+}  // namespace remat::search
