@@ -1,0 +1,103 @@
+// The coordinator (rematd) as a library: gRPC API (RematService, WorkerService, health,
+// reflection), SQLite job store, scheduler, results cache and metrics, behind one object.
+//
+// Lifecycle: Create (validates options, opens the store) -> Start (binds, resumes unfinished
+// searches) -> Shutdown (graceful drain) -> destruction. `rematd` and the embedded coordinator of
+// `remat search` both use it; no gRPC types leak through this header.
+//
+// Thread-safety: Create/Start/Shutdown/Wait are meant for one controlling thread; port() and
+// metrics_port() may be called from any thread after Start. Shutdown may be called from another
+// thread while Wait blocks (that is how rematd drains on SIGTERM). Shutdown is idempotent and the
+// destructor calls it.
+//
+// Errors: Create returns InvalidArgument naming the option for bad options, and the store's error
+// for a database that cannot be opened; Start returns Unavailable when the listen address (or the
+// metrics address) cannot be bound, InvalidArgument for unreadable token or TLS files.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace remat::server {
+
+struct CoordinatorOptions {
+  // HOST:PORT to serve gRPC on; port 0 picks a free one (see Coordinator::port()).
+  std::string listen = "127.0.0.1:0";
+  // SQLite database file (WAL mode). ":memory:" keeps everything in memory (tests, embedded).
+  std::string db_path;
+  // HOST:PORT for the Prometheus page (/metrics); "" = no metrics endpoint. Port 0 = free port.
+  std::string metrics_listen;
+  // "" = no auth for users. Otherwise lines "TOKEN USER" ('#' comments, blank lines ignored).
+  std::string user_tokens_file;
+  // "" = no auth for workers. Otherwise lines "TOKEN [NAME]".
+  std::string worker_tokens_file;
+  // Both set = serve TLS with this certificate chain and private key (PEM files).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // What workers are told to use; a worker silent for lease_timeout_s loses its leases (their
+  // trials are requeued, each requeue counting as one attempt).
+  double heartbeat_interval_s = 2;
+  double lease_timeout_s = 15;
+  // A trial whose lease expired this many times is recorded as failed, with the reason.
+  int max_trial_attempts = 3;
+  // Longest long-poll a LeaseTrial call may wait (a worker's wait_s is capped to this).
+  double max_lease_wait_s = 10;
+  // How long finished searches keep their frontier gauge before it is removed (bounded labels).
+  // Finished searches are dropped from remat_frontier_points at once; this caps active ones.
+  int max_frontier_series = 200;
+  // Version reported in remat_build_info and used in the results-cache key of this coordinator.
+  std::string version = "0.1.0";
+
+  // Test seam: the clock the scheduler reads (lease expiry, timestamps). Returns milliseconds;
+  // unset = the real clock (steady for expiry, system for timestamps). When set, the
+  // coordinator does not run its own expiry thread on real time; tests call
+  // Coordinator::RunExpiryForTest() after advancing their clock.
+  std::function<int64_t()> clock_ms;
+};
+
+class Coordinator {
+ public:
+  // Validates `options` and opens the store (creating the schema when new).
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(CoordinatorOptions options);
+  ~Coordinator();
+
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // Binds the gRPC port (and the metrics port), checks it really bound, resumes every unfinished
+  // search found in the store (rebuilding its strategy, requeueing leased-but-unreported trials)
+  // and starts serving. Call once.
+  absl::Status Start();
+
+  // The bound gRPC port (valid after a successful Start), and "127.0.0.1:PORT"-style address
+  // clients of this process can dial.
+  int port() const;
+  std::string address() const;
+  // The bound metrics port; 0 without a metrics endpoint.
+  int metrics_port() const;
+
+  // Graceful: stops accepting calls, ends long polls and watch streams, lets calls in flight
+  // finish for up to `drain`, then cancels the rest. The store stays consistent (every accepted
+  // report is committed before its reply). Idempotent.
+  void Shutdown(std::chrono::milliseconds drain = std::chrono::seconds(5));
+
+  // Blocks until Shutdown has completed.
+  void Wait();
+
+  // Tests with an injected clock: expire leases of workers silent past lease_timeout_s now.
+  void RunExpiryForTest();
+
+  class Impl;
+
+ private:
+  explicit Coordinator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace remat::server
