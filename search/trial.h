@@ -48,4 +48,8 @@ struct TrialResult {
   uint64_t PeakBytes(MemoryMetric metric) const;
 };
 
+// The contract's throughput: micro_batch_size * seq_length * data_parallel_size / step_time_s
+// (0 when step_time_s is not positive).
+double TokensPerSecond(const SearchSpec& spec, double step_time_s);
+
 }  // namespace remat::search

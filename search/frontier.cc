@@ -1,0 +1,139 @@
+#include "search/frontier.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace remat::search {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string Gib(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f GiB", bytes / kGiB);
+  return buf;
+}
+
+bool Dominates(const FrontierPoint& b, const FrontierPoint& a) {
+  return b.memory_bytes <= a.memory_bytes && b.tokens_per_s >= a.tokens_per_s &&
+         (b.memory_bytes < a.memory_bytes || b.tokens_per_s > a.tokens_per_s);
+}
+
+}  // namespace
+
+std::vector<FrontierPoint> EligiblePoints(const std::vector<TrialResult>& trials,
+                                          MemoryMetric metric, uint64_t budget_bytes) {
+  std::vector<FrontierPoint> out;
+  for (const auto& t : trials) {
+    if (t.status != TrialStatus::kOk || t.ranks.empty()) continue;
+    const uint64_t mem = t.PeakBytes(metric);
+    if (mem > budget_bytes) continue;
+    out.push_back({t.policy, mem, t.tokens_per_s});
+  }
+  return out;
+}
+
+std::vector<FrontierPoint> ParetoFrontier(const std::vector<FrontierPoint>& points) {
+  std::vector<FrontierPoint> out;
+  for (const auto& a : points) {
+    bool dominated = false;
+    for (const auto& b : points) {
+      if (Dominates(b, a)) {
+        dominated = true;
+        break;
+      }
+    }
+    if (!dominated) out.push_back(a);
+  }
+  std::sort(out.begin(), out.end(), [](const FrontierPoint& x, const FrontierPoint& y) {
+    if (x.memory_bytes != y.memory_bytes) return x.memory_bytes < y.memory_bytes;
+    if (x.tokens_per_s != y.tokens_per_s) return x.tokens_per_s > y.tokens_per_s;
+    return x.policy.ToString() < y.policy.ToString();
+  });
+  return out;
+}
+
+std::vector<FrontierPoint> ComputeFrontier(const std::vector<TrialResult>& trials,
+                                           MemoryMetric metric, uint64_t budget_bytes) {
+  return ParetoFrontier(EligiblePoints(trials, metric, budget_bytes));
+}
+
+std::optional<FrontierPoint> Recommend(const std::vector<FrontierPoint>& frontier) {
+  std::optional<FrontierPoint> best;
+  for (const auto& p : frontier) {
+    if (!best || p.tokens_per_s > best->tokens_per_s ||
+        (p.tokens_per_s == best->tokens_per_s &&
+         (p.memory_bytes < best->memory_bytes ||
+          (p.memory_bytes == best->memory_bytes &&
+           p.policy.ToString() < best->policy.ToString())))) {
+      best = p;
+    }
+  }
+  return best;
+}
+
+std::string NothingFitsMessage(const std::vector<TrialResult>& trials, MemoryMetric metric,
+                               uint64_t budget_bytes) {
+  std::string msg = "no policy fits the budget of " + Gib(budget_bytes) + " (" + Name(metric) +
+                    " memory)";
+  const TrialResult* closest = nullptr;
+  for (const auto& t : trials) {
+    if (t.ranks.empty() || t.PeakBytes(metric) == 0) continue;
+    if (!closest || t.PeakBytes(metric) < closest->PeakBytes(metric)) closest = &t;
+  }
+  if (closest) {
+    msg += "; closest: " + closest->policy.ToString() + " at " + Gib(closest->PeakBytes(metric)) +
+           " (" + Name(closest->status) + ")";
+  } else {
+    msg += "; no trial reported memory figures";
+  }
+  return msg;
+}
+
+double Hypervolume(const std::vector<FrontierPoint>& frontier, uint64_t budget_bytes,
+                   double t_ref) {
+  std::vector<FrontierPoint> pts;
+  for (const auto& p : frontier) {
+    if (p.memory_bytes <= budget_bytes && p.tokens_per_s > t_ref) pts.push_back(p);
+  }
+  std::sort(pts.begin(), pts.end(), [](const FrontierPoint& a, const FrontierPoint& b) {
+    return a.memory_bytes < b.memory_bytes;
+  });
+  // Sweep memory from low to high; between consecutive memory values the dominated height is the
+  // best throughput seen so far.
+  double area = 0, best = t_ref;
+  for (size_t i = 0; i < pts.size(); ++i) {
+    best = std::max(best, pts[i].tokens_per_s);
+    const double next = i + 1 < pts.size() ? static_cast<double>(pts[i + 1].memory_bytes)
+                                           : static_cast<double>(budget_bytes);
+    area += (next - static_cast<double>(pts[i].memory_bytes)) * (best - t_ref);
+  }
+  return area;
+}
+
+std::vector<std::string> DiagnoseFragmentation(const TrialResult& trial, double ratio) {
+  constexpr uint64_t kMinGap = 256ull << 20;
+  std::vector<std::string> out;
+  for (const auto& r : trial.ranks) {
+    if (r.peak_allocated_bytes == 0) continue;
+    const uint64_t gap = r.peak_reserved_bytes > r.peak_allocated_bytes
+                             ? r.peak_reserved_bytes - r.peak_allocated_bytes
+                             : 0;
+    if (gap >= kMinGap && r.peak_reserved_bytes > ratio * r.peak_allocated_bytes) {
+      char pct[16];
+      std::snprintf(pct, sizeof(pct), "%.0f%%", 100.0 * gap / r.peak_allocated_bytes);
+      std::string s = trial.policy.ToString() + ": rank " + std::to_string(r.rank) +
+                      " reserved " + Gib(r.peak_reserved_bytes) + " but allocated only " +
+                      Gib(r.peak_allocated_bytes) + " (" + pct +
+                      " more): allocator fragmentation or caching, not activations";
+      if (r.alloc_retries > 0) {
+        s += ", with " + std::to_string(r.alloc_retries) + " allocator retries";
+      }
+      s += "; try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before adding recompute";
+      out.push_back(std::move(s));
+    }
+  }
+  return out;
+}
+
+}  // namespace remat::search
