@@ -1,0 +1,127 @@
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "search/spec.h"
+#include "tests/search/test_specs.h"
+
+namespace remat::search {
+namespace {
+
+using testing::DenseSpec;
+using testing::MoeSpec;
+
+TEST(SpecValidationTest, ExamplesAreValid) {
+  EXPECT_TRUE(ValidateSpec(DenseSpec()).ok());
+  EXPECT_TRUE(ValidateSpec(testing::MlaSpec()).ok()) << ValidateSpec(testing::MlaSpec()).message();
+  EXPECT_TRUE(ValidateSpec(MoeSpec()).ok());
+}
+
+TEST(SpecValidationTest, DefaultsAreMegatronCores) {
+  ModelSpec m;
+  m.hidden_size = 1024;
+  m.num_attention_heads = 16;
+  EXPECT_EQ(m.EffectiveFfnHiddenSize(), 4096);
+  EXPECT_EQ(m.EffectiveQueryGroups(), 16);
+  EXPECT_EQ(m.EffectiveKvChannels(), 64);
+  EXPECT_DOUBLE_EQ(m.hidden_dropout, 0.1);
+  EXPECT_DOUBLE_EQ(m.attention_dropout, 0.1);
+  EXPECT_TRUE(m.add_bias_linear);
+  EXPECT_TRUE(m.attention_softmax_in_fp32);
+  EXPECT_EQ(m.normalization, Normalization::kLayerNorm);
+  EXPECT_EQ(m.position_embedding_type, PositionEmbedding::kLearnedAbsolute);
+  EXPECT_FALSE(m.gated_linear_unit);
+  EXPECT_FALSE(m.moe_grouped_gemm);
+  EXPECT_EQ(m.moe_layer_freq, 1);
+}
+
+TEST(SpecValidationTest, MoeLayerFrequencyFollowsMegatron) {
+  SearchSpec s = MoeSpec();
+  s.model.moe_layer_freq = 2;
+  EXPECT_TRUE(s.model.IsMoeLayer(0));
+  EXPECT_FALSE(s.model.IsMoeLayer(1));
+  EXPECT_EQ(s.model.NumMoeLayers(), 2);
+  s.model.moe_layer_pattern = {0, 1, 1, 1};
+  EXPECT_FALSE(s.model.IsMoeLayer(0));
+  EXPECT_EQ(s.model.NumMoeLayers(), 3);
+  EXPECT_EQ(DenseSpec().model.NumMoeLayers(), 0);
+}
+
+struct BadCase {
+  const char* field;
+  std::function<void(SearchSpec&)> mutate;
+};
+
+TEST(SpecValidationTest, EveryBadFieldIsNamed) {
+  const BadCase cases[] = {
+      {"model.num_layers", [](SearchSpec& s) { s.model.num_layers = 0; }},
+      {"model.hidden_size", [](SearchSpec& s) { s.model.hidden_size = -1; }},
+      {"model.num_attention_heads", [](SearchSpec& s) { s.model.num_attention_heads = 0; }},
+      {"model.seq_length", [](SearchSpec& s) { s.model.seq_length = 0; }},
+      {"model.vocab_size", [](SearchSpec& s) { s.model.vocab_size = 0; }},
+      {"model.num_query_groups", [](SearchSpec& s) { s.model.num_query_groups = 0; }},
+      {"model.num_attention_heads", [](SearchSpec& s) { s.model.num_query_groups = 5; }},
+      {"model.ffn_hidden_size", [](SearchSpec& s) { s.model.ffn_hidden_size = 0; }},
+      {"model.kv_channels", [](SearchSpec& s) { s.model.kv_channels = 0; }},
+      {"model.hidden_size", [](SearchSpec& s) { s.model.hidden_size = 4097; }},
+      {"model.attention_dropout", [](SearchSpec& s) { s.model.attention_dropout = 1.0; }},
+      {"model.hidden_dropout", [](SearchSpec& s) { s.model.hidden_dropout = -0.1; }},
+      {"model.kv_lora_rank",
+       [](SearchSpec& s) { s.model.multi_latent_attention = true; s.model.kv_lora_rank = 0; }},
+      {"model.q_lora_rank",
+       [](SearchSpec& s) { s.model.multi_latent_attention = true; s.model.q_lora_rank = 0; }},
+      {"model.qk_pos_emb_head_dim",
+       [](SearchSpec& s) { s.model.multi_latent_attention = true; s.model.qk_pos_emb_head_dim = 63; }},
+      {"model.num_moe_experts", [](SearchSpec& s) { s.model.num_moe_experts = 0; }},
+      {"model.moe_router_topk",
+       [](SearchSpec& s) { s.model.num_moe_experts = 4; s.model.moe_router_topk = 5; }},
+      {"model.moe_layer_freq",
+       [](SearchSpec& s) { s.model.num_moe_experts = 4; s.model.moe_layer_pattern = {1, 0}; }},
+      {"model.moe_shared_expert_intermediate_size",
+       [](SearchSpec& s) { s.model.moe_shared_expert_intermediate_size = 128; }},
+      {"model.experimental_attention_variant",
+       [](SearchSpec& s) { s.model.experimental_attention_variant = "mamba"; }},
+      {"parallel.tensor_model_parallel_size",
+       [](SearchSpec& s) { s.parallel.tensor_model_parallel_size = 0; }},
+      {"model.num_attention_heads",
+       [](SearchSpec& s) { s.parallel.tensor_model_parallel_size = 64; }},
+      {"model.num_layers", [](SearchSpec& s) { s.parallel.pipeline_model_parallel_size = 3; }},
+      {"parallel.sequence_parallel", [](SearchSpec& s) { s.parallel.sequence_parallel = true; }},
+      {"parallel.expert_model_parallel_size",
+       [](SearchSpec& s) { s.parallel.expert_model_parallel_size = 2; }},
+      {"model.num_moe_experts",
+       [](SearchSpec& s) { s.model.num_moe_experts = 6; s.parallel.expert_model_parallel_size = 4; s.parallel.data_parallel_size = 4; }},
+      {"parallel.expert_model_parallel_size",
+       [](SearchSpec& s) { s.model.num_moe_experts = 8; s.parallel.expert_model_parallel_size = 4; }},
+      {"model.cpu_offloading",
+       [](SearchSpec& s) { s.model.cpu_offloading = true; s.parallel.pipeline_model_parallel_size = 2; }},
+      {"train.micro_batch_size", [](SearchSpec& s) { s.train.micro_batch_size = 0; }},
+      {"search.memory_budget_gib", [](SearchSpec& s) { s.search.memory_budget_gib = 0; }},
+      {"search.max_trials", [](SearchSpec& s) { s.search.max_trials = 0; }},
+      {"search.warmup_steps", [](SearchSpec& s) { s.search.warmup_steps = -1; }},
+      {"search.measure_steps", [](SearchSpec& s) { s.search.measure_steps = 0; }},
+      {"search.replay_table", [](SearchSpec& s) { s.search.backend = Backend::kReplay; }},
+      {"search.command_template", [](SearchSpec& s) { s.search.backend = Backend::kCommand; }},
+      {"search.trial_timeout_s", [](SearchSpec& s) { s.search.trial_timeout_s = 0; }},
+  };
+  for (const auto& c : cases) {
+    SearchSpec s = DenseSpec();
+    c.mutate(s);
+    Status st = ValidateSpec(s);
+    ASSERT_FALSE(st.ok()) << c.field;
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(st.message().rfind(std::string(c.field) + ":", 0), 0u)
+        << "expected the message to start with " << c.field << ", got: " << st.message();
+  }
+}
+
+TEST(SpecValidationTest, WorldSizeIsTensorTimesPipelineTimesData) {
+  SearchSpec s = DenseSpec();
+  s.parallel.tensor_model_parallel_size = 2;
+  s.parallel.pipeline_model_parallel_size = 2;
+  s.parallel.data_parallel_size = 3;
+  EXPECT_EQ(s.parallel.WorldSize(), 12);
+}
+
+}  // namespace
+}  // namespace remat::search
