@@ -1,0 +1,96 @@
+#include "proto/convert.h"
+
+#include <gtest/gtest.h>
+
+namespace remat::proto {
+namespace {
+
+TEST(ConvertTest, UnsetFieldsTakeMegatronDefaults) {
+  v1::SearchSpec msg;
+  msg.mutable_model()->set_num_layers(2);
+  msg.mutable_model()->set_hidden_size(64);
+  msg.mutable_model()->set_num_attention_heads(4);
+  msg.mutable_model()->set_seq_length(16);
+  msg.mutable_model()->set_vocab_size(32);
+  auto spec = FromProto(msg);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_DOUBLE_EQ(spec->model.hidden_dropout, 0.1);
+  EXPECT_TRUE(spec->model.add_bias_linear);
+  EXPECT_EQ(spec->search.max_trials, 40);
+  EXPECT_DOUBLE_EQ(spec->search.memory_budget_gib, 80);
+  EXPECT_EQ(spec->parallel.tensor_model_parallel_size, 1);
+}
+
+TEST(ConvertTest, SpecRoundTripsWithDefaultsResolved) {
+  search::SearchSpec s;
+  s.name = "x";
+  s.model.num_layers = 4;
+  s.model.hidden_size = 128;
+  s.model.num_attention_heads = 8;
+  s.model.seq_length = 32;
+  s.model.vocab_size = 100;
+  s.model.multi_latent_attention = true;
+  s.model.q_lora_rank = 64;
+  s.model.num_moe_experts = 4;
+  s.model.moe_layer_pattern = {0, 1, 1, 1};
+  s.model.moe_shared_expert_intermediate_size = 256;
+  s.model.normalization = search::Normalization::kRMSNorm;
+  s.parallel.tensor_model_parallel_size = 2;
+  s.search.strategy = search::StrategyKind::kExhaustive;
+  s.search.backend = search::Backend::kReplay;
+  s.search.replay_table = "t.json";
+  auto back = FromProto(ToProto(s));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(ToProto(*back).SerializeAsString(), ToProto(s).SerializeAsString());
+  EXPECT_EQ(*back->model.q_lora_rank, 64);
+  EXPECT_EQ(back->model.moe_layer_pattern, s.model.moe_layer_pattern);
+  EXPECT_EQ(*back->model.ffn_hidden_size, 512);  // resolved default travels explicitly
+  EXPECT_EQ(back->search.strategy, search::StrategyKind::kExhaustive);
+}
+
+TEST(ConvertTest, UnknownEnumNamesTheField) {
+  v1::SearchSpec msg;
+  msg.mutable_model()->set_normalization("BatchNorm");
+  auto spec = FromProto(msg);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().message(), "model.normalization: unknown value 'BatchNorm'");
+  v1::SearchSpec msg2;
+  msg2.mutable_search()->set_backend("slurm");
+  EXPECT_EQ(FromProto(msg2).status().message(), "search.backend: unknown value 'slurm'");
+}
+
+TEST(ConvertTest, TrialResultRoundTrips) {
+  search::TrialResult r;
+  r.policy = *search::ParsePolicy("selective:[core_attn,moe_act]");
+  r.status = search::TrialStatus::kOom;
+  search::RankResult rr;
+  rr.rank = 1;
+  rr.peak_allocated_bytes = 10;
+  rr.peak_reserved_bytes = 20;
+  rr.failing_request_bytes = 30;
+  r.ranks = {rr};
+  r.step_time_s = 0.5;
+  r.loss = 2.5;
+  r.reused = true;
+  r.message = "out of memory";
+  auto back = FromProto(ToProto(r));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->policy.ToString(), "selective:[core_attn,moe_act]");
+  EXPECT_EQ(back->status, search::TrialStatus::kOom);
+  EXPECT_EQ(back->ranks.at(0).failing_request_bytes, 30u);
+  EXPECT_TRUE(back->reused);
+  EXPECT_EQ(back->message, "out of memory");
+}
+
+TEST(ConvertTest, NonFinalStatusIsRefused) {
+  v1::TrialResult msg;
+  msg.mutable_policy()->set_canonical("none");
+  msg.set_status(v1::TRIAL_STATUS_RUNNING);
+  EXPECT_FALSE(FromProto(msg).ok());
+  msg.set_status(v1::TRIAL_STATUS_OK);
+  msg.mutable_policy()->set_canonical("selective:[bogus]");
+  EXPECT_FALSE(FromProto(msg).ok());
+}
+
+}  // namespace
+}  // namespace remat::proto

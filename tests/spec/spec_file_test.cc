@@ -1,0 +1,137 @@
+#include "spec/spec_file.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace remat::spec {
+namespace {
+
+const char* kMinimal = R"(
+model:
+  num_layers: 2
+  hidden_size: 64
+  num_attention_heads: 4
+  seq_length: 128
+  vocab_size: 512
+)";
+
+TEST(SpecFileTest, OmittedFieldsTakeMegatronDefaults) {
+  auto s = ParseSpecYaml(kMinimal);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->model.EffectiveFfnHiddenSize(), 256);
+  EXPECT_EQ(s->model.EffectiveQueryGroups(), 4);
+  EXPECT_DOUBLE_EQ(s->model.hidden_dropout, 0.1);
+  EXPECT_TRUE(s->model.add_bias_linear);
+  EXPECT_EQ(s->model.normalization, search::Normalization::kLayerNorm);
+  EXPECT_EQ(s->search.memory_metric, search::MemoryMetric::kReserved);
+  EXPECT_EQ(s->search.max_trials, 40);
+  EXPECT_EQ(s->train.precision, search::Precision::kBf16);
+}
+
+TEST(SpecFileTest, ReadsEveryExample) {
+  const std::string dir = std::string(REMAT_SOURCE_DIR) + "/examples";
+  int n = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (e.path().extension() != ".yaml") continue;
+    auto s = LoadSpecFile(e.path().string());
+    EXPECT_TRUE(s.ok()) << e.path() << ": " << s.status().message();
+    ++n;
+  }
+  EXPECT_GE(n, 4);
+}
+
+TEST(SpecFileTest, MlaAndMoeFields) {
+  auto s = LoadSpecFile(std::string(REMAT_SOURCE_DIR) + "/examples/deepseek-v2-lite-proxy.yaml");
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_TRUE(s->model.multi_latent_attention);
+  EXPECT_FALSE(s->model.q_lora_rank.has_value());
+  EXPECT_EQ(s->model.kv_lora_rank, 512);
+  EXPECT_EQ(*s->model.num_moe_experts, 64);
+  EXPECT_EQ(s->model.moe_layer_pattern, (std::vector<int>{0, 1, 1, 1}));
+  EXPECT_FALSE(s->model.IsMoeLayer(0));
+  EXPECT_TRUE(s->model.IsMoeLayer(3));
+}
+
+TEST(SpecFileTest, ReplayTablePathIsRelativeToTheSpec) {
+  const std::string path = std::string(REMAT_SOURCE_DIR) + "/examples/replay/llama3-8b-h100.yaml";
+  auto s = LoadSpecFile(path);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_TRUE(std::filesystem::exists(s->search.replay_table)) << s->search.replay_table;
+  auto table = LoadReplayTableFile(s->search.replay_table);
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_TRUE(table->count("selective:[]"));
+  EXPECT_EQ(table->at("selective:[]").result.ranks.at(0).peak_reserved_bytes, 64424509440u);
+  EXPECT_DOUBLE_EQ(table->at("selective:[]").wall_s, 0.2);
+}
+
+struct BadYaml {
+  const char* yaml;
+  const char* message_start;
+};
+
+TEST(SpecFileTest, BadInputNamesTheKey) {
+  const std::string base = kMinimal;
+  const BadYaml cases[] = {
+      {"model:\n  hidden_size: 64\n", "model.num_layers: required"},
+      {"name: x\n", "model: required"},
+      {"", "spec: must be a YAML mapping"},
+      {"model: [1, 2]\n", "model: must be a mapping"},
+      {"model:\n  num_layers: two\n  hidden_size: 64\n  num_attention_heads: 4\n  seq_length: 8\n  vocab_size: 8\n",
+       "model.num_layers: must be an integer, got 'two'"},
+      {"model:\n  num_layers: 2.5\n  hidden_size: 64\n  num_attention_heads: 4\n  seq_length: 8\n  vocab_size: 8\n",
+       "model.num_layers: must be an integer"},
+      {"model:\n  num_layers: 99999999999\n  hidden_size: 64\n  num_attention_heads: 4\n  seq_length: 8\n  vocab_size: 8\n",
+       "model.num_layers: 99999999999 is out of range"},
+      {(base + "  kv_lora_rank: 0\n  multi_latent_attention: true\n").c_str(),
+       "model.kv_lora_rank: must be a positive integer"},
+      {(base + "  hidden_sise: 64\n").c_str(), "model.hidden_sise: unknown key"},
+      {(base + "extra: 1\n").c_str(), "extra: unknown key"},
+      {(base + "search:\n  memory_metric: peak\n").c_str(),
+       "search.memory_metric: must be one of reserved, allocated, got 'peak'"},
+      {(base + "search:\n  memory_budget_gib: lots\n").c_str(),
+       "search.memory_budget_gib: must be a number"},
+      {(base + "  gated_linear_unit: maybe\n").c_str(),
+       "model.gated_linear_unit: must be true or false"},
+      {(base + "  normalization: BatchNorm\n").c_str(), "model.normalization: must be one of"},
+      {(base + "parallel:\n  tensor_model_parallel_size: 3\n").c_str(),
+       "model.num_attention_heads: 4 must be divisible by parallel.tensor_model_parallel_size"},
+      {(base + "train:\n  micro_batch_size: 0\n").c_str(), "train.micro_batch_size: must be"},
+      {(base + "train:\n  warmup: 3\n").c_str(), "train.warmup: unknown key"},
+      {(base + "search:\n  backend: replay\n").c_str(), "search.replay_table: required"},
+      {"model: {num_layers: 2\n", "spec: not valid YAML"},
+  };
+  for (const auto& c : cases) {
+    auto s = ParseSpecYaml(c.yaml);
+    ASSERT_FALSE(s.ok()) << c.yaml;
+    EXPECT_EQ(s.status().message().rfind(c.message_start, 0), 0u)
+        << "yaml:\n" << c.yaml << "\nmessage: " << s.status().message();
+  }
+}
+
+TEST(SpecFileTest, MissingFileIsAClearError) {
+  auto s = LoadSpecFile("/nonexistent/spec.yaml");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("cannot be read"), std::string::npos);
+}
+
+TEST(SpecFileTest, ReplayTableErrors) {
+  EXPECT_FALSE(ParseReplayTableJson("{").ok());
+  EXPECT_FALSE(ParseReplayTableJson("{\"x\": 1}").ok());
+  auto bad_policy = ParseReplayTableJson(R"({"trials": {"selective:[attn]": {"status": "ok"}}})");
+  ASSERT_FALSE(bad_policy.ok());
+  EXPECT_NE(bad_policy.status().message().find("unknown recompute module"), std::string::npos);
+  auto bad_status = ParseReplayTableJson(R"({"trials": {"none": {"status": "great"}}})");
+  ASSERT_FALSE(bad_status.ok());
+  auto dup = ParseReplayTableJson(
+      R"({"trials": {"none": {"status": "oom"}, "selective:[]": {"status": "oom"}}})");
+  ASSERT_FALSE(dup.ok());
+  EXPECT_NE(dup.status().message().find("twice"), std::string::npos);
+  auto ok = ParseReplayTableJson(R"({"trials": {"none": {"status": "oom"}}})");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(ok->count("selective:[]"));
+}
+
+}  // namespace
+}  // namespace remat::spec
