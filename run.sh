@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# remat's one-stop entry point for a fresh Debian 12 machine: installs the build dependencies
+# (apt-get, as root or through sudo), builds into ./build, then runs what you asked for.
+#
+#   ./run.sh search examples/tiny-dense.yaml   the main job: a whole search on this machine
+#   ./run.sh test                             the test suite (ctest; GPU-only tests excluded)
+#   ./run.sh build                            just install and build
+#   ./run.sh remat ARGS... | rematd ARGS... | remat-worker ARGS... | remat-trial ARGS...
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libspdlog-dev prometheus-cpp-dev libsqlite3-dev libyaml-cpp-dev libcli11-dev
+  nlohmann-json3-dev libgtest-dev libgmock-dev libtorch-dev prometheus procps
+)
+BUILD_DIR=${REMAT_BUILD_DIR:-build}
+
+install_deps() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "run.sh: installing ${missing[*]}" >&2
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+build() {
+  install_deps
+  if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+    cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  fi
+  cmake --build "$BUILD_DIR" -j "$(nproc)"
+}
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  build) build ;;
+  test)
+    build
+    exec ctest --test-dir "$BUILD_DIR" --output-on-failure -LE gpu -j "$(nproc)" "$@"
+    ;;
+  search) build; exec "$BUILD_DIR/bin/remat" search "$@" ;;
+  remat|rematd|remat-worker|remat-trial) build; exec "$BUILD_DIR/bin/$cmd" "$@" ;;
+  *)
+    sed -n '2,9p' "$0" >&2
+    exit 2
+    ;;
+esac
