@@ -67,8 +67,8 @@ TEST(SpecFileTest, ReplayTablePathIsRelativeToTheSpec) {
 }
 
 struct BadYaml {
-  const char* yaml;
-  const char* message_start;
+  std::string yaml;
+  std::string message_start;
 };
 
 TEST(SpecFileTest, BadInputNamesTheKey) {
@@ -84,22 +84,22 @@ TEST(SpecFileTest, BadInputNamesTheKey) {
        "model.num_layers: must be an integer"},
       {"model:\n  num_layers: 99999999999\n  hidden_size: 64\n  num_attention_heads: 4\n  seq_length: 8\n  vocab_size: 8\n",
        "model.num_layers: 99999999999 is out of range"},
-      {(base + "  kv_lora_rank: 0\n  multi_latent_attention: true\n").c_str(),
+      {base + "  kv_lora_rank: 0\n  multi_latent_attention: true\n",
        "model.kv_lora_rank: must be a positive integer"},
-      {(base + "  hidden_sise: 64\n").c_str(), "model.hidden_sise: unknown key"},
-      {(base + "extra: 1\n").c_str(), "extra: unknown key"},
-      {(base + "search:\n  memory_metric: peak\n").c_str(),
+      {base + "  hidden_sise: 64\n", "model.hidden_sise: unknown key"},
+      {base + "extra: 1\n", "extra: unknown key"},
+      {base + "search:\n  memory_metric: peak\n",
        "search.memory_metric: must be one of reserved, allocated, got 'peak'"},
-      {(base + "search:\n  memory_budget_gib: lots\n").c_str(),
+      {base + "search:\n  memory_budget_gib: lots\n",
        "search.memory_budget_gib: must be a number"},
-      {(base + "  gated_linear_unit: maybe\n").c_str(),
+      {base + "  gated_linear_unit: maybe\n",
        "model.gated_linear_unit: must be true or false"},
-      {(base + "  normalization: BatchNorm\n").c_str(), "model.normalization: must be one of"},
-      {(base + "parallel:\n  tensor_model_parallel_size: 3\n").c_str(),
+      {base + "  normalization: BatchNorm\n", "model.normalization: must be one of"},
+      {base + "parallel:\n  tensor_model_parallel_size: 3\n",
        "model.num_attention_heads: 4 must be divisible by parallel.tensor_model_parallel_size"},
-      {(base + "train:\n  micro_batch_size: 0\n").c_str(), "train.micro_batch_size: must be"},
-      {(base + "train:\n  warmup: 3\n").c_str(), "train.warmup: unknown key"},
-      {(base + "search:\n  backend: replay\n").c_str(), "search.replay_table: required"},
+      {base + "train:\n  micro_batch_size: 0\n", "train.micro_batch_size: must be"},
+      {base + "train:\n  warmup: 3\n", "train.warmup: unknown key"},
+      {base + "search:\n  backend: replay\n", "search.replay_table: required"},
       {"model: {num_layers: 2\n", "spec: not valid YAML"},
   };
   for (const auto& c : cases) {
