@@ -1,0 +1,230 @@
+#include "worker/metrics_file.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "worker/result_combiner.h"
+
+namespace remat::worker {
+namespace {
+
+using nlohmann::json;
+
+absl::Status ReadU64(const json& obj, const char* key, const std::string& where, uint64_t* out) {
+  if (!obj.contains(key) || obj[key].is_null()) return absl::OkStatus();
+  const json& v = obj[key];
+  if (v.is_number_unsigned()) {
+    *out = v.get<uint64_t>();
+  } else if (v.is_number_integer() && v.get<int64_t>() >= 0) {
+    *out = static_cast<uint64_t>(v.get<int64_t>());
+  } else if (v.is_number_float() && v.get<double>() >= 0) {
+    *out = static_cast<uint64_t>(v.get<double>());
+  } else {
+    return absl::InvalidArgumentError(where + "." + key + ": must be a non-negative number");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadList(const json& obj, const char* key, const std::string& where,
+                      std::vector<double>* out) {
+  if (!obj.contains(key) || obj[key].is_null()) return absl::OkStatus();
+  if (!obj[key].is_array()) {
+    return absl::InvalidArgumentError(where + "." + key + ": must be a list of numbers");
+  }
+  for (const json& v : obj[key]) {
+    if (!v.is_number()) {
+      return absl::InvalidArgumentError(where + "." + key + ": must be a list of numbers");
+    }
+    out->push_back(v.get<double>());
+  }
+  return absl::OkStatus();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int SpecInt(bool has, int value, int fallback) { return has ? value : fallback; }
+
+}  // namespace
+
+absl::StatusOr<JobMetrics> ParseMetricsJson(const std::string& json_text) {
+  json doc = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return absl::InvalidArgumentError("metrics file: not valid JSON");
+  if (!doc.is_object()) return absl::InvalidArgumentError("metrics file: expected a JSON object");
+  JobMetrics out;
+  if (doc.contains("status")) {
+    if (!doc["status"].is_string()) {
+      return absl::InvalidArgumentError("metrics file: status: must be a string");
+    }
+    out.status = doc["status"].get<std::string>();
+  }
+  if (doc.contains("message") && doc["message"].is_string()) {
+    out.message = doc["message"].get<std::string>();
+  }
+  if (doc.contains("ranks")) {
+    if (!doc["ranks"].is_array()) {
+      return absl::InvalidArgumentError("metrics file: ranks: must be a list");
+    }
+    int i = 0;
+    for (const json& r : doc["ranks"]) {
+      const std::string where = "metrics file: ranks[" + std::to_string(i++) + "]";
+      if (!r.is_object()) return absl::InvalidArgumentError(where + ": must be an object");
+      RankMetrics m;
+      if (r.contains("rank")) {
+        if (!r["rank"].is_number_integer() || r["rank"].get<int>() < 0) {
+          return absl::InvalidArgumentError(where + ".rank: must be a non-negative integer");
+        }
+        m.rank = r["rank"].get<int>();
+      }
+      for (auto [key, field] : {std::pair<const char*, uint64_t*>{"peak_allocated_bytes",
+                                                                   &m.peak_allocated_bytes},
+                                {"peak_reserved_bytes", &m.peak_reserved_bytes},
+                                {"static_bytes", &m.static_bytes},
+                                {"alloc_retries", &m.alloc_retries},
+                                {"failing_request_bytes", &m.failing_request_bytes}}) {
+        absl::Status s = ReadU64(r, key, where, field);
+        if (!s.ok()) return s;
+      }
+      for (auto [key, field] : {std::pair<const char*, std::vector<double>*>{"step_times_s",
+                                                                              &m.step_times_s},
+                                {"losses", &m.losses},
+                                {"grad_norms", &m.grad_norms}}) {
+        absl::Status s = ReadList(r, key, where, field);
+        if (!s.ok()) return s;
+      }
+      if (r.contains("status")) {
+        if (!r["status"].is_string()) {
+          return absl::InvalidArgumentError(where + ".status: must be a string");
+        }
+        m.status = r["status"].get<std::string>();
+        if (m.status != "ok" && m.status != "oom" && m.status != "failed") {
+          return absl::InvalidArgumentError(where + ".status: must be ok, oom or failed");
+        }
+      }
+      if (r.contains("message") && r["message"].is_string()) {
+        m.message = r["message"].get<std::string>();
+      }
+      if (m.peak_reserved_bytes == 0) m.peak_reserved_bytes = m.peak_allocated_bytes;
+      out.ranks.push_back(m);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<JobMetrics> ReadMetricsFiles(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  std::error_code ec;
+  if (fs::exists(path, ec)) files.push_back(path);
+  fs::path p(path);
+  const std::string prefix = p.filename().string() + ".rank";
+  fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && name.find(".tmp") == std::string::npos) {
+      files.push_back(it->path().string());
+    }
+  }
+  if (files.empty()) return absl::NotFoundError("no metrics file at " + path);
+  std::sort(files.begin(), files.end());
+  JobMetrics merged;
+  std::map<int, RankMetrics> by_rank;
+  for (const std::string& f : files) {
+    std::ifstream in(f);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto m = ParseMetricsJson(ss.str());
+    if (!m.ok()) {
+      return absl::InvalidArgumentError(f + ": " + std::string(m.status().message()));
+    }
+    if (!m->status.empty() && (merged.status.empty() || m->status != "ok")) {
+      merged.status = m->status;
+    }
+    if (!m->message.empty()) {
+      merged.message += (merged.message.empty() ? "" : "; ") + m->message;
+    }
+    for (RankMetrics& r : m->ranks) by_rank[r.rank] = std::move(r);
+  }
+  for (auto& [rank, r] : by_rank) merged.ranks.push_back(std::move(r));
+  return merged;
+}
+
+v1::TrialResult MetricsToResult(const v1::TrialAssignment& assignment, const JobMetrics& metrics) {
+  const auto& so = assignment.spec().search();
+  const int warmup = SpecInt(so.has_warmup_steps(), so.warmup_steps(), 2);
+  const int measure = SpecInt(so.has_measure_steps(), so.measure_steps(), 5);
+
+  v1::TrialResult out;
+  *out.mutable_policy() = assignment.policy();
+  bool oom = metrics.status == "oom";
+  bool failed = metrics.status == "failed";
+  std::vector<std::string> notes;
+  if (!metrics.message.empty()) notes.push_back(metrics.message);
+  double step = 0, lo = 0, hi = 0;
+  bool any_step = false;
+  bool have_loss = false;
+  for (const RankMetrics& r : metrics.ranks) {
+    v1::RankResult* rr = out.add_ranks();
+    rr->set_rank(r.rank);
+    rr->set_peak_allocated_bytes(r.peak_allocated_bytes);
+    rr->set_peak_reserved_bytes(r.peak_reserved_bytes);
+    rr->set_static_bytes(r.static_bytes);
+    rr->set_alloc_retries(r.alloc_retries);
+    rr->set_failing_request_bytes(r.failing_request_bytes);
+    if (r.status == "oom") oom = true;
+    if (r.status == "failed") failed = true;
+    if (!r.message.empty()) notes.push_back("rank " + std::to_string(r.rank) + ": " + r.message);
+    if (static_cast<int>(r.step_times_s.size()) <= warmup) {
+      if (r.status == "ok") {
+        failed = true;
+        notes.push_back("rank " + std::to_string(r.rank) + ": metrics have " +
+                        std::to_string(r.step_times_s.size()) +
+                        " step times; warmup_steps is " + std::to_string(warmup));
+      }
+      continue;
+    }
+    const size_t end = std::min(r.step_times_s.size(), static_cast<size_t>(warmup + measure));
+    std::vector<double> measured(r.step_times_s.begin() + warmup, r.step_times_s.begin() + end);
+    const double median = Median(measured);
+    rr->set_step_time_s(median);
+    step = std::max(step, median);
+    auto [mn, mx] = std::minmax_element(measured.begin(), measured.end());
+    lo = any_step ? std::min(lo, *mn) : *mn;
+    hi = any_step ? std::max(hi, *mx) : *mx;
+    any_step = true;
+    if (!have_loss && static_cast<int>(r.losses.size()) > warmup) {
+      out.set_loss(r.losses[warmup]);
+      if (static_cast<int>(r.grad_norms.size()) > warmup) out.set_grad_norm(r.grad_norms[warmup]);
+      have_loss = true;
+    }
+  }
+  if (metrics.ranks.empty()) {
+    failed = true;
+    notes.push_back("metrics file lists no ranks");
+  }
+  std::string message;
+  for (const auto& n : notes) message += (message.empty() ? "" : "; ") + n;
+  out.set_message(message);
+  if (oom) {
+    out.set_status(v1::TRIAL_STATUS_OOM);
+  } else if (failed || !any_step) {
+    out.set_status(v1::TRIAL_STATUS_FAILED);
+  } else {
+    out.set_status(v1::TRIAL_STATUS_OK);
+    out.set_step_time_s(step);
+    out.set_step_time_spread_s(hi - lo);
+    out.set_tokens_per_s(TokensPerSecond(assignment.spec(), step));
+  }
+  return out;
+}
+
+}  // namespace remat::worker

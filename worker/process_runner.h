@@ -1,0 +1,67 @@
+// Runs the processes of one trial (one per rank, or one command) as a single process group, and
+// ends the whole group on timeout, on cancel, or when one rank has died and the rest linger.
+//
+// The children start with posix_spawn (safe in a multi-threaded daemon), inherit the
+// environment plus the overrides given, and write stdout/stderr to files. Grandchildren stay in
+// the group unless they leave it themselves, so killing the group ends a launcher's ranks too.
+// After the direct children have exited, anything left in the group is killed before the
+// children are reaped (so the group id cannot have been recycled).
+//
+// Thread-safety: RunProcessGroup may run concurrently from many threads (each waits only for
+// its own children). It never throws; failures are in the returned outcome.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "worker/cancel_token.h"
+
+namespace remat::worker {
+
+struct ChildSpec {
+  std::vector<std::string> argv;  // argv[0]: the program; searched in PATH when it has no '/'
+  std::vector<std::pair<std::string, std::string>> env;  // set over the inherited environment
+  std::string stdout_path;  // "" -> /dev/null
+  std::string stderr_path;  // "" -> /dev/null
+  std::string cwd;          // "" -> the daemon's working directory
+};
+
+struct GroupLimits {
+  double timeout_s = 0;            // 0: none. Past it the group gets SIGTERM, then SIGKILL.
+  double kill_grace_s = 5;         // SIGTERM -> SIGKILL delay
+  double peer_failure_grace_s = 30;  // a child failed: the others get this long, then the group dies
+  double poll_interval_s = 0.02;
+};
+
+struct ChildExit {
+  bool started = false;
+  std::string spawn_error;  // why it did not start
+  bool exited = false;      // exited normally, with exit_code
+  int exit_code = -1;
+  int signal = 0;           // killed by this signal
+  bool ok() const { return started && exited && exit_code == 0; }
+  // "exited with status 3", "killed by signal 9 (Killed)", "did not start: ..."
+  std::string Describe() const;
+};
+
+struct GroupOutcome {
+  std::vector<ChildExit> children;  // same order as the specs
+  bool timed_out = false;           // the group was killed for exceeding timeout_s
+  bool cancelled = false;           // the group was killed because `cancel` fired
+  bool peer_failure_kill = false;   // killed after a child failed and the others lingered
+  double elapsed_s = 0;
+};
+
+GroupOutcome RunProcessGroup(const std::vector<ChildSpec>& children, const GroupLimits& limits,
+                             const CancelToken* cancel);
+
+// The last `max_lines` lines (at most `max_bytes` bytes) of a text file, trimmed, lines joined
+// with " | ". Empty when the file is missing or empty.
+std::string FileTail(const std::string& path, int max_lines = 6, size_t max_bytes = 1200);
+
+// Runs `argv` and returns its stdout (at most 1 MiB) if it exits 0 within `timeout_s`.
+// Returns nullopt-like empty + false when it does not start, fails or times out.
+bool CaptureOutput(const std::vector<std::string>& argv, double timeout_s, std::string* out);
+
+}  // namespace remat::worker

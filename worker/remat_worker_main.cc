@@ -1,0 +1,159 @@
+// remat-worker: the worker daemon on a GPU node. Flags are read here and only here.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "worker/slots.h"
+#include "worker/versions.h"
+#include "worker/worker_daemon.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+int Fail(int code, const std::string& message) {
+  std::cerr << "error: " << message << std::endl;
+  return code;
+}
+
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+std::string SelfDir() {
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : self.parent_path().string();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"remat-worker: runs remat trials on this machine for a remat coordinator"};
+  std::string coordinator, gpus, token_file, tls_ca, work_dir, trial_binary, templates_file;
+  std::string log_level = "info";
+  double grace_s = 10;
+  bool tls = false, keep_trial_dirs = false;
+  app.add_option("--coordinator", coordinator, "the coordinator, HOST:PORT")->required();
+  app.add_option("--gpus", gpus,
+                 "GPUs to offer, e.g. 0,1 (default: all); without GPUs, names plain slots");
+  app.add_option("--token-file", token_file,
+                 "file holding this worker's bearer token (or env REMAT_WORKER_TOKEN)");
+  app.add_flag("--tls", tls, "connect with TLS (system roots unless --tls-ca)");
+  app.add_option("--tls-ca", tls_ca, "PEM file of the CA that signed the coordinator's cert");
+  app.add_option("--work-dir", work_dir,
+                 "trial folders and undelivered results (default: $TMPDIR/remat-worker-UID)");
+  app.add_option("--trial-binary", trial_binary,
+                 "remat-trial to run (default: beside this program)");
+  app.add_option("--command-templates", templates_file,
+                 "YAML file of command templates for the command backend (worker/README.md)");
+  app.add_option("--trial-timeout-grace", grace_s,
+                 "seconds between SIGTERM and SIGKILL when a trial is killed")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--keep-trial-dirs", keep_trial_dirs, "keep each trial's folder for debugging");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    return Fail(2, e.what());
+  }
+
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%n] %v");
+
+  remat::worker::WorkerDaemonOptions options;
+  options.connection.target = coordinator;
+  if (!token_file.empty()) {
+    std::string token;
+    if (!ReadFile(token_file, &token)) return Fail(2, "--token-file: cannot read " + token_file);
+    options.connection.token = std::string(absl::StripAsciiWhitespace(token));
+    if (options.connection.token.empty()) return Fail(2, "--token-file: " + token_file + " is empty");
+  } else if (const char* env = getenv("REMAT_WORKER_TOKEN")) {
+    options.connection.token = std::string(absl::StripAsciiWhitespace(env));
+  }
+  if (!tls_ca.empty()) {
+    if (!ReadFile(tls_ca, &options.connection.tls_ca_pem)) {
+      return Fail(2, "--tls-ca: cannot read " + tls_ca);
+    }
+    tls = true;
+  }
+  options.connection.tls = tls;
+
+  auto slots = remat::worker::SelectSlots(remat::worker::DiscoverGpus(), gpus);
+  if (!slots.ok()) return Fail(2, std::string(slots.status().message()));
+  options.slots = *slots;
+
+  if (work_dir.empty()) {
+    std::error_code ec;
+    fs::path tmp = fs::temp_directory_path(ec);
+    if (ec) tmp = "/tmp";
+    work_dir = (tmp / ("remat-worker-" + std::to_string(getuid()))).string();
+  }
+  options.work_dir = work_dir;
+
+  if (trial_binary.empty()) {
+    trial_binary = (fs::path(SelfDir()) / "remat-trial").string();
+    if (access(trial_binary.c_str(), X_OK) != 0) {
+      spdlog::warn("no remat-trial beside remat-worker ({}): builtin backend off", trial_binary);
+      trial_binary.clear();
+    }
+  } else if (access(trial_binary.c_str(), X_OK) != 0) {
+    return Fail(2, "--trial-binary: " + trial_binary + " is not an executable file");
+  }
+  options.trial_binary = trial_binary;
+  options.versions = remat::worker::ProbeVersions(trial_binary);
+
+  if (!templates_file.empty()) {
+    auto templates = remat::worker::LoadCommandTemplatesFile(templates_file);
+    if (!templates.ok()) return Fail(2, std::string(templates.status().message()));
+    options.command_templates = *templates;
+  }
+  options.kill_grace_s = grace_s;
+  options.keep_trial_dirs = keep_trial_dirs;
+
+  // SIGINT/SIGTERM stop the daemon from a dedicated thread; children get default handling.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto daemon = remat::worker::WorkerDaemon::Create(options);
+  if (!daemon.ok()) return Fail(2, std::string(daemon.status().message()));
+  std::string slot_names;
+  for (const auto& s : options.slots) {
+    slot_names += (slot_names.empty() ? "" : ", ") + std::to_string(s.index) + ":" + s.name;
+  }
+  spdlog::info("remat-worker {} offering {} slot(s) [{}], work dir {}",
+               remat::worker::RematVersion(), options.slots.size(), slot_names, work_dir);
+
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    spdlog::info("signal {}: stopping", sig);
+    (*daemon)->Stop();
+  });
+  absl::Status status = (*daemon)->Run();
+  kill(getpid(), SIGTERM);  // wakes the signal thread if Run ended on its own
+  signal_thread.join();
+  if (!status.ok()) return Fail(1, "coordinator " + coordinator + ": " + status.ToString());
+  return 0;
+}
