@@ -1,0 +1,238 @@
+#include "server/coordinator.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+
+#include <condition_variable>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "server/auth.h"
+#include "server/grpc_service.h"
+#include "server/job_store.h"
+#include "server/logging.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+#include "server/status_util.h"
+
+namespace remat::server {
+namespace {
+
+constexpr int kMaxMessageBytes = 64 << 20;  // replay tables and large searches
+
+// Splits "HOST:PORT" ("[::1]:PORT" for IPv6); InvalidArgument naming `flag` otherwise.
+absl::Status CheckHostPort(const std::string& flag, const std::string& value) {
+  const auto colon = value.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(value.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": expected HOST:PORT (port 0 picks a free one), got \"", value, "\""));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+class Coordinator::Impl {
+ public:
+  explicit Impl(CoordinatorOptions options) : options_(std::move(options)) {}
+
+  CoordinatorOptions options_;
+  std::shared_ptr<spdlog::logger> log_ = ComponentLogger("coordinator");
+  Authenticator auth_;
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<RematServiceImpl> remat_service_;
+  std::unique_ptr<WorkerServiceImpl> worker_service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  int metrics_port_ = 0;
+
+  std::thread timer_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool started_ = false;
+  bool stopping_ = false;
+  bool stopped_ = false;
+
+  void TimerLoop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      const int64_t wait_ms = std::max<int64_t>(1, scheduler_->MsUntilNextTick());
+      cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [this] { return stopping_; });
+      if (stopping_) break;
+      lock.unlock();
+      scheduler_->Tick();
+      lock.lock();
+    }
+  }
+};
+
+Coordinator::Coordinator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Coordinator::~Coordinator() { Shutdown(std::chrono::milliseconds(0)); }
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options) {
+  REMAT_RETURN_IF_ERROR(CheckHostPort("listen", options.listen));
+  if (!options.metrics_listen.empty()) {
+    REMAT_RETURN_IF_ERROR(CheckHostPort("metrics-listen", options.metrics_listen));
+  }
+  if (options.db_path.empty()) return absl::InvalidArgumentError("db: a database path is required");
+  if (!(options.heartbeat_interval_s > 0)) {
+    return absl::InvalidArgumentError("heartbeat-interval: must be > 0 seconds");
+  }
+  if (!(options.lease_timeout_s > options.heartbeat_interval_s)) {
+    return absl::InvalidArgumentError(
+        "lease-timeout: must be longer than the heartbeat interval");
+  }
+  if (options.max_trial_attempts < 1) {
+    return absl::InvalidArgumentError("max-attempts: must be at least 1");
+  }
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("tls-cert/tls-key: give both or neither");
+  }
+  auto impl = std::make_unique<Impl>(std::move(options));
+  REMAT_ASSIGN_OR_RETURN(impl->auth_, Authenticator::Load(impl->options_.user_tokens_file,
+                                                          impl->options_.worker_tokens_file));
+  REMAT_ASSIGN_OR_RETURN(impl->store_, OpenSqliteStore(impl->options_.db_path));
+  impl->metrics_ = std::make_unique<Metrics>(impl->options_.version);
+  return std::unique_ptr<Coordinator>(new Coordinator(std::move(impl)));
+}
+
+absl::Status Coordinator::Start() {
+  Impl& im = *impl_;
+  const CoordinatorOptions& o = im.options_;
+  if (im.started_) return absl::FailedPreconditionError("coordinator already started");
+  im.started_ = true;
+
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!o.tls_cert_file.empty()) {
+    REMAT_ASSIGN_OR_RETURN(std::string cert, ReadFile("tls-cert", o.tls_cert_file));
+    REMAT_ASSIGN_OR_RETURN(std::string key, ReadFile("tls-key", o.tls_key_file));
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({key, cert});
+    creds = grpc::SslServerCredentials(ssl);
+  }
+
+  if (!o.metrics_listen.empty()) {
+    try {
+      im.exposer_ = std::make_unique<prometheus::Exposer>(o.metrics_listen, 2);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("metrics-listen: cannot listen on ", o.metrics_listen, ": ", e.what()));
+    }
+    im.exposer_->RegisterCollectable(im.metrics_->registry());
+    auto ports = im.exposer_->GetListeningPorts();
+    im.metrics_port_ = ports.empty() ? 0 : ports.front();
+  }
+
+  SchedulerOptions so;
+  so.heartbeat_interval_s = o.heartbeat_interval_s;
+  so.lease_timeout_s = o.lease_timeout_s;
+  so.max_trial_attempts = o.max_trial_attempts;
+  so.max_lease_wait_s = o.max_lease_wait_s;
+  so.max_frontier_series = o.max_frontier_series;
+  if (o.clock_ms) {
+    so.monotonic_ms = o.clock_ms;
+    so.unix_ms = o.clock_ms;
+  }
+  im.scheduler_ = std::make_unique<Scheduler>(so, im.store_.get(), im.metrics_.get());
+  REMAT_RETURN_IF_ERROR(im.scheduler_->Resume());
+
+  im.remat_service_ = std::make_unique<RematServiceImpl>(im.scheduler_.get(), &im.auth_);
+  im.worker_service_ = std::make_unique<WorkerServiceImpl>(im.scheduler_.get(), &im.auth_);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(o.listen, creds, &im.port_);
+  builder.RegisterService(im.remat_service_.get());
+  builder.RegisterService(im.worker_service_.get());
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Workers and watchers may ping every 10 s to keep idle connections through NATs alive.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  im.server_ = builder.BuildAndStart();
+  if (im.server_ == nullptr || im.port_ == 0) {
+    im.server_.reset();
+    return absl::UnavailableError(absl::StrCat("listen: cannot listen on ", o.listen,
+                                               " (address in use or not available?)"));
+  }
+  im.server_->GetHealthCheckService()->SetServingStatus(true);
+  if (!o.clock_ms) im.timer_ = std::thread([&im] { im.TimerLoop(); });
+  im.log_->info("listening on {} (gRPC{}{}{}), database {}, metrics {}", address(),
+                o.tls_cert_file.empty() ? "" : ", TLS",
+                im.auth_.users_enabled() ? ", user tokens" : "",
+                im.auth_.workers_enabled() ? ", worker tokens" : "", o.db_path,
+                im.metrics_port_ ? absl::StrCat("on port ", im.metrics_port_) : "off");
+  return absl::OkStatus();
+}
+
+int Coordinator::port() const { return impl_->port_; }
+
+std::string Coordinator::address() const {
+  const std::string& listen = impl_->options_.listen;
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host == "0.0.0.0" || host == "[::]" || host == "*" || host.empty()) host = "127.0.0.1";
+  return absl::StrCat(host, ":", impl_->port_);
+}
+
+int Coordinator::metrics_port() const { return impl_->metrics_port_; }
+
+void Coordinator::Shutdown(std::chrono::milliseconds drain) {
+  Impl& im = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(im.mu_);
+    if (im.stopping_) return;
+    im.stopping_ = true;
+  }
+  im.cv_.notify_all();
+  if (im.server_ != nullptr) {
+    im.log_->info("shutting down: draining calls for up to {} ms", drain.count());
+    im.server_->GetHealthCheckService()->SetServingStatus(false);
+  }
+  // Long polls answer empty and watch streams end, so the drain is not held up by them.
+  if (im.scheduler_ != nullptr) im.scheduler_->Shutdown();
+  if (im.server_ != nullptr) {
+    im.server_->Shutdown(std::chrono::system_clock::now() + drain);
+    im.server_->Wait();
+  }
+  if (im.timer_.joinable()) im.timer_.join();
+  im.exposer_.reset();
+  {
+    std::lock_guard<std::mutex> lock(im.mu_);
+    im.stopped_ = true;
+  }
+  im.cv_.notify_all();
+  if (im.server_ != nullptr) im.log_->info("stopped");
+}
+
+void Coordinator::Wait() {
+  Impl& im = *impl_;
+  std::unique_lock<std::mutex> lock(im.mu_);
+  im.cv_.wait(lock, [&im] { return im.stopped_; });
+}
+
+void Coordinator::RunExpiryForTest() {
+  if (impl_->scheduler_ != nullptr) impl_->scheduler_->Tick();
+}
+
+}  // namespace remat::server

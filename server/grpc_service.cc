@@ -1,0 +1,255 @@
+#include "server/grpc_service.h"
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "server/logging.h"
+
+namespace remat::server {
+namespace {
+
+absl::StatusOr<Principal> Authorize(grpc::CallbackServerContext* ctx, const Authenticator* auth,
+                                    Role role) {
+  std::string_view token;
+  const auto& md = ctx->client_metadata();
+  if (auto it = md.find("authorization"); it != md.end()) {
+    token = std::string_view(it->second.data(), it->second.size());
+  }
+  return auth->Check(role, token);
+}
+
+// Runs `body` (returning absl::StatusOr<Response>) for an authorized caller and finishes the
+// call with its answer.
+template <typename Response, typename Body>
+grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const Authenticator* auth,
+                                Role role, Response* response, Body body) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto who = Authorize(ctx, auth, role);
+  if (!who.ok()) {
+    reactor->Finish(ToGrpcStatus(who.status()));
+    return reactor;
+  }
+  absl::StatusOr<Response> result = body(*who);
+  if (result.ok()) *response = std::move(*result);
+  reactor->Finish(ToGrpcStatus(result.status()));
+  return reactor;
+}
+
+// A long-poll LeaseTrial. The scheduler calls the completion exactly once; a client that goes
+// away ends the wait early (CancelLeaseWait).
+class LeaseReactor final : public grpc::ServerUnaryReactor {
+ public:
+  LeaseReactor(Scheduler* scheduler, std::shared_ptr<std::atomic<uint64_t>> wait_id)
+      : scheduler_(scheduler), wait_id_(std::move(wait_id)) {}
+  void OnCancel() override {
+    if (uint64_t id = wait_id_->load(); id != 0) scheduler_->CancelLeaseWait(id);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  Scheduler* scheduler_;
+  std::shared_ptr<std::atomic<uint64_t>> wait_id_;
+};
+
+// A watch stream. Updates are pulled from the scheduler one write at a time; the scheduler's
+// wake-up reaches the reactor through `Core`, which outlives the reactor, so a late wake-up
+// after the stream ended is harmless.
+class WatchReactor final : public grpc::ServerWriteReactor<v1::SearchProgress> {
+ public:
+  struct Core {
+    std::mutex mu;
+    WatchReactor* reactor = nullptr;  // null once the stream is done
+  };
+
+  WatchReactor(Scheduler* scheduler, std::shared_ptr<Core> core)
+      : scheduler_(scheduler), core_(std::move(core)) {}
+
+  // Starts the stream: registers the watcher (or finishes with the error).
+  void Begin(const Principal& who, const std::string& id) {
+    std::weak_ptr<Core> weak = core_;
+    auto handle = scheduler_->Watch(who, id, [weak] {
+      if (auto core = weak.lock()) {
+        std::lock_guard<std::mutex> lock(core->mu);
+        if (core->reactor != nullptr) core->reactor->PumpLocked();
+      }
+    });
+    std::lock_guard<std::mutex> lock(core_->mu);
+    if (!handle.ok()) {
+      FinishLocked(ToGrpcStatus(handle.status()));
+      return;
+    }
+    handle_ = *handle;
+    PumpLocked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(core_->mu);
+    writing_ = false;
+    if (!ok) {
+      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "stream broken"));
+      return;
+    }
+    if (final_written_) {
+      FinishLocked(grpc::Status::OK);
+      return;
+    }
+    PumpLocked();
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(core_->mu);
+    FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away"));
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard<std::mutex> lock(core_->mu);
+      core_->reactor = nullptr;
+    }
+    if (handle_ != 0) scheduler_->Unwatch(handle_);
+    delete this;
+  }
+
+ private:
+  // Writes the next waiting update, if no write is in flight. Called with core_->mu held;
+  // gRPC runs reactions on its own threads, never inline from StartWrite/Finish.
+  void PumpLocked() {
+    if (handle_ == 0 || writing_ || finished_) return;
+    switch (scheduler_->PollWatch(handle_, &update_)) {
+      case Scheduler::WatchPoll::kNone:
+        return;
+      case Scheduler::WatchPoll::kFinal:
+        final_written_ = true;
+        handle_ = 0;  // the scheduler already forgot it
+        [[fallthrough]];
+      case Scheduler::WatchPoll::kUpdate:
+        writing_ = true;
+        StartWrite(&update_);
+        return;
+      case Scheduler::WatchPoll::kClosed:
+        handle_ = 0;
+        FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
+        return;
+    }
+  }
+
+  void FinishLocked(const grpc::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  Scheduler* scheduler_;
+  std::shared_ptr<Core> core_;
+  uint64_t handle_ = 0;
+  v1::SearchProgress update_;
+  bool writing_ = false;
+  bool final_written_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  // absl::StatusCode and grpc::StatusCode share the canonical numbering (0..16).
+  const int code = static_cast<int>(status.code());
+  const auto grpc_code = code >= 0 && code <= 16 ? static_cast<grpc::StatusCode>(code)
+                                                 : grpc::StatusCode::UNKNOWN;
+  return grpc::Status(grpc_code, std::string(status.message()));
+}
+
+// ----------------------------------------------------------------------------- RematService
+
+grpc::ServerUnaryReactor* RematServiceImpl::SubmitSearch(grpc::CallbackServerContext* ctx,
+                                                         const v1::SubmitSearchRequest* request,
+                                                         v1::SubmitSearchResponse* response) {
+  return Unary(ctx, auth_, Role::kUser, response,
+               [&](const Principal& who) { return scheduler_->SubmitSearch(who, *request); });
+}
+
+grpc::ServerUnaryReactor* RematServiceImpl::GetSearch(grpc::CallbackServerContext* ctx,
+                                                      const v1::GetSearchRequest* request,
+                                                      v1::Search* response) {
+  return Unary(ctx, auth_, Role::kUser, response,
+               [&](const Principal& who) { return scheduler_->GetSearch(who, request->id()); });
+}
+
+grpc::ServerWriteReactor<v1::SearchProgress>* RematServiceImpl::WatchSearch(
+    grpc::CallbackServerContext* ctx, const v1::WatchSearchRequest* request) {
+  auto core = std::make_shared<WatchReactor::Core>();
+  auto* reactor = new WatchReactor(scheduler_, core);
+  core->reactor = reactor;
+  auto who = Authorize(ctx, auth_, Role::kUser);
+  if (!who.ok()) {
+    reactor->Finish(ToGrpcStatus(who.status()));
+    core->reactor = nullptr;
+    return reactor;
+  }
+  reactor->Begin(*who, request->id());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RematServiceImpl::CancelSearch(grpc::CallbackServerContext* ctx,
+                                                         const v1::CancelSearchRequest* request,
+                                                         v1::CancelSearchResponse* response) {
+  return Unary(ctx, auth_, Role::kUser, response, [&](const Principal& who) {
+    return scheduler_->CancelSearch(who, request->id());
+  });
+}
+
+grpc::ServerUnaryReactor* RematServiceImpl::ListSearches(grpc::CallbackServerContext* ctx,
+                                                         const v1::ListSearchesRequest* request,
+                                                         v1::ListSearchesResponse* response) {
+  return Unary(ctx, auth_, Role::kUser, response, [&](const Principal& who) {
+    return scheduler_->ListSearches(who, request->limit());
+  });
+}
+
+// ----------------------------------------------------------------------------- WorkerService
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContext* ctx,
+                                                      const v1::RegisterRequest* request,
+                                                      v1::RegisterResponse* response) {
+  return Unary(ctx, auth_, Role::kWorker, response,
+               [&](const Principal&) { return scheduler_->Register(*request); });
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                       const v1::HeartbeatRequest* request,
+                                                       v1::HeartbeatResponse* response) {
+  return Unary(ctx, auth_, Role::kWorker, response,
+               [&](const Principal&) { return scheduler_->Heartbeat(*request); });
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::LeaseTrial(grpc::CallbackServerContext* ctx,
+                                                        const v1::LeaseTrialRequest* request,
+                                                        v1::LeaseTrialResponse* response) {
+  auto who = Authorize(ctx, auth_, Role::kWorker);
+  if (!who.ok()) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(who.status()));
+    return reactor;
+  }
+  auto wait_id = std::make_shared<std::atomic<uint64_t>>(0);
+  auto* reactor = new LeaseReactor(scheduler_, wait_id);
+  const uint64_t id = scheduler_->LeaseTrial(
+      *request, [reactor, response](absl::StatusOr<v1::LeaseTrialResponse> result) {
+        if (result.ok()) *response = std::move(*result);
+        reactor->Finish(ToGrpcStatus(result.status()));
+      });
+  wait_id->store(id);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::ReportTrial(grpc::CallbackServerContext* ctx,
+                                                         const v1::ReportTrialRequest* request,
+                                                         v1::ReportTrialResponse* response) {
+  return Unary(ctx, auth_, Role::kWorker, response,
+               [&](const Principal&) { return scheduler_->ReportTrial(*request); });
+}
+
+}  // namespace remat::server

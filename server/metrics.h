@@ -1,0 +1,77 @@
+// The coordinator's Prometheus metrics: one object builds every family once and caches the
+// series it updates (prometheus-cpp's Add is slow on hot paths).
+//
+//   remat_build_info{version}                 gauge, 1
+//   remat_searches{state}                     gauge: searches in each state (all five states)
+//   remat_trials_total{status}                counter: trials finished, by final status
+//   remat_trials_reused_total                 counter: trials answered from the results cache
+//   remat_trial_duration_seconds              histogram: lease to result of run (not reused) trials
+//   remat_queue_depth                         gauge: trials waiting for a worker
+//   remat_trials_leased                       gauge: trials leased to workers now
+//   remat_workers_connected                   gauge: workers heard from within the lease timeout
+//   remat_gpus{state="free|busy"}             gauge: slots of connected workers
+//   remat_frontier_points{search_id}          gauge: frontier size of each active search only;
+//                                             the series is removed when the search ends
+//   remat_lease_wait_seconds                  histogram: LeaseTrial handling time (long polls
+//                                             included; a call answered at once measures dispatch)
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "remat/v1/remat.pb.h"
+
+namespace prometheus {
+class Registry;
+class Counter;
+class Gauge;
+class Histogram;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace remat::server {
+
+class Metrics {
+ public:
+  explicit Metrics(const std::string& version);
+  ~Metrics();
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  void SetSearches(v1::SearchState state, int64_t count);
+  void TrialFinished(v1::TrialStatus status, bool reused, double duration_s);
+  void SetQueueDepth(int64_t n);
+  void SetTrialsLeased(int64_t n);
+  void SetWorkersConnected(int64_t n);
+  void SetGpus(int64_t free, int64_t busy);
+  void SetFrontierPoints(const std::string& search_id, int64_t n);
+  void RemoveFrontier(const std::string& search_id);
+  void ObserveLeaseCall(double seconds);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::map<v1::SearchState, prometheus::Gauge*> searches_;
+  std::map<v1::TrialStatus, prometheus::Counter*> trials_;
+  prometheus::Counter* reused_ = nullptr;
+  prometheus::Histogram* trial_duration_ = nullptr;
+  prometheus::Histogram* lease_wait_ = nullptr;
+  prometheus::Gauge* queue_depth_ = nullptr;
+  prometheus::Gauge* leased_ = nullptr;
+  prometheus::Gauge* workers_ = nullptr;
+  prometheus::Gauge* gpus_free_ = nullptr;
+  prometheus::Gauge* gpus_busy_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* frontier_family_ = nullptr;
+  std::mutex frontier_mu_;
+  std::map<std::string, prometheus::Gauge*> frontier_;
+};
+
+// Lower-case names as used in labels: "queued", "ok", ...
+const char* StateLabel(v1::SearchState state);
+const char* StatusLabel(v1::TrialStatus status);
+
+}  // namespace remat::server

@@ -1,0 +1,111 @@
+// rematd: the remat coordinator. Flags fill CoordinatorOptions; SIGTERM/SIGINT drain gracefully.
+#include <pthread.h>
+#include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "server/coordinator.h"
+
+namespace {
+
+constexpr char kVersion[] = "0.1.0";
+
+int Fail(int code, const std::string& message) {
+  std::fprintf(stderr, "error: %s\n", message.c_str());
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  remat::server::CoordinatorOptions options;
+  options.version = kVersion;
+  std::string log_level = "info";
+  double drain_s = 10;
+
+  CLI::App app{"rematd: the remat coordinator (gRPC API, job store, scheduler, metrics)",
+               "rematd"};
+  app.set_version_flag("--version", kVersion);
+  app.add_option("--listen", options.listen, "gRPC address HOST:PORT (port 0: a free port)")
+      ->required();
+  app.add_option("--db", options.db_path, "SQLite database file (created when missing)")
+      ->required();
+  app.add_option("--metrics-listen", options.metrics_listen,
+                 "Prometheus /metrics address HOST:PORT (default: no metrics endpoint)");
+  app.add_option("--user-tokens", options.user_tokens_file,
+                 "file of \"TOKEN USER\" lines: users must send a bearer token");
+  app.add_option("--worker-tokens", options.worker_tokens_file,
+                 "file of \"TOKEN [NAME]\" lines: workers must send a bearer token");
+  app.add_option("--tls-cert", options.tls_cert_file, "PEM certificate chain (serve TLS)");
+  app.add_option("--tls-key", options.tls_key_file, "PEM private key (serve TLS)");
+  app.add_option("--heartbeat-interval", options.heartbeat_interval_s,
+                 "seconds between worker heartbeats")
+      ->capture_default_str();
+  app.add_option("--lease-timeout", options.lease_timeout_s,
+                 "seconds of silence after which a worker loses its leases")
+      ->capture_default_str();
+  app.add_option("--max-attempts", options.max_trial_attempts,
+                 "leases per trial before it is recorded as failed")
+      ->capture_default_str();
+  app.add_option("--drain", drain_s, "seconds to let calls finish on SIGTERM")
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical, off")
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return Fail(2, e.what());
+  }
+  const auto level = spdlog::level::from_str(log_level);
+  if (level == spdlog::level::off && log_level != "off") {
+    return Fail(2, "--log-level: unknown level \"" + log_level + "\"");
+  }
+
+  // Logs go to stderr; configured once here, before any component logger exists.
+  auto logger = spdlog::stderr_color_mt("rematd");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(level);
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%n] %v");
+
+  // Signals are taken by one thread with sigwait; every other thread has them blocked.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto coordinator = remat::server::Coordinator::Create(options);
+  if (!coordinator.ok()) {
+    return Fail(coordinator.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1,
+                std::string(coordinator.status().message()));
+  }
+  absl::Status started = (*coordinator)->Start();
+  if (!started.ok()) {
+    return Fail(started.code() == absl::StatusCode::kInvalidArgument ? 2 : 1,
+                std::string(started.message()));
+  }
+  std::cout << "rematd listening on " << (*coordinator)->address() << std::endl;
+
+  remat::server::Coordinator* c = coordinator->get();
+  std::thread signal_thread([c, signals, drain_s] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("signal {}: draining", sig);
+    c->Shutdown(std::chrono::milliseconds(static_cast<int64_t>(drain_s * 1000)));
+  });
+  c->Wait();
+  // Wake the signal thread if Shutdown came from elsewhere (it never does in rematd today).
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  return 0;
+}
