@@ -1,15 +1,21 @@
 // The analytic memory and FLOP model: what a policy should cost before it is measured.
 //
 // Static memory follows Megatron's accounting (18 bytes/parameter for bf16 + Adam; 6 + 12/DP
-// with the distributed optimizer). Activation bytes per layer follow Korthikanti et al. 2022
-// (s*b*h*(34 + 5*a*s/h) for unfused dense attention, with its TP/SP variants) generalised to
-// what the builtin engine and Megatron's local layer spec hold: GQA, SwiGLU, RMSNorm, fp32
-// softmax, biases, dropout masks, MLA and MoE. All figures are for the most loaded rank of the
-// first pipeline stage. The derivation is written out in docs/memory-model.md.
-// Thread-safety: pure functions.
+// with the distributed optimizer; 16 and 8 + 8/DP in fp32). Activation bytes per layer follow
+// Korthikanti et al. 2022 (s*b*h*(34 + 5*a*s/h) for unfused dense attention, with its TP/SP
+// variants) generalised to what Megatron Core's local (non-Transformer-Engine) layer spec holds
+// with fusions off, which the builtin engine mirrors: GQA, RoPE, SwiGLU, RMSNorm, fp32 softmax,
+// biases, dropout masks, flash attention, MLA and MoE. All figures are for one micro-batch on the
+// most loaded rank of the first pipeline stage. FLOPs follow Megatron's model-FLOP formula.
+// The derivation, and every assumption it makes, is written out in docs/memory-model.md.
+//
+// The functions expect a spec that ValidateSpec accepts; on other specs they return finite but
+// meaningless numbers (they never divide by zero or throw).
+// Thread-safety: pure functions of their arguments.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "search/policy.h"
@@ -18,43 +24,78 @@
 namespace remat::search {
 
 // Bytes one layer holds for backward between its forward and its backward, split by the region
-// a recompute label discards. Sum of the regions = the layer's total.
+// a recompute label discards. Sum of the regions = the layer's total under no recompute.
 struct LayerActivations {
-  double layernorm = 0;       // norm outputs (input_layernorm + pre_mlp_layernorm)
-  double attn_inputs = 0;     // what core attention keeps as its inputs (q, k, v, ...)
-  double core_attn = 0;       // scores, softmax, attention dropout: what core_attn discards
-  double mla_up_proj = 0;     // expanded q/k/v after RoPE: what mla_up_proj discards
-  double attn_other = 0;      // QKV/MLA down-projection inputs, out-proj input, residual, dropout
-  double mlp = 0;             // dense MLP internals: what mlp discards (dense layers)
-  double moe_router = 0;      // router logits/probs, permutation indices, dispatched tokens
+  double input = 0;           // the layer's input, saved by input_layernorm (kept by full recompute)
+  double layernorm = 0;       // norm outputs (input_layernorm + pre_mlp_layernorm): what layernorm discards
+  double attn_inputs = 0;     // what core attention's checkpoint keeps as its inputs (q, k, v)
+  double core_attn = 0;       // what core_attn discards: scores/softmax/dropout (unfused) or the
+                              // kernel's logsumexp (flash), plus GQA's expanded k/v copies; can be
+                              // slightly negative where the checkpoint keeps more q/k/v storage
+                              // than the unfused core does (see docs)
+  double mla_up_proj = 0;     // expanded MLA query/key/value after RoPE: what mla_up_proj discards
+  double attn_other = 0;      // MLA latents, out-proj input, attention dropout mask, the residual
+                              // (pre_mlp_layernorm's input), norm statistics
+  double mlp = 0;             // dense MLP internals (fc1 output, activation, fc2 input): what mlp discards
+  double moe_router = 0;      // router probabilities and indices, dispatched tokens (expert fc1 input)
   double moe_expert_fc1 = 0;  // grouped expert fc1 outputs (kept under moe_act)
   double moe_act = 0;         // expert activation outputs: what moe_act discards
-  double moe_other = 0;       // unpermute / combine
-  double shared_experts = 0;  // shared-expert MLP internals
-  double input = 0;           // the layer's input (kept under full recompute)
+  double moe_other = 0;       // permutation indices kept for unpermute/combine
+  double shared_experts = 0;  // shared-expert MLP internals: what shared_experts discards
+  double mlp_other = 0;       // the MLP-side bias-dropout-add mask (dense and MoE layers)
 
   double Total() const;
+  // What `moe` discards: router, dispatch, experts, combine and shared experts.
+  double Moe() const;
 };
 
 struct MemoryEstimate {
-  double parameters = 0;        // parameter count on the most loaded rank
-  double static_bytes = 0;      // weights + gradients + optimizer state
+  double parameters = 0;        // parameter count on the most loaded rank (first stage)
+  double buffer_bytes = 0;      // persistent workspaces (unfused attention's baddbmm input);
+                                // included in static_bytes
+  double static_bytes = 0;      // weights + gradients + optimizer state + buffer_bytes
   double activation_bytes = 0;  // held by one micro-batch's forward (layers, embedding, logits)
-  double transient_bytes = 0;   // largest extra live during backward (e.g. one layer's recompute)
+  double layer_activation_bytes = 0;  // the part of activation_bytes held by transformer layers
+  double logits_bytes = 0;      // the part held for the loss (fp32 softmax of the logits)
+  double transient_bytes = 0;   // largest extra live over activation_bytes during backward
+                                // (one layer's recompute, gradient working set, logits' gradient)
   double peak_bytes = 0;        // static + activation + transient
-  double recompute_flops = 0;   // extra forward FLOPs per step from recompute
-  double model_flops = 0;       // model FLOPs per step on this rank (3x forward; no recompute)
+  double recompute_flops = 0;   // extra forward FLOPs per step on this rank from recompute
+  double model_flops = 0;       // model FLOPs per step on this rank (Megatron's formula: 3x
+                                // forward, causal halving; recompute not counted)
 };
 
 // Per-layer activations of layer `layer` (global index) under no recompute, for one micro-batch
 // on one rank of the given layout.
 LayerActivations EstimateLayerActivations(const SearchSpec& spec, int layer);
 
-// The whole-model estimate under `policy`.
+// The whole-model estimate under `policy`. Selective labels apply per layer where they have an
+// effect (mlp on dense layers, moe/moe_act/shared_experts on MoE layers; moe supersedes moe_act
+// and shared_experts); full recompute supersedes selective labels. N of full:*:N is clamped to
+// the layers of the stage.
 MemoryEstimate EstimateMemory(const SearchSpec& spec, const Policy& policy);
 
-// Korthikanti et al. Table 2, no parallelism, unfused, 16-bit softmax, dropout on:
-// s*b*h*(34 + 5*a*s/h). For tests and docs.
+// Activation bytes `label` alone stops holding, summed over the first stage's layers
+// (0 when the label has no effect on this model).
+double LabelSavingBytes(const SearchSpec& spec, Label label);
+
+// Extra forward FLOPs per step on this rank that `label` alone replays in backward.
+double LabelRecomputeFlops(const SearchSpec& spec, Label label);
+
+// Parameter count on the most loaded rank of the first pipeline stage.
+double ParameterCount(const SearchSpec& spec);
+
+// Megatron's model FLOPs for one step (one micro-batch per data-parallel replica), on one rank.
+double ModelFlopsPerStep(const SearchSpec& spec);
+
+// The smallest N for which full:block:N is predicted to peak at or under `budget_bytes`;
+// nullopt when even full:block:<layers per stage> does not fit.
+std::optional<int> SmallestFittingBlock(const SearchSpec& spec, double budget_bytes);
+
+// Korthikanti et al. 2022, Table 2 (16-bit activations and softmax, 1-byte dropout masks,
+// unfused attention, GELU, F = 4h, LayerNorm) for the spec's layout: no parallelism
+// s*b*h*(34 + 5*a*s/h); tensor parallel s*b*h*(10 + 24/t + 5*a*s/(h*t)); tensor + sequence
+// parallel s*b*h*(34/t + 5*a*s/(h*t)). For tests and docs.
 double PaperActivationBytesPerLayer(const SearchSpec& spec);
 
 }  // namespace remat::search

@@ -1,0 +1,696 @@
+#include "search/memory_model.h"
+
+#include <algorithm>
+
+namespace remat::search {
+namespace {
+
+// Elementwise FLOPs per element, for the labels whose replay is elementwise only (layernorm,
+// moe_act). Rough operation counts; docs/memory-model.md explains them.
+constexpr double kLayerNormFlops = 8;  // mean, variance, normalise, scale, shift
+constexpr double kRmsNormFlops = 5;    // square, mean, rsqrt, normalise, scale
+constexpr double kGeluFlops = 8;       // tanh approximation
+constexpr double kSiluFlops = 4;       // exp, add, divide, multiply
+
+// Bytes of fp32 statistics a norm keeps per token: LayerNorm mean + rstd, RMSNorm rstd.
+double NormStatsBytes(const ModelSpec& m) {
+  return m.normalization == Normalization::kLayerNorm ? 8 : 4;
+}
+
+// The shape of one micro-batch on one rank. Sizes are doubles: products overflow 32 bits and
+// every result is a byte or FLOP count anyway.
+struct Dims {
+  double e = 2;        // bytes per activation element: 2 (bf16) or 4 (fp32)
+  double s = 0, b = 0, h = 0;
+  double tokens = 0;   // s * b: tokens of full-sequence tensors (attention, MLP internals)
+  double seq_tokens = 0;  // tokens of sequence-level tensors (norms, residual): tokens / t with SP
+  double t = 1;        // tensor parallel size
+  double heads = 0;    // attention heads on this rank
+  double groups = 0;   // query groups on this rank
+  double d = 0;        // kv_channels (head dim of standard attention)
+  double ffn = 0;      // dense FFN width on this rank
+  bool glu = false;
+  bool sp = false;
+};
+
+Dims MakeDims(const SearchSpec& spec) {
+  const ModelSpec& m = spec.model;
+  Dims x;
+  x.e = spec.train.precision == Precision::kFp32 ? 4 : 2;
+  x.s = m.seq_length;
+  x.b = spec.train.micro_batch_size;
+  x.h = m.hidden_size;
+  x.tokens = x.s * x.b;
+  x.t = std::max(1, spec.parallel.tensor_model_parallel_size);
+  x.sp = spec.parallel.sequence_parallel && x.t > 1;
+  x.seq_tokens = x.sp ? x.tokens / x.t : x.tokens;
+  x.heads = m.num_attention_heads / x.t;
+  x.groups = (m.multi_latent_attention ? m.num_attention_heads : m.EffectiveQueryGroups()) / x.t;
+  x.d = m.EffectiveKvChannels();
+  x.ffn = m.EffectiveFfnHiddenSize() / x.t;
+  x.glu = m.gated_linear_unit;
+  return x;
+}
+
+// Expert tensor parallelism: Megatron Core sets it to TP when unset; Megatron Bridge sets it to 1
+// when EP > 1 (experts are spread over the TP x DP ranks instead).
+double ExpertTensorParallel(const SearchSpec& spec) {
+  if (spec.parallel.expert_model_parallel_size > 1) return 1;
+  return std::max(1, spec.parallel.tensor_model_parallel_size);
+}
+
+int StageLayers(const SearchSpec& spec) {
+  const int p = std::max(1, spec.parallel.pipeline_model_parallel_size);
+  return std::max(0, spec.model.num_layers / p);
+}
+
+bool IsLastStage(const SearchSpec& spec) {
+  return std::max(1, spec.parallel.pipeline_model_parallel_size) == 1;
+}
+
+// The MoE shape on this rank, balanced routing.
+struct MoeDims {
+  double experts = 0;       // all experts
+  double local_experts = 0; // experts on this rank
+  double topk = 0;
+  double routed_tokens = 0; // tokens this rank's router sees
+  double expert_tokens = 0; // token copies this rank's experts process (routed_tokens * topk * ETP)
+  double ffn = 0;           // expert FFN width on this rank
+  double shared_ffn = 0;    // shared-expert FFN width on this rank
+};
+
+MoeDims MakeMoeDims(const SearchSpec& spec, const Dims& x) {
+  const ModelSpec& m = spec.model;
+  MoeDims moe;
+  if (!m.IsMoe()) return moe;
+  const double etp = ExpertTensorParallel(spec);
+  moe.experts = *m.num_moe_experts;
+  moe.local_experts = moe.experts / std::max(1, spec.parallel.expert_model_parallel_size);
+  moe.topk = m.moe_router_topk;
+  moe.routed_tokens = x.seq_tokens;
+  // Under SP each rank routes its sequence shard; with ETP > 1 the expert-TP group gathers the
+  // shards, so every rank of it sees all of them (and holds 1/ETP of each expert).
+  moe.expert_tokens = (x.sp ? x.seq_tokens * etp : x.tokens) * moe.topk;
+  moe.ffn = m.EffectiveMoeFfnHiddenSize() / etp;
+  moe.shared_ffn =
+      m.HasSharedExperts() ? *m.moe_shared_expert_intermediate_size / x.t : 0;
+  return moe;
+}
+
+// Tracks live bytes through a sequence of allocations and frees: the peak above the start.
+class Level {
+ public:
+  void Alloc(double bytes) {
+    cur_ += bytes;
+    peak_ = std::max(peak_, cur_);
+  }
+  void Free(double bytes) { cur_ -= bytes; }
+  double peak() const { return peak_; }
+
+ private:
+  double cur_ = 0;
+  double peak_ = 0;
+};
+
+// Unfused core attention, per score element (b * heads * s * s on this rank): the bytes held for
+// backward, and the peak of the backward's gradient chain above what the layer holds.
+struct ScoreChain {
+  double held = 0;
+  double backward_peak = 0;
+};
+
+ScoreChain UnfusedScoreChain(const ModelSpec& m, double e) {
+  // Softmax output dtype: fp32 when attention_softmax_in_fp32 (Megatron casts the scores up and
+  // the probabilities back down) or when everything is fp32.
+  const double sm = (m.attention_softmax_in_fp32 || e == 4) ? 4 : e;
+  const bool cast = sm != e;
+  const bool drop = m.attention_dropout > 0;
+  ScoreChain c;
+  // Softmax keeps its output; dropout keeps a 1-byte mask and its output goes to the bmm with v;
+  // without dropout the bmm keeps the (cast) probabilities themselves.
+  c.held = sm + (drop ? 1 + e : (cast ? e : 0));
+  Level lv;
+  lv.Alloc(e);                      // bmm(probs, v) backward: grad of probs
+  if (drop || cast) lv.Free(e);     // the bmm's own saved probs are released
+  if (drop) {                       // dropout backward: grad * mask; mask released
+    lv.Alloc(e);
+    lv.Free(e);
+    lv.Free(1);
+  }
+  if (cast) {                       // bf16 -> fp32 grad
+    lv.Alloc(sm);
+    lv.Free(e);
+  }
+  lv.Alloc(sm);                     // softmax backward; its saved output is released
+  lv.Free(sm);
+  lv.Free(sm);
+  lv.Alloc(sm);                     // masked_fill backward
+  lv.Free(sm);
+  if (cast) {                       // fp32 -> scores' dtype
+    lv.Alloc(e);
+    lv.Free(sm);
+  }
+  c.backward_peak = lv.peak();
+  return c;
+}
+
+// Forward FLOPs of one layer on this rank, by region (what each label replays).
+struct LayerFlops {
+  double attn_linear = 0;  // QKV / MLA projections and the output projection
+  double mla_up = 0;       // part of attn_linear: MLA up-projections (mla_up_proj replays these)
+  double core = 0;         // core attention (causal: half the score matrix)
+  double norms = 0;        // both norms, elementwise
+  double mlp = 0;          // dense MLP GEMMs + activation
+  double router = 0;
+  double experts = 0;      // routed expert GEMMs
+  double moe_act = 0;      // routed expert activation (+ probability scaling), elementwise
+  double shared = 0;       // shared-expert GEMMs + activation
+
+  double Moe() const { return router + experts + moe_act + shared; }
+  double Forward() const { return attn_linear + core + norms + mlp + Moe(); }
+};
+
+double ActivationFlops(bool glu) { return glu ? kSiluFlops + 1 : kGeluFlops; }
+
+LayerFlops EstimateLayerFlops(const SearchSpec& spec, int layer) {
+  const ModelSpec& m = spec.model;
+  const Dims x = MakeDims(spec);
+  const double gemm = x.glu ? 3 : 2;  // GEMMs per FFN width: fc1 (doubled for GLU) + fc2
+  LayerFlops f;
+  if (m.multi_latent_attention) {
+    const double qk = m.qk_head_dim, pe = m.qk_pos_emb_head_dim, vd = m.v_head_dim;
+    const double kvl = m.kv_lora_rank;
+    const double q_in = m.q_lora_rank ? *m.q_lora_rank : x.h;
+    f.mla_up = 2 * x.tokens * (q_in * x.heads * (qk + pe) + kvl * x.heads * (qk + vd));
+    const double q_down = m.q_lora_rank ? 2 * x.tokens * x.h * *m.q_lora_rank / x.t : 0;
+    const double kv_down = 2 * x.tokens * x.h * (kvl + pe) / x.t;
+    const double out = 2 * x.tokens * x.heads * vd * x.h;
+    f.attn_linear = q_down + kv_down + f.mla_up + out;
+    f.core = x.b * x.s * x.s * x.heads * (qk + pe + vd);
+  } else {
+    const double qkv = (x.heads + 2 * x.groups) * x.d;
+    f.attn_linear = 2 * x.tokens * x.h * qkv + 2 * x.tokens * x.heads * x.d * x.h;
+    // QK^T and PV, 2 * s^2 * d FLOPs each per head, halved by the causal mask.
+    f.core = 2 * x.b * x.s * x.s * x.heads * x.d;
+  }
+  f.norms = 2 * x.seq_tokens * x.h *
+            (m.normalization == Normalization::kLayerNorm ? kLayerNormFlops : kRmsNormFlops);
+  if (m.IsMoeLayer(layer)) {
+    const MoeDims moe = MakeMoeDims(spec, x);
+    f.router = 2 * moe.routed_tokens * x.h * moe.experts;
+    f.experts = 2 * moe.expert_tokens * x.h * moe.ffn * gemm;
+    f.moe_act = moe.expert_tokens * moe.ffn * (ActivationFlops(x.glu) + 1);
+    f.shared = x.tokens * moe.shared_ffn * (2 * x.h * gemm + ActivationFlops(x.glu));
+  } else {
+    f.mlp = x.tokens * x.ffn * (2 * x.h * gemm + ActivationFlops(x.glu));
+  }
+  return f;
+}
+
+// Gradient working set of one layer's backward above what the layer holds, for its MLP half
+// and its attention half (approximate; see docs).
+struct LayerWork {
+  double attn = 0;
+  double mlp = 0;
+};
+
+LayerWork EstimateLayerWork(const SearchSpec& spec, int layer) {
+  const ModelSpec& m = spec.model;
+  const Dims x = MakeDims(spec);
+  const double residual = 2 * x.e * x.seq_tokens * x.h;  // gradients of the residual stream
+  LayerWork w;
+  double qkv_width = 0;      // width of the attention inputs (their gradients)
+  double attn_weight = 0;    // largest attention weight on this rank (its gradient)
+  if (m.multi_latent_attention) {
+    const double qk = m.qk_head_dim, pe = m.qk_pos_emb_head_dim, vd = m.v_head_dim;
+    qkv_width = x.heads * (2 * (qk + pe) + vd);
+    const double q_in = m.q_lora_rank ? *m.q_lora_rank : x.h;
+    attn_weight = std::max({q_in * x.heads * (qk + pe), m.kv_lora_rank * x.heads * (qk + vd),
+                            x.heads * vd * x.h});
+  } else {
+    qkv_width = (x.heads + 2 * x.groups) * x.d;
+    attn_weight = x.h * qkv_width;
+  }
+  double core = 0;
+  if (m.attention_backend == AttentionBackend::kUnfused) {
+    core = x.b * x.heads * x.s * x.s * UnfusedScoreChain(m, x.e).backward_peak;
+  } else {
+    core = 4 * x.tokens * x.heads * x.d;  // fp32 dq accumulator of the fused kernel
+  }
+  w.attn = residual + std::max(core + x.e * x.tokens * qkv_width, x.e * attn_weight);
+  const double fc1 = x.glu ? 2 : 1;
+  if (m.IsMoeLayer(layer)) {
+    const MoeDims moe = MakeMoeDims(spec, x);
+    // Grouped GEMM: one weight-gradient tensor for all local experts at once.
+    const double routed = x.e * moe.expert_tokens * moe.ffn * fc1 +
+                          x.e * moe.local_experts * x.h * moe.ffn * fc1;
+    const double shared =
+        x.e * x.tokens * moe.shared_ffn * fc1 + x.e * x.h * moe.shared_ffn * fc1;
+    w.mlp = residual + std::max(routed, shared);
+  } else {
+    w.mlp = residual + x.e * x.tokens * x.ffn * fc1 + x.e * x.h * x.ffn * fc1;
+  }
+  return w;
+}
+
+// The attention half and the MLP half of what a layer holds (backward frees the MLP half first).
+double MlpSide(const LayerActivations& a) {
+  return a.layernorm / 2 + a.mlp + a.Moe() + a.mlp_other;
+}
+
+// What selective `policy` discards on layer `layer`, by half.
+struct Discard {
+  double attn = 0;
+  double mlp = 0;
+  double Total() const { return attn + mlp; }
+};
+
+Discard SelectiveDiscard(const SearchSpec& spec, const Policy& policy, const LayerActivations& a,
+                         int layer) {
+  Discard d;
+  if (policy.IsFull()) return d;
+  if (policy.Has(Label::kCoreAttn)) d.attn += a.core_attn;
+  if (policy.Has(Label::kMlaUpProj)) d.attn += a.mla_up_proj;
+  if (policy.Has(Label::kLayernorm)) {
+    d.attn += a.layernorm / 2;
+    d.mlp += a.layernorm / 2;
+  }
+  if (spec.model.IsMoeLayer(layer)) {
+    if (policy.Has(Label::kMoe)) {
+      d.mlp += a.Moe();  // the whole MoE forward: supersedes moe_act and shared_experts
+    } else {
+      if (policy.Has(Label::kMoeAct)) d.mlp += a.moe_act;
+      if (policy.Has(Label::kSharedExperts)) d.mlp += a.shared_experts;
+    }
+  } else if (policy.Has(Label::kMlp)) {
+    d.mlp += a.mlp;
+  }
+  return d;
+}
+
+double SelectiveFlops(const SearchSpec& spec, const Policy& policy, const LayerFlops& f,
+                      int layer) {
+  double flops = 0;
+  if (policy.Has(Label::kCoreAttn)) flops += f.core;
+  if (policy.Has(Label::kMlaUpProj) && spec.model.multi_latent_attention) flops += f.mla_up;
+  if (policy.Has(Label::kLayernorm)) flops += f.norms;
+  if (spec.model.IsMoeLayer(layer)) {
+    if (policy.Has(Label::kMoe)) {
+      flops += f.Moe();
+    } else {
+      if (policy.Has(Label::kMoeAct)) flops += f.moe_act;
+      if (policy.Has(Label::kSharedExperts)) flops += f.shared;
+    }
+  } else if (policy.Has(Label::kMlp)) {
+    flops += f.mlp;
+  }
+  return flops;
+}
+
+struct ParamCount {
+  double dense = 0;   // TP-sharded and replicated parameters on this rank
+  double expert = 0;  // routed-expert parameters on this rank
+};
+
+ParamCount CountParams(const SearchSpec& spec) {
+  const ModelSpec& m = spec.model;
+  const double h = m.hidden_size, t = std::max(1, spec.parallel.tensor_model_parallel_size);
+  const bool ln = m.normalization == Normalization::kLayerNorm;
+  const double bias = m.add_bias_linear ? 1 : 0;
+  auto norm = [&](double width) { return (ln ? 2 : 1) * width; };
+  const double gl = m.gated_linear_unit ? 2 : 1;
+  // Column-parallel weights and biases are split over TP; row-parallel biases are replicated.
+  auto mlp = [&](double ffn) { return (h * ffn * gl + bias * ffn * gl + ffn * h) / t + bias * h; };
+
+  ParamCount p;
+  const int layers = StageLayers(spec);
+  for (int i = 0; i < layers; ++i) {
+    p.dense += 2 * norm(h);
+    if (m.multi_latent_attention) {
+      const double a = m.num_attention_heads;
+      const double qk = m.qk_head_dim, pe = m.qk_pos_emb_head_dim, vd = m.v_head_dim;
+      const double kvl = m.kv_lora_rank;
+      if (m.q_lora_rank) {
+        const double ql = *m.q_lora_rank;
+        p.dense += (h * ql + ql * a * (qk + pe)) / t + norm(ql);
+      } else {
+        p.dense += h * a * (qk + pe) / t;
+      }
+      p.dense += (h * (kvl + pe) + kvl * a * (qk + vd)) / t + norm(kvl);
+      p.dense += a * vd * h / t + bias * h;
+    } else {
+      const double qkv = (m.num_attention_heads + 2.0 * m.EffectiveQueryGroups()) *
+                         m.EffectiveKvChannels();
+      p.dense += (h * qkv + bias * qkv) / t;
+      p.dense += 1.0 * m.num_attention_heads * m.EffectiveKvChannels() * h / t + bias * h;
+    }
+    if (m.IsMoeLayer(i)) {
+      const double experts = *m.num_moe_experts;
+      const double local = experts / std::max(1, spec.parallel.expert_model_parallel_size);
+      const double etp = ExpertTensorParallel(spec);
+      const double f = m.EffectiveMoeFfnHiddenSize();
+      p.dense += experts * h;  // router, replicated
+      p.expert += local * ((h * f * gl + bias * f * gl + f * h) / etp + bias * h);
+      if (m.HasSharedExperts()) p.dense += mlp(*m.moe_shared_expert_intermediate_size);
+    } else {
+      p.dense += mlp(m.EffectiveFfnHiddenSize());
+    }
+  }
+  // The first stage holds the embedding; the last the final norm and the output layer.
+  p.dense += 1.0 * m.vocab_size * h / t;
+  if (m.position_embedding_type == PositionEmbedding::kLearnedAbsolute) {
+    p.dense += 1.0 * m.seq_length * h;
+  }
+  if (IsLastStage(spec)) {
+    p.dense += norm(h);
+    if (!m.share_embeddings_and_output_weights) p.dense += 1.0 * m.vocab_size * h / t;
+  }
+  return p;
+}
+
+// Megatron's bytes per parameter: bf16 weight + fp32 main grad + fp32 master weight + fp32 Adam
+// m and v (18); fp32 has no master copy (16). The distributed optimizer shards master weights
+// and Adam states over the data-parallel group.
+double BytesPerParameter(const SearchSpec& spec, double dp) {
+  const bool fp32 = spec.train.precision == Precision::kFp32;
+  dp = std::max(1.0, dp);
+  if (!spec.train.use_distributed_optimizer) return fp32 ? 16 : 18;
+  return fp32 ? 8 + 8 / dp : 6 + 12 / dp;
+}
+
+double StaticParameterBytes(const SearchSpec& spec, const ParamCount& p) {
+  const double t = std::max(1, spec.parallel.tensor_model_parallel_size);
+  const double dp = std::max(1, spec.parallel.data_parallel_size);
+  const double ep = std::max(1, spec.parallel.expert_model_parallel_size);
+  const double expert_dp = t * dp / (ExpertTensorParallel(spec) * ep);
+  return p.dense * BytesPerParameter(spec, dp) + p.expert * BytesPerParameter(spec, expert_dp);
+}
+
+// Activations outside the layers, and the backward working sets around them.
+struct OuterActivations {
+  double embedding = 0;    // token ids, vocab-parallel mask, embedding dropout mask
+  double final_norm = 0;   // final norm's input and statistics, output layer's input
+  double logits = 0;       // the fp32 softmax the cross-entropy keeps
+  double logits_work = 0;  // peak above everything held while the loss backward runs
+  double embedding_work = 0;
+};
+
+OuterActivations EstimateOuter(const SearchSpec& spec) {
+  const ModelSpec& m = spec.model;
+  const Dims x = MakeDims(spec);
+  OuterActivations o;
+  o.embedding = 8 * x.tokens + (x.t > 1 ? x.tokens : 0) +
+                (m.hidden_dropout > 0 ? x.seq_tokens * x.h : 0);
+  o.embedding_work = x.e * m.vocab_size * x.h / x.t +
+                     (m.position_embedding_type == PositionEmbedding::kLearnedAbsolute
+                          ? x.e * x.s * x.h
+                          : 0);
+  if (!IsLastStage(spec)) return o;
+  o.final_norm = 2 * x.e * x.seq_tokens * x.h + NormStatsBytes(m) * x.seq_tokens;
+  // Megatron's vocab-parallel cross-entropy upcasts the logits to fp32, computes the softmax in
+  // place and keeps it (plus the target mask and indices); the bf16 logits are then freed.
+  const double logit_elems = x.tokens * m.vocab_size / x.t;
+  o.logits = 4 * logit_elems + 9 * x.tokens;
+  // Backward: the fp32 gradient is written into the kept softmax; autograd casts it to the
+  // logits' dtype (a copy) before the output layer's backward makes its input and weight
+  // gradients.
+  const double output_grads = x.e * m.vocab_size * x.h / x.t + x.e * x.tokens * x.h;
+  if (x.e != 4) {
+    o.logits_work = std::max(x.e * logit_elems, x.e * logit_elems + output_grads - 4 * logit_elems);
+  } else {
+    o.logits_work = output_grads;
+  }
+  return o;
+}
+
+double PersistentBufferBytes(const SearchSpec& spec) {
+  if (spec.model.attention_backend != AttentionBackend::kUnfused || StageLayers(spec) == 0) {
+    return 0;
+  }
+  const Dims x = MakeDims(spec);
+  // Megatron's global memory buffer for the baddbmm input, [b * heads, s, s], kept across steps.
+  return x.e * x.b * x.heads * x.s * x.s;
+}
+
+}  // namespace
+
+double LayerActivations::Moe() const {
+  return moe_router + moe_expert_fc1 + moe_act + moe_other + shared_experts;
+}
+
+double LayerActivations::Total() const {
+  return input + layernorm + attn_inputs + core_attn + mla_up_proj + attn_other + mlp + Moe() +
+         mlp_other;
+}
+
+LayerActivations EstimateLayerActivations(const SearchSpec& spec, int layer) {
+  const ModelSpec& m = spec.model;
+  const Dims x = MakeDims(spec);
+  LayerActivations a;
+  const double seq_hidden = x.e * x.seq_tokens * x.h;  // one [s, b, h] tensor (s/t under SP)
+  const double mask = x.seq_tokens * x.h;               // its 1-byte dropout mask
+
+  a.input = seq_hidden;          // input_layernorm's saved input
+  a.layernorm = 2 * seq_hidden;  // the two norm outputs, saved by the linears they feed
+  a.attn_other += 2 * NormStatsBytes(m) * x.seq_tokens;
+  a.attn_other += seq_hidden;    // residual after attention: pre_mlp_layernorm's saved input
+  if (m.hidden_dropout > 0) {    // bias-dropout-add masks (no mask is made when p = 0)
+    a.attn_other += mask;
+    a.mlp_other += mask;
+  }
+
+  const bool unfused = m.attention_backend == AttentionBackend::kUnfused;
+  const double scores = x.b * x.heads * x.s * x.s;  // score elements on this rank
+  const ScoreChain chain = UnfusedScoreChain(m, x.e);
+  const double lse = 4 * x.tokens * x.heads;  // flash: fp32 logsumexp per query and head
+  const double full = x.e * x.tokens;         // bytes per unit width of a full-sequence tensor
+
+  if (m.multi_latent_attention) {
+    const double qk = m.qk_head_dim, pe = m.qk_pos_emb_head_dim, vd = m.v_head_dim;
+    const double kvl = m.kv_lora_rank;
+    const double latent = x.e * x.seq_tokens;
+    if (m.q_lora_rank) {  // q down-projection output (q_layernorm's input) and its norm output
+      a.attn_other += 2 * latent * *m.q_lora_rank + NormStatsBytes(m) * x.seq_tokens;
+    }
+    // kv down-projection output [kv_lora_rank + pos] (kv_layernorm's input is a view of it), and
+    // the normalised latent the kv up-projection keeps.
+    a.attn_other += latent * (kvl + pe) + latent * kvl + NormStatsBytes(m) * x.seq_tokens;
+    // Expanded query, key, value (contiguous) kept by core attention.
+    a.mla_up_proj = full * x.heads * (2 * (qk + pe) + vd);
+    a.core_attn = unfused ? scores * chain.held : lse;
+    a.attn_other += full * x.heads * vd;  // output projection's input
+  } else {
+    const double q = x.heads * x.d, kv = x.groups * x.d;
+    const double fused = q + 2 * kv;  // width of the fused QKV projection's output
+    if (unfused) {
+      const bool gqa = m.EffectiveQueryGroups() < m.num_attention_heads;
+      const bool rope = m.position_embedding_type == PositionEmbedding::kRope;
+      // q, k, v are views into the fused QKV output, and a saved view keeps all of it alive.
+      // RoPE makes new q and k; the head reshape of GQA copies q; GQA repeats k and v to all
+      // heads (copies) inside the unfused core.
+      const bool q_view = !gqa && !rope;
+      const double plain = (q_view ? 0 : q) + (gqa ? q : (rope ? kv : 0)) + (gqa ? q : 0) +
+                           (gqa ? 0 : fused);
+      // core_attn's checkpoint keeps the inputs as given: q, k (new under RoPE) and v (a view).
+      const double checkpoint = (q_view ? 0 : q) + (rope ? kv : 0) + fused;
+      a.attn_inputs = full * checkpoint;
+      a.core_attn = scores * chain.held + full * (plain - checkpoint);
+    } else {
+      a.attn_inputs = full * fused;  // the kernel keeps contiguous q, k, v at g groups
+      a.core_attn = lse;
+    }
+    a.attn_other += full * q;  // output projection's input (the context)
+  }
+
+  if (m.IsMoeLayer(layer)) {
+    const MoeDims moe = MakeMoeDims(spec, x);
+    const double n = moe.expert_tokens;
+    // Router: fp32 scores for the load-balancing loss, routing map (and a transposed copy),
+    // top-k indices and fp32 top-k probabilities. Dispatch: the permuted tokens (expert fc1's
+    // input) and their fp32 probabilities.
+    a.moe_router = moe.routed_tokens * moe.experts * (4 + 2) + moe.routed_tokens * moe.topk * 12 +
+                   x.e * n * x.h + 4 * n;
+    a.moe_expert_fc1 = x.e * n * moe.ffn * (x.glu ? 2 : 1);
+    // SwiGLU: silu output, gated product, product * probs; GELU: activation, product * probs.
+    a.moe_act = x.e * n * moe.ffn * (x.glu ? 3 : 2);
+    a.moe_other = 8 * n;  // sorted token indices for unpermute
+    // Shared experts: an MLP of width shared_ffn on every token.
+    a.shared_experts = full * moe.shared_ffn * (x.glu ? 4 : 2);
+  } else {
+    // GELU: its input and output; SwiGLU (unfused): fc1 output [2F], silu output, product.
+    a.mlp = full * x.ffn * (x.glu ? 4 : 2);
+  }
+  return a;
+}
+
+MemoryEstimate EstimateMemory(const SearchSpec& spec, const Policy& policy) {
+  const ModelSpec& m = spec.model;
+  const int layers = StageLayers(spec);
+  const double t = std::max(1, spec.parallel.tensor_model_parallel_size);
+
+  MemoryEstimate est;
+  const ParamCount params = CountParams(spec);
+  est.parameters = params.dense + params.expert;
+  est.buffer_bytes = PersistentBufferBytes(spec);
+  est.static_bytes = StaticParameterBytes(spec, params) + est.buffer_bytes;
+  est.model_flops = ModelFlopsPerStep(spec);
+
+  std::vector<LayerActivations> acts(layers);
+  std::vector<LayerWork> work(layers);
+  std::vector<double> kept(layers);
+  for (int i = 0; i < layers; ++i) {
+    acts[i] = EstimateLayerActivations(spec, i);
+    work[i] = EstimateLayerWork(spec, i);
+  }
+
+  const bool full = policy.IsFull();
+  const int n = full ? std::clamp(policy.num_layers, 1, std::max(1, layers)) : 0;
+  const bool uniform = full && policy.method == RecomputeMethod::kUniform;
+  // A checkpointed layer group keeps only its input; distribute_saved_activations splits that
+  // input over the TP group (Megatron allows it without sequence parallelism).
+  const bool distribute = m.distribute_saved_activations && !spec.parallel.sequence_parallel;
+  auto checkpoint_input = [&](int i) { return acts[i].input / (distribute ? t : 1); };
+  std::vector<Discard> discard(layers);
+  for (int i = 0; i < layers; ++i) {
+    const LayerFlops flops = EstimateLayerFlops(spec, i);
+    if (uniform) {
+      kept[i] = i % n == 0 ? checkpoint_input(i) : 0;
+      est.recompute_flops += flops.Forward();
+    } else if (full && i < n) {
+      kept[i] = checkpoint_input(i);
+      est.recompute_flops += flops.Forward();
+    } else {
+      discard[i] = SelectiveDiscard(spec, policy, acts[i], i);
+      kept[i] = acts[i].Total() - discard[i].Total();
+      est.recompute_flops += SelectiveFlops(spec, policy, flops, i);
+    }
+    est.layer_activation_bytes += kept[i];
+  }
+
+  const OuterActivations outer = EstimateOuter(spec);
+  est.logits_bytes = outer.logits;
+  est.activation_bytes =
+      outer.embedding + est.layer_activation_bytes + outer.final_norm + outer.logits;
+
+  // Walk the backward pass: the loss, then the layers from last to first, each freeing what it
+  // held once done. A recomputed region is live again while its layer's backward runs.
+  double held = est.activation_bytes;
+  double peak = held;
+  peak = std::max(peak, held + outer.logits_work);
+  held -= outer.logits + outer.final_norm;
+  // A checkpointed layer re-runs its whole forward at once; its MLP half is freed before the
+  // attention half's backward.
+  auto layer_work = [&](int i) {
+    return std::max(work[i].mlp, work[i].attn - MlpSide(acts[i]));
+  };
+  for (int i = layers - 1; i >= 0; --i) {
+    if (uniform) {
+      if (i % n != 0) continue;  // handled at the group's first layer
+      const int end = std::min(i + n, layers);
+      double replay = -kept[i];
+      for (int j = i; j < end; ++j) replay += acts[j].Total();
+      peak = std::max(peak, held + replay + layer_work(end - 1));
+    } else if (full && i < n) {
+      peak = std::max(peak, held + acts[i].Total() - kept[i] + layer_work(i));
+    } else {
+      const double mlp_phase = discard[i].mlp + work[i].mlp;
+      const double attn_phase =
+          discard[i].attn + work[i].attn - (MlpSide(acts[i]) - discard[i].mlp);
+      peak = std::max(peak, held + std::max(mlp_phase, attn_phase));
+    }
+    held -= kept[i];
+  }
+  peak = std::max(peak, held + outer.embedding_work);
+
+  est.transient_bytes = std::max(0.0, peak - est.activation_bytes);
+  est.peak_bytes = est.static_bytes + est.activation_bytes + est.transient_bytes;
+  return est;
+}
+
+double LabelSavingBytes(const SearchSpec& spec, Label label) {
+  const Policy policy = Policy::Selective({label});
+  double bytes = 0;
+  for (int i = 0; i < StageLayers(spec); ++i) {
+    bytes += SelectiveDiscard(spec, policy, EstimateLayerActivations(spec, i), i).Total();
+  }
+  return bytes;
+}
+
+double LabelRecomputeFlops(const SearchSpec& spec, Label label) {
+  const Policy policy = Policy::Selective({label});
+  double flops = 0;
+  for (int i = 0; i < StageLayers(spec); ++i) {
+    flops += SelectiveFlops(spec, policy, EstimateLayerFlops(spec, i), i);
+  }
+  return flops;
+}
+
+double ParameterCount(const SearchSpec& spec) {
+  const ParamCount p = CountParams(spec);
+  return p.dense + p.expert;
+}
+
+double ModelFlopsPerStep(const SearchSpec& spec) {
+  // Megatron-LM's num_floating_point_operations (transformer path), for one micro-batch per
+  // data-parallel replica, divided over the ranks of one replica (TP x PP).
+  const ModelSpec& m = spec.model;
+  const double h = m.hidden_size, a = m.num_attention_heads, s = m.seq_length;
+  const double tokens = s * spec.train.micro_batch_size;
+  const double s2 = s * tokens;  // b * s^2
+  const double layers = m.num_layers;
+  const double moe_layers = m.NumMoeLayers();
+  const double dense_layers = layers - moe_layers;
+  const double ffn_exp = m.gated_linear_unit ? 3 : 2;
+  const double fwd_bwd = 3, fma = 2;
+
+  double attn_token = 0, core = 0;
+  if (m.multi_latent_attention) {
+    const double qk = m.qk_head_dim, pe = m.qk_pos_emb_head_dim, vd = m.v_head_dim;
+    const double kvl = m.kv_lora_rank;
+    const double q_term =
+        m.q_lora_rank ? *m.q_lora_rank * (h + a * (qk + pe) + 1) : h * a * (qk + pe);
+    attn_token = fwd_bwd * fma * (q_term + kvl * (h + a * (qk + vd) + 1) + h * pe + a * vd * h);
+    core = fwd_bwd * fma * (a * (qk + pe) / 2 + a * vd / 2);
+  } else {
+    const double q = m.EffectiveKvChannels() * a;
+    const double kv = 1.0 * m.EffectiveKvChannels() * m.EffectiveQueryGroups();
+    attn_token = fwd_bwd * fma * (h * (q + 2 * kv) + q * h);
+    core = fwd_bwd * fma * q / 2 * 2;  // causal: half the scores; QK^T and PV
+  }
+  double ffn_term = m.EffectiveFfnHiddenSize() * ffn_exp * dense_layers;
+  if (m.IsMoe()) {
+    ffn_term += m.EffectiveMoeFfnHiddenSize() * m.moe_router_topk * ffn_exp * moe_layers;
+    if (m.HasSharedExperts()) {
+      ffn_term += *m.moe_shared_expert_intermediate_size * ffn_exp * moe_layers;
+    }
+  }
+  const double total = tokens * (fwd_bwd * fma * h * ffn_term + attn_token * layers +
+                                 fwd_bwd * fma * h * m.vocab_size) +
+                       s2 * core * layers;
+  const double ranks = std::max(1, spec.parallel.tensor_model_parallel_size) *
+                       std::max(1, spec.parallel.pipeline_model_parallel_size);
+  return total / ranks;
+}
+
+std::optional<int> SmallestFittingBlock(const SearchSpec& spec, double budget_bytes) {
+  for (int n = 1; n <= StageLayers(spec); ++n) {
+    if (EstimateMemory(spec, Policy::Full(RecomputeMethod::kBlock, n)).peak_bytes <=
+        budget_bytes) {
+      return n;
+    }
+  }
+  return std::nullopt;
+}
+
+double PaperActivationBytesPerLayer(const SearchSpec& spec) {
+  const ModelSpec& m = spec.model;
+  const double s = m.seq_length, b = spec.train.micro_batch_size, h = m.hidden_size;
+  const double a = m.num_attention_heads;
+  const double t = std::max(1, spec.parallel.tensor_model_parallel_size);
+  const double attn = 5 * a * s / h;
+  if (t == 1) return s * b * h * (34 + attn);
+  if (spec.parallel.sequence_parallel) return s * b * h * (34 / t + attn / t);
+  return s * b * h * (10 + 24 / t + attn / t);
+}
+
+}  // namespace remat::search
