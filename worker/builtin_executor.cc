@@ -6,6 +6,8 @@
 //   result-r.pb    binary remat.v1.TrialResult written by the rank
 //   stderr-r.log / stdout-r.log
 // The ranks meet in rendezvous/ inside the trial's folder (fresh for every attempt).
+#include <signal.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -104,8 +106,9 @@ class BuiltinExecutor : public TrialExecutor {
       }
       v1::TrialResult failed = StatusResult(a, v1::TRIAL_STATUS_FAILED, "");
       std::string msg = prefix + "remat-trial " + exit.Describe();
-      if (outcome.peer_failure_kill && exit.signal != 0) {
-        msg = prefix + "killed after another rank failed";
+      if (outcome.peer_failure_kill && r != outcome.first_failure &&
+          (exit.signal == SIGTERM || exit.signal == SIGKILL)) {
+        msg = prefix + "killed after rank " + std::to_string(outcome.first_failure) + " failed";
       } else {
         if (exit.started) msg += ", no result file";
         std::string tail = FileTail(StderrPath(dir, r));

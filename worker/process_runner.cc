@@ -213,9 +213,10 @@ GroupOutcome RunProcessGroup(const std::vector<ChildSpec>& children, const Group
         break;
       }
       if (!first_failure) {
-        for (pid_t pid : pids) {
-          if (ExitedBadly(pid)) {
+        for (size_t i = 0; i < pids.size(); ++i) {
+          if (ExitedBadly(pids[i])) {
             first_failure = Clock::now();
+            outcome.first_failure = static_cast<int>(i);
             break;
           }
         }

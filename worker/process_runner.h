@@ -50,6 +50,7 @@ struct GroupOutcome {
   bool timed_out = false;           // the group was killed for exceeding timeout_s
   bool cancelled = false;           // the group was killed because `cancel` fired
   bool peer_failure_kill = false;   // killed after a child failed and the others lingered
+  int first_failure = -1;           // with peer_failure_kill: the child that failed first
   double elapsed_s = 0;
 };
 

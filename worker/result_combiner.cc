@@ -6,6 +6,29 @@
 
 namespace remat::worker {
 
+const char* StatusName(v1::TrialStatus status) {
+  switch (status) {
+    case v1::TRIAL_STATUS_OK:
+      return "ok";
+    case v1::TRIAL_STATUS_OOM:
+      return "oom";
+    case v1::TRIAL_STATUS_FAILED:
+      return "failed";
+    case v1::TRIAL_STATUS_TIMEOUT:
+      return "timeout";
+    case v1::TRIAL_STATUS_INVALID:
+      return "invalid";
+    case v1::TRIAL_STATUS_CANCELLED:
+      return "cancelled";
+    case v1::TRIAL_STATUS_PENDING:
+      return "pending";
+    case v1::TRIAL_STATUS_RUNNING:
+      return "running";
+    default:
+      return "unspecified";
+  }
+}
+
 int StatusSeverity(v1::TrialStatus status) {
   switch (status) {
     case v1::TRIAL_STATUS_OK:

@@ -350,7 +350,7 @@ class WorkerDaemon::Impl {
     }
     if (report) {
       Log()->info("{} {} finished: {} in {:.2f} s{}{}", Tag(a), a.policy().canonical(),
-                  v1::TrialStatus_Name(result.status()), result.wall_s(),
+                  StatusName(result.status()), result.wall_s(),
                   result.message().empty() ? "" : ": ", result.message());
       Deliver(MakeReport(a, result));
     } else {

@@ -1,0 +1,356 @@
+// The three trial backends: builtin (with a fake remat-trial), replay and command.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "tests/worker/test_util.h"
+#include "worker/command_template.h"
+#include "worker/metrics_file.h"
+#include "worker/trial_executor.h"
+
+namespace remat::worker {
+namespace {
+
+using testing::ProcessEnded;
+using testing::ReadText;
+using testing::TempDir;
+using testing::WriteText;
+
+v1::TrialAssignment Assignment(const std::string& mode, int world, double timeout_s = 30) {
+  v1::TrialAssignment a;
+  a.set_trial_id("t-42");
+  a.set_search_id("s-7");
+  a.set_attempt(1);
+  a.set_world_size(world);
+  a.mutable_policy()->set_canonical("selective:[core_attn]");
+  v1::SearchSpec* spec = a.mutable_spec();
+  spec->set_name(mode);
+  spec->mutable_model()->set_seq_length(128);
+  spec->mutable_train()->set_micro_batch_size(2);
+  spec->mutable_parallel()->set_tensor_model_parallel_size(world);
+  spec->mutable_parallel()->set_data_parallel_size(1);
+  spec->mutable_search()->set_trial_timeout_s(timeout_s);
+  spec->mutable_search()->set_warmup_steps(2);
+  spec->mutable_search()->set_measure_steps(3);
+  return a;
+}
+
+std::vector<Slot> Slots(int n, bool gpu = false) {
+  std::vector<Slot> slots;
+  for (int i = 0; i < n; ++i) {
+    Slot s;
+    s.index = 4 + i;
+    s.gpu = gpu;
+    s.name = gpu ? "GPU" : "cpu-slot";
+    slots.push_back(s);
+  }
+  return slots;
+}
+
+class BuiltinTest : public ::testing::Test {
+ protected:
+  v1::TrialResult Run(const v1::TrialAssignment& a, std::vector<Slot> slots,
+                      const CancelToken* cancel = nullptr) {
+    BuiltinExecutorOptions options;
+    options.trial_binary = FAKE_REMAT_TRIAL;
+    options.limits.kill_grace_s = 0.3;
+    options.limits.peer_failure_grace_s = 0.3;
+    auto executor = MakeBuiltinExecutor(options);
+    TrialContext context;
+    context.assignment = &a;
+    context.slots = std::move(slots);
+    context.trial_dir = dir_.path();
+    context.cancel = cancel;
+    return executor->Run(context);
+  }
+  TempDir dir_;
+};
+
+TEST_F(BuiltinTest, TwoRanksCombineIntoOneResult) {
+  v1::TrialResult r = Run(Assignment("ok", 2), Slots(2));
+  ASSERT_EQ(r.status(), v1::TRIAL_STATUS_OK) << r.message();
+  ASSERT_EQ(r.ranks_size(), 2);
+  EXPECT_EQ(r.ranks(0).rank(), 0);
+  EXPECT_EQ(r.ranks(1).peak_reserved_bytes(), 4000u);
+  EXPECT_DOUBLE_EQ(r.step_time_s(), 0.2);  // the slower rank
+  EXPECT_DOUBLE_EQ(r.tokens_per_s(), 2.0 * 128 / 0.2);
+  EXPECT_DOUBLE_EQ(r.loss(), 2.5);
+  // Every rank gets NCCL_NVLS_ENABLE=0, no CUDA_VISIBLE_DEVICES on plain slots, and one
+  // rendezvous folder for the trial.
+  EXPECT_NE(r.message().find("rank 0: NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=<unset> world=2"),
+            std::string::npos)
+      << r.message();
+  EXPECT_NE(r.message().find("rendezvous=" + dir_.path() + "/rendezvous"), std::string::npos);
+}
+
+TEST_F(BuiltinTest, GpuSlotsSetCudaVisibleDevicesPerRank) {
+  v1::TrialResult r = Run(Assignment("ok", 2), Slots(2, /*gpu=*/true));
+  ASSERT_EQ(r.status(), v1::TRIAL_STATUS_OK) << r.message();
+  EXPECT_NE(r.message().find("rank 0: NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=4 "),
+            std::string::npos)
+      << r.message();
+  EXPECT_NE(r.message().find("rank 1: NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=5 "),
+            std::string::npos)
+      << r.message();
+}
+
+TEST_F(BuiltinTest, OomIsAResult) {
+  v1::TrialResult r = Run(Assignment("oom", 1), Slots(1));
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_OOM);
+  ASSERT_EQ(r.ranks_size(), 1);
+  EXPECT_EQ(r.ranks(0).failing_request_bytes(), 1u << 20);
+}
+
+TEST_F(BuiltinTest, CrashIsFailedWithTheSignalAndStderrTail) {
+  v1::TrialResult r = Run(Assignment("crash", 1), Slots(1));
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_NE(r.message().find("rank 0: remat-trial killed by signal 6"), std::string::npos)
+      << r.message();
+  EXPECT_NE(r.message().find("fatal: something broke in rank 0"), std::string::npos)
+      << r.message();
+}
+
+TEST_F(BuiltinTest, NonzeroExitIsFailedWithStatusAndStderrTail) {
+  v1::TrialResult r = Run(Assignment("exit3", 1), Slots(1));
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_NE(r.message().find("exited with status 3, no result file: error: model.hidden_size"),
+            std::string::npos)
+      << r.message();
+}
+
+TEST_F(BuiltinTest, TimeoutKillsTheGroupIncludingGrandchildren) {
+  v1::TrialResult r = Run(Assignment("hang", 1, /*timeout_s=*/0.5), Slots(1));
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_TIMEOUT);
+  EXPECT_NE(r.message().find("search.trial_timeout_s"), std::string::npos);
+  pid_t grandchild = std::stoi(ReadText(dir_ / "grandchild.pid"));
+  EXPECT_TRUE(ProcessEnded(grandchild));
+}
+
+TEST_F(BuiltinTest, OneRankCrashingTakesThePeersDownAfterTheGrace) {
+  v1::TrialResult r = Run(Assignment("rank1-crash", 2), Slots(2));
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_NE(r.message().find("rank 0: killed after rank 1 failed"), std::string::npos)
+      << r.message();
+  EXPECT_NE(r.message().find("rank 1: remat-trial killed by signal 6"), std::string::npos)
+      << r.message();
+}
+
+TEST_F(BuiltinTest, CancelStopsTheTrial) {
+  CancelToken cancel;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    cancel.Cancel();
+  });
+  v1::TrialResult r = Run(Assignment("hang", 1), Slots(1), &cancel);
+  canceller.join();
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_CANCELLED);
+}
+
+TEST_F(BuiltinTest, MissingBinaryIsAFailedTrial) {
+  BuiltinExecutorOptions options;
+  options.trial_binary = "/nonexistent/remat-trial";
+  v1::TrialAssignment a = Assignment("ok", 1);
+  TrialContext context;
+  context.assignment = &a;
+  context.slots = Slots(1);
+  context.trial_dir = dir_.path();
+  v1::TrialResult r = MakeBuiltinExecutor(options)->Run(context);
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_NE(r.message().find("did not start"), std::string::npos) << r.message();
+}
+
+// ---- replay ----------------------------------------------------------------------------------
+
+v1::TrialResult RunReplay(const v1::TrialAssignment& a, const CancelToken* cancel = nullptr) {
+  TrialContext context;
+  context.assignment = &a;
+  context.slots = Slots(1);
+  context.cancel = cancel;
+  return MakeReplayExecutor()->Run(context);
+}
+
+TEST(ReplayExecutor, ReportsTheEntryAfterItsWallTime) {
+  v1::TrialAssignment a = Assignment("replay", 1);
+  a.set_replay_found(true);
+  a.mutable_replay()->set_wall_s(0.2);
+  v1::TrialResult* entry = a.mutable_replay()->mutable_result();
+  entry->set_status(v1::TRIAL_STATUS_OK);
+  entry->set_step_time_s(0.5);
+  entry->add_ranks()->set_peak_reserved_bytes(123);
+  CancelToken cancel;
+  const auto t0 = std::chrono::steady_clock::now();
+  v1::TrialResult r = RunReplay(a, &cancel);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(took, 0.2);
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_OK);
+  EXPECT_EQ(r.policy().canonical(), "selective:[core_attn]");
+  EXPECT_EQ(r.ranks(0).peak_reserved_bytes(), 123u);
+  EXPECT_DOUBLE_EQ(r.tokens_per_s(), 2.0 * 128 / 0.5);  // filled in from step time
+}
+
+TEST(ReplayExecutor, MissingEntryIsFailed) {
+  v1::TrialAssignment a = Assignment("replay", 1);
+  a.set_replay_found(false);
+  v1::TrialResult r = RunReplay(a);
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_EQ(r.message(), "not in replay table");
+}
+
+TEST(ReplayExecutor, CancelInterruptsTheWait) {
+  v1::TrialAssignment a = Assignment("replay", 1);
+  a.set_replay_found(true);
+  a.mutable_replay()->set_wall_s(600);
+  a.mutable_replay()->mutable_result()->set_status(v1::TRIAL_STATUS_OK);
+  CancelToken cancel;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    cancel.Cancel();
+  });
+  v1::TrialResult r = RunReplay(a, &cancel);
+  canceller.join();
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_CANCELLED);
+}
+
+// ---- command ---------------------------------------------------------------------------------
+
+class CommandTest : public ::testing::Test {
+ protected:
+  v1::TrialResult Run(const std::string& templates_yaml, v1::TrialAssignment a,
+                      std::vector<Slot> slots = Slots(1)) {
+    auto templates = ParseCommandTemplatesYaml(templates_yaml);
+    EXPECT_TRUE(templates.ok()) << templates.status();
+    CommandExecutorOptions options;
+    options.templates = *templates;
+    options.limits.kill_grace_s = 0.3;
+    a.mutable_spec()->mutable_search()->set_backend("command");
+    a.mutable_spec()->mutable_search()->set_command_template("job");
+    TrialContext context;
+    context.assignment = &a;
+    context.slots = std::move(slots);
+    context.trial_dir = dir_.path();
+    return MakeCommandExecutor(options)->Run(context);
+  }
+  TempDir dir_;
+};
+
+TEST_F(CommandTest, SubstitutesPlaceholdersAndReadsTheMetricsFile) {
+  // A fake job: records its arguments and environment, then writes two per-rank metrics files.
+  const std::string script = dir_ / "job.sh";
+  WriteText(script, R"(#!/bin/sh
+printf '%s\n' "$@" > args.txt
+echo "$CUDA_VISIBLE_DEVICES $NCCL_NVLS_ENABLE $REMAT_METRICS_FILE $EXTRA" > env.txt
+cat > "$REMAT_METRICS_FILE.rank0" <<EOT
+{"ranks": [{"rank": 0, "peak_allocated_bytes": 100, "peak_reserved_bytes": 150,
+            "step_times_s": [9, 9, 0.3, 0.1, 0.2, 7], "losses": [5, 5, 4.5, 4, 3]}]}
+EOT
+cat > "$REMAT_METRICS_FILE.rank1" <<EOT
+{"ranks": [{"rank": 1, "peak_allocated_bytes": 200, "peak_reserved_bytes": 250,
+            "step_times_s": [9, 9, 0.4, 0.4, 0.4]}]}
+EOT
+)");
+  const std::string yaml = "job:\n  command: sh " + script +
+                           " {overrides} -- {megatron_lm_flags} -- {nproc} {gpus} {train_iters}"
+                           " ${REMAT_POLICY:+set}\n  env: {EXTRA: extra-value}\n";
+  v1::TrialResult r = Run(yaml, Assignment("cmd", 2), Slots(2, /*gpu=*/true));
+  ASSERT_EQ(r.status(), v1::TRIAL_STATUS_OK) << r.message();
+  EXPECT_EQ(ReadText(dir_ / "args.txt"),
+            "model.recompute_granularity=selective\nmodel.recompute_modules=[core_attn]\n--\n"
+            "--recompute-granularity\nselective\n--recompute-modules\ncore_attn\n--\n2\n4,5\n5\n"
+            "set\n");
+  EXPECT_EQ(ReadText(dir_ / "env.txt"), "4,5 0 " + dir_.path() + "/metrics.json extra-value\n");
+  ASSERT_EQ(r.ranks_size(), 2);
+  EXPECT_EQ(r.ranks(1).peak_reserved_bytes(), 250u);
+  EXPECT_DOUBLE_EQ(r.ranks(0).step_time_s(), 0.2);  // median of 0.3, 0.1, 0.2 (warm-up dropped)
+  EXPECT_DOUBLE_EQ(r.step_time_s(), 0.4);
+  EXPECT_DOUBLE_EQ(r.step_time_spread_s(), 0.3);
+  EXPECT_DOUBLE_EQ(r.loss(), 4.5);
+  EXPECT_DOUBLE_EQ(r.tokens_per_s(), 2.0 * 128 / 0.4);
+}
+
+TEST_F(CommandTest, OomInTheMetricsOrTheLogIsOom) {
+  v1::TrialResult r = Run(
+      "job: >-\n  echo '{\"status\": \"oom\", \"ranks\": [{\"rank\": 0, \"status\": \"oom\","
+      " \"peak_allocated_bytes\": 5}]}' > {metrics_file}; exit 1\n",
+      Assignment("cmd", 1));
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_OOM) << r.message();
+  r = Run("job: |-\n  echo 'torch.OutOfMemoryError: CUDA out of memory.' >&2; exit 1\n",
+          Assignment("cmd", 1));
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_OOM) << r.message();
+}
+
+TEST_F(CommandTest, FailuresAndTimeouts) {
+  v1::TrialResult r = Run("job: |-\n  echo 'ImportError: no module' >&2; exit 7\n",
+                          Assignment("cmd", 1));
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_EQ(r.message(), "command exited with status 7: ImportError: no module");
+  r = Run("job: 'true'\n", Assignment("cmd", 1));
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_NE(r.message().find("no metrics file"), std::string::npos) << r.message();
+  r = Run("job: sleep 100\n", Assignment("cmd", 1, /*timeout_s=*/0.3));
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_TIMEOUT);
+}
+
+TEST_F(CommandTest, OnlyConfiguredTemplatesRun) {
+  auto templates = ParseCommandTemplatesYaml("other: 'true'\n");
+  ASSERT_TRUE(templates.ok());
+  CommandExecutorOptions options;
+  options.templates = *templates;
+  v1::TrialAssignment a = Assignment("cmd", 1);
+  a.mutable_spec()->mutable_search()->set_command_template("rm -rf /");
+  TrialContext context;
+  context.assignment = &a;
+  context.slots = Slots(1);
+  context.trial_dir = dir_.path();
+  v1::TrialResult r = MakeCommandExecutor(options)->Run(context);
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_EQ(r.message(),
+            "search.command_template 'rm -rf /' is not configured on this worker (configured: "
+            "other)");
+}
+
+TEST(CommandTemplate, ParsesBothFormsAndRefusesUnknownPlaceholders) {
+  auto t = ParseCommandTemplatesYaml(
+      "a: run {overrides}\nb:\n  command: go {nproc}\n  env: {X: '1'}\n  workdir: /tmp\n");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->at("a").command, "run {overrides}");
+  EXPECT_EQ(t->at("b").env.size(), 1u);
+  EXPECT_EQ(t->at("b").workdir, "/tmp");
+  auto bad = ParseCommandTemplatesYaml("a: run {overides}\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "command templates: a.command: unknown placeholder {overides}");
+  EXPECT_FALSE(ParseCommandTemplatesYaml("a:\n  cmd: x\n").ok());
+  EXPECT_FALSE(ParseCommandTemplatesYaml("- a\n").ok());
+  EXPECT_FALSE(ParseCommandTemplatesYaml("a: [1, 2\n").ok());
+}
+
+TEST(CommandTemplate, QuotesForTheShell) {
+  EXPECT_EQ(ShellQuote("it's"), "'it'\\''s'");
+  EXPECT_EQ(ShellQuoteWords("a=[x,y]  b"), "'a=[x,y]' 'b'");
+  auto e = ExpandCommand("x {nproc} ${HOME} {gpus}", {{"nproc", "2"}, {"gpus", "0,1"}});
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(*e, "x 2 ${HOME} 0,1");
+  EXPECT_FALSE(ExpandCommand("x {nproc}", {}).ok());
+}
+
+TEST(MetricsFile, RefusesMalformedDocumentsNamingTheKey) {
+  EXPECT_FALSE(ParseMetricsJson("not json").ok());
+  auto bad = ParseMetricsJson(R"({"ranks": [{"rank": 0, "step_times_s": "fast"}]})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "metrics file: ranks[0].step_times_s: must be a list of numbers");
+  bad = ParseMetricsJson(R"({"ranks": [{"peak_allocated_bytes": -1}]})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("peak_allocated_bytes"), std::string::npos);
+}
+
+TEST(MetricsFile, TooFewStepsIsFailed) {
+  auto m = ParseMetricsJson(R"({"ranks": [{"rank": 0, "peak_allocated_bytes": 1,
+                                           "step_times_s": [1, 1]}]})");
+  ASSERT_TRUE(m.ok());
+  v1::TrialResult r = MetricsToResult(Assignment("cmd", 1), *m);
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_NE(r.message().find("warmup_steps is 2"), std::string::npos) << r.message();
+  EXPECT_EQ(r.ranks(0).peak_reserved_bytes(), 1u);  // reserved defaults to allocated
+}
+
+}  // namespace
+}  // namespace remat::worker

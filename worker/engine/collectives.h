@@ -1,0 +1,90 @@
+// Collectives: the seam between the trial engine and whatever moves tensors between ranks.
+//
+// One Collectives object per rank process. Ranks first meet through files in a rendezvous folder
+// (README.md, "Rendezvous"), then run collectives on groups of ranks. Two implementations:
+//   - TCP over loopback with rank 0 as the hub (CPU tensors; what CI runs), tcp_collectives.cc;
+//   - NCCL (CUDA tensors), nccl_collectives.cc, built only with REMAT_WITH_CUDA.
+// Buffers are raw pointers (host memory for TCP, device memory for NCCL) so this header stays free
+// of Torch. Every call takes a deadline (Options::timeout_s): a collective that does not complete
+// in time is aborted, never waited on forever.
+//
+// Errors: methods throw CollectiveError (a std::runtime_error) on a timeout, a lost peer or a
+// transport failure, because they run deep inside autograd where a thrown exception is the only
+// way out; the trial runner catches it and reports the trial as failed. After an error the
+// object is unusable. Thread-safety: one thread calls the methods of one object at a time.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace remat::engine {
+
+class CollectiveError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class DataType { kFloat32, kBFloat16, kFloat64, kInt64 };
+enum class ReduceOp { kSum, kMax };
+size_t DataTypeSize(DataType t);
+
+// A handle to a group of ranks, returned by Collectives::CreateGroup. Group 0 is the world.
+struct Group {
+  int id = 0;
+  std::vector<int> ranks;  // global ranks, ascending; this rank is one of them
+  int rank = 0;            // this rank's index in `ranks`
+  int size() const { return static_cast<int>(ranks.size()); }
+};
+
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  Group World() const;
+
+  // Splits the world into disjoint groups. Every rank calls it with the same `partition` (a list
+  // of groups covering every rank exactly once, in the same order on every rank); returns the
+  // group holding this rank.
+  virtual Group CreateGroup(const std::vector<std::vector<int>>& partition) = 0;
+
+  // In place: every member ends with the reduction of all members' `data` (`count` elements).
+  virtual void AllReduce(const Group& g, void* data, size_t count, DataType type, ReduceOp op) = 0;
+  // `out` (count_per_rank * group size elements) receives every member's `in`, in group order.
+  virtual void AllGather(const Group& g, const void* in, void* out, size_t count_per_rank,
+                         DataType type) = 0;
+  // `in` holds count_per_rank * group size elements; member i receives the sum of chunk i.
+  virtual void ReduceScatter(const Group& g, const void* in, void* out, size_t count_per_rank,
+                             DataType type) = 0;
+  virtual void Barrier(const Group& g) = 0;
+
+  // Waits until every collective issued so far has completed (NCCL enqueues asynchronously) and
+  // throws if one failed or timed out.
+  virtual void Synchronize() = 0;
+};
+
+struct CollectivesOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string rendezvous_dir;  // must exist and be private to this trial
+  double timeout_s = 300;      // rendezvous and each collective
+};
+
+// A world of one rank: every collective is a copy or a no-op. Never fails.
+std::unique_ptr<Collectives> NewSingleRankCollectives();
+
+// TCP over loopback (tcp_collectives.cc). Blocks until every rank has joined or the deadline has
+// passed (then throws CollectiveError naming the ranks that did not show up).
+std::unique_ptr<Collectives> NewTcpCollectives(const CollectivesOptions& options);
+
+#ifdef REMAT_WITH_CUDA
+// NCCL on the current CUDA device and stream (nccl_collectives.cc). The unique id travels through
+// a file in the rendezvous folder. Throws CollectiveError on a timeout.
+std::unique_ptr<Collectives> NewNcclCollectives(const CollectivesOptions& options);
+#endif
+
+}  // namespace remat::engine

@@ -1,0 +1,107 @@
+// Autograd building blocks of the trial engine (engine-internal; includes LibTorch).
+//
+// - Checkpoint: Megatron's CheckpointFunction. Runs a region without building a graph, keeps only
+//   its inputs, and in backward replays it (with the RNG state of the forward) and backpropagates.
+// - OutputDiscardingCheckpoint: Megatron's CheckpointWithoutOutput. Runs a region without a graph,
+//   keeps its inputs; after the consumers have saved the outputs, DiscardOutputs frees the outputs'
+//   storage (the tensors keep their shape) and registers a hook on a later tensor; when that
+//   tensor's gradient arrives the region is replayed and the fresh results are shared into the
+//   discarded storages without a copy, before any consumer's backward reads them.
+// - Linear: Megatron's column/row-parallel linear layers (input saved, sequence-parallel input
+//   re-gathered in backward rather than saved), RMSNorm, the vocab-parallel embedding and
+//   cross-entropy, sequence-parallel scatter and tensor-parallel copy regions, grouped expert GEMM.
+//
+// Every function is called on the trial's one compute thread. Collective failures surface as
+// CollectiveError, allocation failures as c10 errors; the trial runner turns them into results.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "worker/engine/collectives.h"
+
+namespace remat::engine {
+
+// The process-wide context of one rank's trial.
+struct Runtime {
+  Collectives* comm = nullptr;
+  Group tp;  // tensor-parallel group of this rank
+  Group dp;  // data-parallel group of this rank
+  bool sequence_parallel = false;
+  at::Device device = at::kCPU;
+
+  int tp_size() const { return tp.size(); }
+  int tp_rank() const { return tp.rank; }
+};
+
+// ---- RNG: Megatron restores the forward's RNG state when it replays a region.
+struct RngState {
+  at::Tensor cpu;
+  at::Tensor cuda;  // undefined on CPU runs
+};
+RngState CaptureRng(const Runtime& rt);
+void RestoreRng(const Runtime& rt, const RngState& state);
+
+// ---- Recompute.
+using Region = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& inputs)>;
+
+// Megatron's tensor_parallel.checkpoint (distribute_saved_activations=false).
+std::vector<at::Tensor> Checkpoint(const Runtime& rt, Region fn, const std::vector<at::Tensor>& inputs);
+
+class OutputDiscardingCheckpoint {
+ public:
+  OutputDiscardingCheckpoint();
+  ~OutputDiscardingCheckpoint();
+  std::vector<at::Tensor> Run(const Runtime& rt, Region fn, const std::vector<at::Tensor>& inputs);
+  // Frees the outputs' storage; replays the region when `hook_tensor`'s gradient is computed.
+  void DiscardOutputs(const at::Tensor& hook_tensor);
+
+  struct State;
+
+ private:
+  c10::intrusive_ptr<State> state_;
+};
+
+// ---- Layers.
+// Dropout as torch.nn.Dropout in training: the identity at p == 0 (nothing saved), else
+// native_dropout (a one-byte mask saved).
+at::Tensor Dropout(const at::Tensor& x, double p);
+
+enum class LinearMode {
+  kLocal,   // a plain linear layer (also TP-duplicated layers such as MLA down-projections)
+  kColumn,  // output features split over TP; input copied (SP: all-gathered along the sequence)
+  kRow,     // input features split over TP; output all-reduced (SP: reduce-scattered)
+};
+// y = x W^T (+ b). `bias` may be undefined (kRow never takes one: Megatron adds it after the
+// reduction, in bias-dropout-add).
+at::Tensor Linear(const Runtime& rt, const at::Tensor& x, const at::Tensor& weight,
+                  const at::Tensor& bias, LinearMode mode);
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                     double eps);
+
+// ids [b, s] (int64), weight [vocab/tp, h] -> [b, s, h], summed over TP.
+at::Tensor VocabParallelEmbedding(const Runtime& rt, const at::Tensor& ids,
+                                  const at::Tensor& weight, int64_t vocab_start);
+// logits [s, b, vocab/tp], target [s, b] -> per-token loss [s, b] in fp32. Holds the fp32 softmax
+// for backward, as Megatron's vocab_parallel_cross_entropy.
+at::Tensor VocabParallelCrossEntropy(const Runtime& rt, const at::Tensor& logits,
+                                     const at::Tensor& target, int64_t vocab_start);
+
+// Sequence parallel: keep this rank's slice of dim 0 (backward: all-gather).
+at::Tensor ScatterToSequenceParallel(const Runtime& rt, const at::Tensor& x);
+// Identity forward, all-reduce of the gradient over TP in backward.
+at::Tensor CopyToTensorParallel(const Runtime& rt, const at::Tensor& x);
+
+// x [tokens, k] sorted by expert, weight [experts, k, n], tokens_per_expert sums to tokens.
+at::Tensor GroupedGemm(const at::Tensor& x, const at::Tensor& weight,
+                       const std::vector<int64_t>& tokens_per_expert);
+
+// In-place all-reduce of a contiguous tensor over `group`.
+void AllReduceTensor(const Runtime& rt, const Group& group, at::Tensor& t, ReduceOp op);
+
+}  // namespace remat::engine
