@@ -59,6 +59,14 @@ double ExpertTensorParallel(const SearchSpec& spec) {
   return std::max(1, spec.parallel.tensor_model_parallel_size);
 }
 
+// Megatron pads the vocabulary to a multiple of 128 * TP (make_vocab_size_divisible_by = 128);
+// the embedding, the output layer, the logits and the FLOP formula all use the padded size.
+double PaddedVocab(const SearchSpec& spec) {
+  const long long divisor = 128LL * std::max(1, spec.parallel.tensor_model_parallel_size);
+  const long long v = std::max(0, spec.model.vocab_size);
+  return static_cast<double>((v + divisor - 1) / divisor * divisor);
+}
+
 int StageLayers(const SearchSpec& spec) {
   const int p = std::max(1, spec.parallel.pipeline_model_parallel_size);
   return std::max(0, spec.model.num_layers / p);
@@ -357,13 +365,14 @@ ParamCount CountParams(const SearchSpec& spec) {
     }
   }
   // The first stage holds the embedding; the last the final norm and the output layer.
-  p.dense += 1.0 * m.vocab_size * h / t;
+  const double vocab = PaddedVocab(spec);
+  p.dense += vocab * h / t;
   if (m.position_embedding_type == PositionEmbedding::kLearnedAbsolute) {
     p.dense += 1.0 * m.seq_length * h;
   }
   if (IsLastStage(spec)) {
     p.dense += norm(h);
-    if (!m.share_embeddings_and_output_weights) p.dense += 1.0 * m.vocab_size * h / t;
+    if (!m.share_embeddings_and_output_weights) p.dense += vocab * h / t;
   }
   return p;
 }
@@ -398,10 +407,11 @@ struct OuterActivations {
 OuterActivations EstimateOuter(const SearchSpec& spec) {
   const ModelSpec& m = spec.model;
   const Dims x = MakeDims(spec);
+  const double vocab = PaddedVocab(spec);
   OuterActivations o;
   o.embedding = 8 * x.tokens + (x.t > 1 ? x.tokens : 0) +
                 (m.hidden_dropout > 0 ? x.seq_tokens * x.h : 0);
-  o.embedding_work = x.e * m.vocab_size * x.h / x.t +
+  o.embedding_work = x.e * vocab * x.h / x.t +
                      (m.position_embedding_type == PositionEmbedding::kLearnedAbsolute
                           ? x.e * x.s * x.h
                           : 0);
@@ -409,12 +419,12 @@ OuterActivations EstimateOuter(const SearchSpec& spec) {
   o.final_norm = 2 * x.e * x.seq_tokens * x.h + NormStatsBytes(m) * x.seq_tokens;
   // Megatron's vocab-parallel cross-entropy upcasts the logits to fp32, computes the softmax in
   // place and keeps it (plus the target mask and indices); the bf16 logits are then freed.
-  const double logit_elems = x.tokens * m.vocab_size / x.t;
+  const double logit_elems = x.tokens * vocab / x.t;
   o.logits = 4 * logit_elems + 9 * x.tokens;
   // Backward: the fp32 gradient is written into the kept softmax; autograd casts it to the
   // logits' dtype (a copy) before the output layer's backward makes its input and weight
   // gradients.
-  const double output_grads = x.e * m.vocab_size * x.h / x.t + x.e * x.tokens * x.h;
+  const double output_grads = x.e * vocab * x.h / x.t + x.e * x.tokens * x.h;
   if (x.e != 4) {
     o.logits_work = std::max(x.e * logit_elems, x.e * logit_elems + output_grads - 4 * logit_elems);
   } else {
@@ -665,7 +675,7 @@ double ModelFlopsPerStep(const SearchSpec& spec) {
     }
   }
   const double total = tokens * (fwd_bwd * fma * h * ffn_term + attn_token * layers +
-                                 fwd_bwd * fma * h * m.vocab_size) +
+                                 fwd_bwd * fma * h * PaddedVocab(spec)) +
                        s2 * core * layers;
   const double ranks = std::max(1, spec.parallel.tensor_model_parallel_size) *
                        std::max(1, spec.parallel.pipeline_model_parallel_size);

@@ -166,9 +166,10 @@ TEST(StaticMemory, EighteenBytesPerHandCountedParameter) {
   // Per layer: 2 LayerNorms 2*(64+64); QKV 64*192 + 192; proj 64*64 + 64;
   // fc1 64*256 + 256; fc2 256*64 + 64.
   const double layer = 256 + (12288 + 192) + (4096 + 64) + (16384 + 256) + (16384 + 64);
-  // Word embedding, learned positions, final LayerNorm, untied output layer.
-  const double total = 2 * layer + 6400 + 2048 + 128 + 6400;
-  EXPECT_DOUBLE_EQ(total, 114944);
+  // Word embedding (the vocabulary padded to 128 rows, as Megatron does), learned positions,
+  // final LayerNorm, untied output layer.
+  const double total = 2 * layer + 128 * 64 + 2048 + 128 + 128 * 64;
+  EXPECT_DOUBLE_EQ(total, 118528);
   EXPECT_DOUBLE_EQ(ParameterCount(s), total);
   MemoryEstimate e = EstimateMemory(s, Policy::None());
   EXPECT_DOUBLE_EQ(e.parameters, total);
@@ -186,11 +187,11 @@ TEST(StaticMemory, EighteenBytesPerHandCountedParameter) {
   EXPECT_DOUBLE_EQ(e.static_bytes - e.buffer_bytes, 16 * total);
 
   // TP 2: column-parallel weights and biases and row-parallel weights split, norms and
-  // row-parallel biases replicated.
+  // row-parallel biases replicated; the vocabulary padded to 256 rows, 128 per rank.
   s.train.precision = Precision::kBf16;
   s.parallel.tensor_model_parallel_size = 2;
   const double tp_layer = 256 + 6240 + (2048 + 64) + 8320 + (8192 + 64);
-  EXPECT_DOUBLE_EQ(ParameterCount(s), 2 * tp_layer + 3200 + 2048 + 128 + 3200);
+  EXPECT_DOUBLE_EQ(ParameterCount(s), 2 * tp_layer + 8192 + 2048 + 128 + 8192);
 }
 
 TEST(StaticMemory, RmsNormGqaNoBias) {
@@ -206,9 +207,9 @@ TEST(StaticMemory, RmsNormGqaNoBias) {
   s.model.position_embedding_type = PositionEmbedding::kRope;
   s.model.seq_length = 32;
   s.model.vocab_size = 100;
-  // Norms 2*64; QKV 64*(64+2*32); proj 64*64; fc1 64*256; fc2 128*64; embedding, final norm,
-  // output layer.
-  const double total = 128 + 64 * 128 + 4096 + 64 * 256 + 128 * 64 + 6400 + 64 + 6400;
+  // Norms 2*64; QKV 64*(64+2*32); proj 64*64; fc1 64*256; fc2 128*64; embedding (padded to
+  // 128 rows), final norm, output layer.
+  const double total = 128 + 64 * 128 + 4096 + 64 * 256 + 128 * 64 + 8192 + 64 + 8192;
   EXPECT_DOUBLE_EQ(ParameterCount(s), total);
 }
 
@@ -365,11 +366,11 @@ TEST(Policies, SmallestFittingBlock) {
 }
 
 TEST(Logits, Fp32SoftmaxOfTheLogitsIsHeld) {
-  SearchSpec s = PaperSpec();
+  SearchSpec s = PaperSpec();  // vocabulary 1000, padded to 1024
   const double tokens = 2048;
-  EXPECT_DOUBLE_EQ(EstimateMemory(s, Policy::None()).logits_bytes, 4 * tokens * 1000 + 9 * tokens);
+  EXPECT_DOUBLE_EQ(EstimateMemory(s, Policy::None()).logits_bytes, 4 * tokens * 1024 + 9 * tokens);
   s.parallel.tensor_model_parallel_size = 2;
-  EXPECT_DOUBLE_EQ(EstimateMemory(s, Policy::None()).logits_bytes, 4 * tokens * 500 + 9 * tokens);
+  EXPECT_DOUBLE_EQ(EstimateMemory(s, Policy::None()).logits_bytes, 4 * tokens * 512 + 9 * tokens);
   s.parallel.pipeline_model_parallel_size = 2;  // the first stage has no output layer
   EXPECT_EQ(EstimateMemory(s, Policy::None()).logits_bytes, 0);
 }
@@ -381,13 +382,13 @@ TEST(Flops, HandComputedSmallModel) {
   s.model.num_attention_heads = 2;
   s.model.ffn_hidden_size = 16;
   s.model.seq_length = 8;
-  s.model.vocab_size = 10;
+  s.model.vocab_size = 256;  // a multiple of 128 * TP: no padding
   // T = 8 tokens, b*s^2 = 64. q = k = v = 4 (2 heads of 2).
   // Attention linear: 3*2*(h*(q+k+v) + q*h) = 6*(4*12 + 16) = 384 per token.
-  // MLP: 3*2*h*F*2 = 768 per token. Logits: 3*2*h*V = 240 per token.
+  // MLP: 3*2*h*F*2 = 768 per token. Logits: 3*2*h*V = 6144 per token.
   // Core: 3*2*q/2*2 = 24 per b*s^2.
-  EXPECT_DOUBLE_EQ(ModelFlopsPerStep(s), 8 * (384 + 768 + 240) + 64 * 24);
-  EXPECT_DOUBLE_EQ(EstimateMemory(s, Policy::None()).model_flops, 12672);
+  EXPECT_DOUBLE_EQ(ModelFlopsPerStep(s), 8 * (384 + 768 + 6144) + 64 * 24);
+  EXPECT_DOUBLE_EQ(EstimateMemory(s, Policy::None()).model_flops, 59904);
   // Replays, forward only: core 2*b*s^2*heads*d; MLP GEMMs 2*T*h*F*2 plus GELU (8 per element).
   EXPECT_DOUBLE_EQ(LabelRecomputeFlops(s, Label::kCoreAttn), 2 * 64 * 2 * 2);
   EXPECT_DOUBLE_EQ(LabelRecomputeFlops(s, Label::kMlp), 2 * 8 * 4 * 16 * 2 + 8 * 8 * 16);
@@ -398,7 +399,7 @@ TEST(Flops, HandComputedSmallModel) {
   EXPECT_DOUBLE_EQ(EstimateMemory(s, P("full:uniform:1")).recompute_flops,
                    layer_model / 3 + elementwise);
   s.parallel.tensor_model_parallel_size = 2;
-  EXPECT_DOUBLE_EQ(ModelFlopsPerStep(s), 12672 / 2);
+  EXPECT_DOUBLE_EQ(ModelFlopsPerStep(s), 59904 / 2);
 }
 
 TEST(Flops, MoeAndMlaFollowMegatron) {
