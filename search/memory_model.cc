@@ -228,10 +228,12 @@ LayerWork EstimateLayerWork(const SearchSpec& spec, int layer) {
   const double residual = 2 * x.e * x.seq_tokens * x.h;  // gradients of the residual stream
   LayerWork w;
   double qkv_width = 0;      // width of the attention inputs (their gradients)
+  double q_width = x.heads * x.d;
   double attn_weight = 0;    // largest attention weight on this rank (its gradient)
   if (m.multi_latent_attention) {
     const double qk = m.qk_head_dim, pe = m.qk_pos_emb_head_dim, vd = m.v_head_dim;
     qkv_width = x.heads * (2 * (qk + pe) + vd);
+    q_width = x.heads * (qk + pe);
     const double q_in = m.q_lora_rank ? *m.q_lora_rank : x.h;
     attn_weight = std::max({q_in * x.heads * (qk + pe), m.kv_lora_rank * x.heads * (qk + vd),
                             x.heads * vd * x.h});
@@ -243,7 +245,7 @@ LayerWork EstimateLayerWork(const SearchSpec& spec, int layer) {
   if (m.attention_backend == AttentionBackend::kUnfused) {
     core = x.b * x.heads * x.s * x.s * UnfusedScoreChain(m, x.e).backward_peak;
   } else {
-    core = 4 * x.tokens * x.heads * x.d;  // fp32 dq accumulator of the fused kernel
+    core = 4 * x.tokens * q_width;  // fp32 dq accumulator of the fused kernel
   }
   w.attn = residual + std::max(core + x.e * x.tokens * qkv_width, x.e * attn_weight);
   const double fc1 = x.glu ? 2 : 1;
