@@ -1,0 +1,622 @@
+#include "worker/engine/model.h"
+
+#include <torch/version.h>
+
+#include <cmath>
+#include <stdexcept>
+
+namespace remat::engine {
+
+using search::Label;
+using search::ModelSpec;
+
+namespace {
+
+constexpr double kNormEps = 1e-5;  // Megatron's layernorm_epsilon
+
+struct Recompute {
+  bool core_attn = false, moe_act = false, layernorm = false, mla_up_proj = false, mlp = false,
+       moe = false, shared_experts = false;
+  bool full = false;
+  search::RecomputeMethod method = search::RecomputeMethod::kUniform;
+  int num_layers = 0;
+};
+
+Recompute RecomputeOf(const search::Policy& p) {
+  Recompute r;
+  if (p.IsFull()) {
+    r.full = true;
+    r.method = p.method;
+    r.num_layers = p.num_layers;
+    return r;
+  }
+  r.core_attn = p.Has(Label::kCoreAttn);
+  r.moe_act = p.Has(Label::kMoeAct);
+  r.layernorm = p.Has(Label::kLayernorm);
+  r.mla_up_proj = p.Has(Label::kMlaUpProj);
+  r.mlp = p.Has(Label::kMlp);
+  r.moe = p.Has(Label::kMoe);
+  r.shared_experts = p.Has(Label::kSharedExperts);
+  return r;
+}
+
+at::Tensor One(const std::vector<at::Tensor>& v) { return v.at(0); }
+
+}  // namespace
+
+int64_t PaddedVocabSize(const search::SearchSpec& spec) {
+  const int64_t multiple = 128LL * spec.parallel.tensor_model_parallel_size;
+  return (spec.model.vocab_size + multiple - 1) / multiple * multiple;
+}
+
+std::string UnsupportedReason(const search::SearchSpec& spec, const search::Policy& policy) {
+  const ModelSpec& m = spec.model;
+  const auto& par = spec.parallel;
+  const int tp = par.tensor_model_parallel_size;
+  if (policy.Has(Label::kGdnNormOut) || m.IsGdn()) {
+    return "the builtin engine has no Gated DeltaNet model: gdn_norm_out and "
+           "experimental_attention_variant cannot be measured here";
+  }
+  if (par.pipeline_model_parallel_size > 1) {
+    return "parallel.pipeline_model_parallel_size > 1 is not supported by the builtin engine";
+  }
+  if (par.expert_model_parallel_size > 1) {
+    return "parallel.expert_model_parallel_size > 1 (expert all-to-all) is not supported by the "
+           "builtin engine";
+  }
+  if (m.IsMoe() && tp > 1) {
+    return "mixture-of-experts layers with tensor_model_parallel_size > 1 are not supported by "
+           "the builtin engine";
+  }
+  if (m.IsMoe() && m.moe_grouped_gemm && m.add_bias_linear) {
+    return "model.add_bias_linear: Megatron's grouped-GEMM experts have no biases; set "
+           "add_bias_linear: false";
+  }
+  if (m.multi_latent_attention && par.sequence_parallel && tp > 1) {
+    return "multi_latent_attention with sequence_parallel is not supported by the builtin engine";
+  }
+  if (m.distribute_saved_activations && tp > 1 && policy.IsFull()) {
+    return "model.distribute_saved_activations is not supported by the builtin engine";
+  }
+  if (m.attention_backend == search::AttentionBackend::kFlash) {
+#if TORCH_VERSION_MAJOR < 2
+    return "attention_backend flash needs scaled_dot_product_attention (LibTorch >= 2.0); this "
+           "engine is built against LibTorch " TORCH_VERSION;
+#endif
+  }
+  if (m.num_attention_heads % tp != 0 || m.EffectiveQueryGroups() % tp != 0) {
+    return "num_attention_heads and num_query_groups must be divisible by "
+           "tensor_model_parallel_size";
+  }
+  if (par.sequence_parallel && tp > 1 && m.seq_length % tp != 0) {
+    return "model.seq_length must be divisible by tensor_model_parallel_size with "
+           "sequence_parallel";
+  }
+  if (m.EffectiveFfnHiddenSize() % tp != 0) {
+    return "model.ffn_hidden_size must be divisible by tensor_model_parallel_size";
+  }
+  return "";
+}
+
+struct GptModel::Impl {
+  search::SearchSpec spec;
+  const ModelSpec& m;
+  Recompute rc;
+  const Runtime& rt;
+  at::ScalarType dtype;
+  std::vector<ParamInfo> params;
+
+  int tp, tp_rank, heads, groups, kv_channels, hidden, seq, ffn, vocab_padded;
+  bool sp;
+  at::Tensor causal_mask;    // [s, s] bool, true above the diagonal (masked)
+  at::Tensor score_buffer;   // Megatron's persistent baddbmm input: [b*heads, s, s]
+
+  struct LayerParams {
+    bool moe = false;
+    int ln1_w = -1, ln1_b = -1, ln2_w = -1, ln2_b = -1;
+    // standard attention
+    int qkv_w = -1, qkv_b = -1;
+    // MLA
+    int q_down = -1, q_norm_w = -1, q_norm_b = -1, q_up = -1, kv_down = -1, kv_norm_w = -1,
+        kv_norm_b = -1, kv_up = -1;
+    int proj_w = -1, proj_b = -1;
+    // dense MLP
+    int fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
+    // MoE
+    int router = -1, w1 = -1, w2 = -1;
+    std::vector<int> e_fc1_w, e_fc1_b, e_fc2_w, e_fc2_b;  // sequential experts
+    int sh_fc1_w = -1, sh_fc1_b = -1, sh_fc2_w = -1, sh_fc2_b = -1;
+  };
+  std::vector<LayerParams> layers;
+  int word_emb = -1, pos_emb = -1, final_w = -1, final_b = -1, output_w = -1;
+
+  Impl(const search::SearchSpec& s, const search::Policy& p, const Runtime& r, at::ScalarType dt)
+      : spec(s), m(spec.model), rc(RecomputeOf(p)), rt(r), dtype(dt) {
+    tp = spec.parallel.tensor_model_parallel_size;
+    tp_rank = rt.tp_rank();
+    heads = m.num_attention_heads;
+    groups = m.EffectiveQueryGroups();
+    kv_channels = m.EffectiveKvChannels();
+    hidden = m.hidden_size;
+    seq = m.seq_length;
+    ffn = m.EffectiveFfnHiddenSize();
+    vocab_padded = static_cast<int>(PaddedVocabSize(spec));
+    sp = spec.parallel.sequence_parallel && tp > 1;
+    Declare();
+  }
+
+  // ---- Parameters -------------------------------------------------------------------------------
+
+  int Add(std::string name, std::vector<int64_t> full, int shard_dim, double std_dev,
+          double value = 0, int blocks = 1, bool sp_grad = false) {
+    ParamInfo p;
+    p.name = std::move(name);
+    p.full_shape = full;
+    p.shape = full;
+    p.shard_dim = tp > 1 ? shard_dim : -1;
+    p.shard_blocks = blocks;
+    if (p.shard_dim >= 0) p.shape[p.shard_dim] /= tp;
+    p.init_std = std_dev;
+    p.init_value = value;
+    p.sequence_parallel_grad = sp_grad && sp;
+    params.push_back(std::move(p));
+    return static_cast<int>(params.size()) - 1;
+  }
+
+  void AddNorm(const std::string& name, int64_t size, int* w, int* b) {
+    *w = Add(name + ".weight", {size}, -1, 0, 1.0, 1, true);
+    if (m.normalization == search::Normalization::kLayerNorm) {
+      *b = Add(name + ".bias", {size}, -1, 0, 0.0, 1, true);
+    }
+  }
+
+  void Declare() {
+    const double std_dev = 0.02;  // Megatron's init_method_std
+    const double out_std = std_dev / std::sqrt(2.0 * m.num_layers);  // scaled_init_method_normal
+    const bool bias = m.add_bias_linear;
+    const int glu = m.gated_linear_unit ? 2 : 1;
+    word_emb = Add("embedding.word_embeddings.weight", {vocab_padded, hidden}, 0, std_dev);
+    if (m.position_embedding_type == search::PositionEmbedding::kLearnedAbsolute) {
+      pos_emb = Add("embedding.position_embeddings.weight", {seq, hidden}, -1, std_dev);
+    }
+    for (int i = 0; i < m.num_layers; ++i) {
+      LayerParams lp;
+      const std::string pre = "decoder.layers." + std::to_string(i) + ".";
+      AddNorm(pre + "input_layernorm", hidden, &lp.ln1_w, &lp.ln1_b);
+      if (m.multi_latent_attention) {
+        const int64_t qk = m.qk_head_dim + m.qk_pos_emb_head_dim;
+        if (m.q_lora_rank) {
+          lp.q_down = Add(pre + "self_attention.linear_q_down_proj.weight",
+                          {*m.q_lora_rank, hidden}, -1, std_dev);
+          AddNorm(pre + "self_attention.q_layernorm", *m.q_lora_rank, &lp.q_norm_w, &lp.q_norm_b);
+          lp.q_up = Add(pre + "self_attention.linear_q_up_proj.weight",
+                        {heads * qk, *m.q_lora_rank}, 0, std_dev);
+        } else {
+          lp.q_up = Add(pre + "self_attention.linear_q_proj.weight", {heads * qk, hidden}, 0,
+                        std_dev);
+        }
+        lp.kv_down = Add(pre + "self_attention.linear_kv_down_proj.weight",
+                         {m.kv_lora_rank + m.qk_pos_emb_head_dim, hidden}, -1, std_dev);
+        AddNorm(pre + "self_attention.kv_layernorm", m.kv_lora_rank, &lp.kv_norm_w, &lp.kv_norm_b);
+        lp.kv_up = Add(pre + "self_attention.linear_kv_up_proj.weight",
+                       {heads * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank}, 0, std_dev);
+        lp.proj_w = Add(pre + "self_attention.linear_proj.weight", {hidden, heads * m.v_head_dim},
+                        1, out_std);
+      } else {
+        const int64_t qkv_rows = static_cast<int64_t>(heads + 2 * groups) * kv_channels;
+        lp.qkv_w = Add(pre + "self_attention.linear_qkv.weight", {qkv_rows, hidden}, 0, std_dev);
+        if (bias) lp.qkv_b = Add(pre + "self_attention.linear_qkv.bias", {qkv_rows}, 0, 0);
+        lp.proj_w = Add(pre + "self_attention.linear_proj.weight",
+                        {hidden, static_cast<int64_t>(heads) * kv_channels}, 1, out_std);
+      }
+      if (bias) lp.proj_b = Add(pre + "self_attention.linear_proj.bias", {hidden}, -1, 0, 0, 1, true);
+      AddNorm(pre + "pre_mlp_layernorm", hidden, &lp.ln2_w, &lp.ln2_b);
+      lp.moe = m.IsMoeLayer(i);
+      if (!lp.moe) {
+        lp.fc1_w = Add(pre + "mlp.linear_fc1.weight", {glu * ffn, hidden}, 0, std_dev, 0, glu);
+        if (bias) lp.fc1_b = Add(pre + "mlp.linear_fc1.bias", {glu * ffn}, 0, 0, 0, glu);
+        lp.fc2_w = Add(pre + "mlp.linear_fc2.weight", {hidden, ffn}, 1, out_std);
+        if (bias) lp.fc2_b = Add(pre + "mlp.linear_fc2.bias", {hidden}, -1, 0, 0, 1, true);
+      } else {
+        const int64_t experts = *m.num_moe_experts;
+        const int64_t f = m.EffectiveMoeFfnHiddenSize();
+        lp.router = Add(pre + "mlp.router.weight", {experts, hidden}, -1, std_dev, 0, 1, true);
+        if (m.moe_grouped_gemm) {
+          lp.w1 = Add(pre + "mlp.experts.weight1", {hidden, experts * glu * f}, -1, std_dev);
+          lp.w2 = Add(pre + "mlp.experts.weight2", {experts * f, hidden}, -1, out_std);
+        } else {
+          for (int e = 0; e < experts; ++e) {
+            const std::string ep = pre + "mlp.experts.local_experts." + std::to_string(e) + ".";
+            lp.e_fc1_w.push_back(Add(ep + "linear_fc1.weight", {glu * f, hidden}, -1, std_dev));
+            lp.e_fc2_w.push_back(Add(ep + "linear_fc2.weight", {hidden, f}, -1, out_std));
+            if (bias) {
+              lp.e_fc1_b.push_back(Add(ep + "linear_fc1.bias", {glu * f}, -1, 0));
+              lp.e_fc2_b.push_back(Add(ep + "linear_fc2.bias", {hidden}, -1, 0));
+            }
+          }
+        }
+        if (m.HasSharedExperts()) {
+          const int64_t fs = *m.moe_shared_expert_intermediate_size;
+          lp.sh_fc1_w = Add(pre + "mlp.shared_experts.linear_fc1.weight", {glu * fs, hidden}, -1,
+                            std_dev);
+          if (bias) lp.sh_fc1_b = Add(pre + "mlp.shared_experts.linear_fc1.bias", {glu * fs}, -1, 0);
+          lp.sh_fc2_w = Add(pre + "mlp.shared_experts.linear_fc2.weight", {hidden, fs}, -1, out_std);
+          if (bias) lp.sh_fc2_b = Add(pre + "mlp.shared_experts.linear_fc2.bias", {hidden}, -1, 0);
+        }
+      }
+      layers.push_back(lp);
+    }
+    AddNorm("decoder.final_layernorm", hidden, &final_w, &final_b);
+    if (!m.share_embeddings_and_output_weights) {
+      output_w = Add("output_layer.weight", {vocab_padded, hidden}, 0, std_dev);
+    }
+  }
+
+  const at::Tensor& P(int index) const { return params[index].value; }
+  at::Tensor PO(int index) const { return index >= 0 ? params[index].value : at::Tensor(); }
+
+  // ---- Building blocks --------------------------------------------------------------------------
+
+  at::Tensor Norm(const at::Tensor& x, int w, int b) const {
+    if (m.normalization == search::Normalization::kRMSNorm) return RmsNorm(x, P(w), kNormEps);
+    return LayerNorm(x, P(w), P(b), kNormEps);
+  }
+
+  // Megatron's apply_rotary_pos_emb (bshd, not interleaved): t [s, b, n, d], freqs [s, 1, 1, d].
+  static at::Tensor Rope(const at::Tensor& t, const at::Tensor& freqs) {
+    const int64_t rot = freqs.size(-1);
+    at::Tensor pass = t.narrow(-1, rot, t.size(-1) - rot);
+    at::Tensor x = t.narrow(-1, 0, rot);
+    at::Tensor cos = at::cos(freqs).to(t.scalar_type());
+    at::Tensor sin = at::sin(freqs).to(t.scalar_type());
+    std::vector<at::Tensor> halves = x.chunk(2, -1);
+    at::Tensor rotated = at::cat({halves[1].neg(), halves[0]}, -1);
+    at::Tensor out = x * cos + rotated * sin;
+    return at::cat({out, pass}, -1);
+  }
+
+  at::Tensor RopeFreqs(int64_t dim) const {
+    auto opts = at::TensorOptions().dtype(at::kFloat).device(rt.device);
+    at::Tensor inv =
+        at::pow(10000.0, at::arange(0, dim, 2, opts) / static_cast<double>(dim)).reciprocal();
+    at::Tensor pos = at::arange(seq, opts);
+    at::Tensor freqs = at::outer(pos, inv);
+    return at::cat({freqs, freqs}, -1).view({seq, 1, 1, dim});
+  }
+
+  // Megatron's FusedScaleMaskSoftmax.forward_torch_softmax (scale folded into baddbmm).
+  at::Tensor ScaleMaskSoftmax(const at::Tensor& scores) const {
+    const bool half = scores.scalar_type() != at::kFloat;
+    at::Tensor x = (half && m.attention_softmax_in_fp32) ? scores.to(at::kFloat) : scores;
+    x.masked_fill_(causal_mask, -10000.0);
+    at::Tensor probs = at::softmax(x, -1);
+    if (half && m.attention_softmax_in_fp32) probs = probs.to(scores.scalar_type());
+    return probs;
+  }
+
+  // Megatron's DotProductAttention (unfused) or a fused kernel. q [s, b, n, dq],
+  // k [s, b, g, dq], v [s, b, g, dv] -> [s, b, n * dv].
+  at::Tensor CoreAttention(at::Tensor q, at::Tensor k, at::Tensor v, double scale) {
+    const int64_t n = q.size(2), g = k.size(2);
+    if (m.attention_backend == search::AttentionBackend::kFlash) return FlashAttention(q, k, v, scale);
+    if (n / g > 1) {
+      k = k.repeat_interleave(n / g, 2);
+      v = v.repeat_interleave(n / g, 2);
+    }
+    const int64_t b = q.size(1), sq = q.size(0), sk = k.size(0);
+    at::Tensor q2 = q.reshape({sq, b * n, -1});
+    at::Tensor k2 = k.view({sk, b * n, -1});
+    if (!score_buffer.defined() || score_buffer.scalar_type() != q.scalar_type() ||
+        score_buffer.numel() < b * n * sq * sk) {
+      score_buffer = at::empty({b * n, sq, sk}, q.options());
+    }
+    at::Tensor scores = at::baddbmm(score_buffer, q2.transpose(0, 1),
+                                    k2.transpose(0, 1).transpose(1, 2), /*beta=*/0.0,
+                                    /*alpha=*/scale);
+    at::Tensor probs = ScaleMaskSoftmax(scores.view({b, n, sq, sk}));
+    probs = Dropout(probs, m.attention_dropout);
+    at::Tensor v2 = v.view({sk, b * n, -1});
+    at::Tensor context = at::bmm(probs.view({b * n, sq, sk}), v2.transpose(0, 1));
+    const int64_t dv = context.size(-1);
+    context = context.view({b, n, sq, dv}).permute({2, 0, 1, 3}).contiguous();
+    return context.view({sq, b, n * dv});
+  }
+
+  at::Tensor FlashAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double scale) {
+#if TORCH_VERSION_MAJOR >= 3 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+    // [s, b, n, d] -> [b, n, s, d]. PyTorch picks the kernel: flash attention for equal q/v head
+    // sizes; for MLA (q/k 192, v 128) flash is not eligible and it runs cuDNN or
+    // memory-efficient attention, which allow a different v head size. None keeps s x s tensors.
+    const bool gqa = q.size(2) != k.size(2);
+    at::Tensor out = at::scaled_dot_product_attention(
+        q.permute({1, 2, 0, 3}), k.permute({1, 2, 0, 3}), v.permute({1, 2, 0, 3}),
+        /*attn_mask=*/{}, /*dropout_p=*/m.attention_dropout, /*is_causal=*/true, scale, gqa);
+    const int64_t b = out.size(0), n = out.size(1), s = out.size(2), dv = out.size(3);
+    return out.permute({2, 0, 1, 3}).contiguous().view({s, b, n * dv});
+#else
+    (void)q;
+    (void)k;
+    (void)v;
+    (void)scale;
+    throw std::runtime_error("attention_backend flash needs LibTorch >= 2.5 (enable_gqa)");
+#endif
+  }
+
+  // Core attention, checkpointed under core_attn (keeps q, k, v; replays the rest).
+  at::Tensor Attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+    if (rc.core_attn) {
+      return One(Checkpoint(
+          rt,
+          [this, scale](const std::vector<at::Tensor>& in) {
+            return std::vector<at::Tensor>{CoreAttention(in[0], in[1], in[2], scale)};
+          },
+          {q, k, v}));
+    }
+    return CoreAttention(q, k, v, scale);
+  }
+
+  // Megatron's SelfAttention: returns linear_proj's output (its bias is added by the caller).
+  at::Tensor SelfAttention(const LayerParams& lp, const at::Tensor& x, const at::Tensor& freqs) {
+    const int64_t n = heads / tp, g = groups / tp, d = kv_channels;
+    at::Tensor qkv = Linear(rt, x, P(lp.qkv_w), PO(lp.qkv_b), LinearMode::kColumn);
+    const int64_t s = qkv.size(0), b = qkv.size(1);
+    qkv = qkv.view({s, b, g, (n / g + 2) * d});
+    std::vector<at::Tensor> parts = qkv.split_with_sizes({(n / g) * d, d, d}, 3);
+    at::Tensor q = parts[0].reshape({s, b, n, d});
+    at::Tensor k = parts[1];
+    at::Tensor v = parts[2];
+    if (freqs.defined()) {
+      q = Rope(q, freqs);
+      k = Rope(k, freqs);
+    }
+    at::Tensor context = Attend(q, k, v, 1.0 / std::sqrt(static_cast<double>(d)));
+    return Linear(rt, context, P(lp.proj_w), at::Tensor(), LinearMode::kRow);
+  }
+
+  // Megatron's MLASelfAttention (DeepSeek-V2).
+  at::Tensor MlaAttention(const LayerParams& lp, const at::Tensor& x, const at::Tensor& freqs) {
+    const int64_t n = heads / tp;
+    const int64_t qk = m.qk_head_dim, pe = m.qk_pos_emb_head_dim, dv = m.v_head_dim;
+    at::Tensor q_in = x;
+    if (m.q_lora_rank) {
+      q_in = Linear(rt, x, P(lp.q_down), at::Tensor(), LinearMode::kLocal);
+      q_in = Norm(q_in, lp.q_norm_w, lp.q_norm_b);
+    }
+    at::Tensor kv_combined = Linear(rt, x, P(lp.kv_down), at::Tensor(), LinearMode::kLocal);
+    std::vector<at::Tensor> kv_parts =
+        kv_combined.split_with_sizes({m.kv_lora_rank, pe}, -1);
+    at::Tensor kv_in = Norm(kv_parts[0], lp.kv_norm_w, lp.kv_norm_b);
+    at::Tensor k_pos = CopyToTensorParallel(rt, kv_parts[1]);  // shared by every rank's heads
+
+    // Regions may be replayed in backward, after this frame is gone: capture values only.
+    const LayerParams* layer = &lp;
+    Region up_proj = [this, layer, freqs, n, qk, pe, dv](const std::vector<at::Tensor>& in) {
+      const LayerParams& lp = *layer;
+      at::Tensor q = Linear(rt, in[0], P(lp.q_up), at::Tensor(), LinearMode::kColumn);
+      const int64_t s = q.size(0), b = q.size(1);
+      q = q.view({s, b, n, qk + pe});
+      at::Tensor kv = Linear(rt, in[1], P(lp.kv_up), at::Tensor(), LinearMode::kColumn);
+      kv = kv.view({s, b, n, qk + dv});
+      at::Tensor k_pe = in[2].unsqueeze(2);
+      std::vector<at::Tensor> qs = q.split_with_sizes({qk, pe}, -1);
+      std::vector<at::Tensor> kvs = kv.split_with_sizes({qk, dv}, -1);
+      at::Tensor q_pe = Rope(qs[1], freqs);
+      k_pe = Rope(k_pe, freqs);
+      at::Tensor query = at::cat({qs[0], q_pe}, -1);
+      k_pe = k_pe.expand({-1, -1, n, -1});
+      at::Tensor key = at::cat({kvs[0], k_pe}, -1);
+      return std::vector<at::Tensor>{query.contiguous(), key.contiguous(), kvs[1].contiguous()};
+    };
+    OutputDiscardingCheckpoint up_checkpoint;
+    std::vector<at::Tensor> qkv = rc.mla_up_proj ? up_checkpoint.Run(rt, up_proj, {q_in, kv_in, k_pos})
+                                                 : up_proj({q_in, kv_in, k_pos});
+    at::Tensor context =
+        Attend(qkv[0], qkv[1], qkv[2], 1.0 / std::sqrt(static_cast<double>(qk + pe)));
+    if (rc.mla_up_proj) up_checkpoint.DiscardOutputs(context);
+    return Linear(rt, context, P(lp.proj_w), at::Tensor(), LinearMode::kRow);
+  }
+
+  at::Tensor Activation(const at::Tensor& x) const {
+    if (m.gated_linear_unit) {
+      std::vector<at::Tensor> c = x.chunk(2, -1);
+      return at::silu(c[0]) * c[1];
+    }
+    return at::gelu(x);
+  }
+
+  // Megatron's MLP without fc2's bias (returned separately). `probs` [tokens, 1] scales the
+  // activation for experts.
+  at::Tensor MlpCore(const at::Tensor& x, int fc1_w, int fc1_b, int fc2_w, LinearMode fc1_mode,
+                     LinearMode fc2_mode, const at::Tensor& probs = at::Tensor()) {
+    at::Tensor inter = Linear(rt, x, P(fc1_w), at::Tensor(), fc1_mode);
+    if (fc1_b >= 0) inter = inter + P(fc1_b);
+    inter = Activation(inter);
+    if (probs.defined()) inter = (inter * probs).to(x.scalar_type());
+    return Linear(rt, inter, P(fc2_w), at::Tensor(), fc2_mode);
+  }
+
+  at::Tensor DenseMlp(const LayerParams& lp, const at::Tensor& x) {
+    auto region = [this, &lp = lp](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{
+          MlpCore(in[0], lp.fc1_w, lp.fc1_b, lp.fc2_w, LinearMode::kColumn, LinearMode::kRow)};
+    };
+    return rc.mlp ? One(Checkpoint(rt, region, {x})) : One(region({x}));
+  }
+
+  at::Tensor SharedExperts(const LayerParams& lp, const at::Tensor& x) {
+    auto region = [this, &lp = lp](const std::vector<at::Tensor>& in) {
+      at::Tensor out = MlpCore(in[0], lp.sh_fc1_w, lp.sh_fc1_b, lp.sh_fc2_w, LinearMode::kLocal,
+                               LinearMode::kLocal);
+      if (lp.sh_fc2_b >= 0) out = out + P(lp.sh_fc2_b);
+      return std::vector<at::Tensor>{out};
+    };
+    return rc.shared_experts ? One(Checkpoint(rt, region, {x})) : One(region({x}));
+  }
+
+  // Megatron's GroupedMLP (moe_grouped_gemm) or SequentialMLP.
+  at::Tensor Experts(const LayerParams& lp, const at::Tensor& tokens,
+                     const std::vector<int64_t>& counts, const at::Tensor& probs) {
+    const int64_t experts = *m.num_moe_experts;
+    if (m.moe_grouped_gemm) {
+      at::Tensor w1 = P(lp.w1).view({experts, hidden, -1});
+      at::Tensor w2 = P(lp.w2).view({experts, -1, hidden});
+      at::Tensor fc1 = GroupedGemm(tokens, w1, counts);
+      Region act = [this](const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{(Activation(in[0]) * in[1]).to(in[0].scalar_type())};
+      };
+      if (rc.moe_act) {
+        OutputDiscardingCheckpoint checkpoint;
+        at::Tensor inter = One(checkpoint.Run(rt, act, {fc1, probs.unsqueeze(-1)}));
+        at::Tensor fc2 = GroupedGemm(inter, w2, counts);
+        checkpoint.DiscardOutputs(fc2);
+        return fc2;
+      }
+      at::Tensor inter = One(act({fc1, probs.unsqueeze(-1)}));
+      return GroupedGemm(inter, w2, counts);
+    }
+    std::vector<at::Tensor> token_list = tokens.split_with_sizes(counts, 0);
+    std::vector<at::Tensor> prob_list = probs.split_with_sizes(counts, 0);
+    std::vector<at::Tensor> outs;
+    for (int64_t e = 0; e < experts; ++e) {
+      const int b1 = lp.e_fc1_b.empty() ? -1 : lp.e_fc1_b[e];
+      at::Tensor out = MlpCore(token_list[e], lp.e_fc1_w[e], b1, lp.e_fc2_w[e], LinearMode::kLocal,
+                               LinearMode::kLocal, prob_list[e].unsqueeze(-1));
+      if (!lp.e_fc2_b.empty()) out = out + P(lp.e_fc2_b[e]);
+      outs.push_back(out);
+    }
+    return at::cat(outs, 0);
+  }
+
+  // Megatron's MoELayer (allgather dispatcher, EP = TP = 1): shared experts, top-k softmax router,
+  // token permutation, experts, unpermutation.
+  at::Tensor MoeCore(const LayerParams& lp, const at::Tensor& x) {
+    at::Tensor shared;
+    if (lp.sh_fc1_w >= 0) shared = SharedExperts(lp, x);
+    const int64_t experts = *m.num_moe_experts;
+    at::Tensor hs = x.reshape({-1, hidden});
+    const int64_t num_tokens = hs.size(0);
+    at::Tensor logits = Linear(rt, hs, P(lp.router), at::Tensor(), LinearMode::kLocal);
+    auto top = logits.topk(m.moe_router_topk, -1);
+    at::Tensor probs = at::softmax(std::get<0>(top), -1, at::kFloat).to(logits.scalar_type());
+    const at::Tensor& top_idx = std::get<1>(top);
+    at::Tensor routing_probs = at::zeros_like(logits).scatter(1, top_idx, probs);
+    at::Tensor routing_map =
+        at::zeros_like(logits, logits.options().dtype(at::kInt)).scatter(1, top_idx, 1).to(at::kBool);
+    at::Tensor counts_t = routing_map.sum(0).to(at::kCPU);
+    std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(),
+                                counts_t.data_ptr<int64_t>() + experts);
+    at::Tensor map_t = routing_map.t().contiguous();
+    at::Tensor token_idx = at::arange(num_tokens, hs.options().dtype(at::kLong))
+                               .unsqueeze(0).expand({experts, -1});
+    at::Tensor sorted = token_idx.masked_select(map_t);
+    at::Tensor permuted_probs = routing_probs.t().contiguous().masked_select(map_t);
+    at::Tensor permuted = hs.index_select(0, sorted);
+    at::Tensor expert_out = Experts(lp, permuted, counts, permuted_probs);
+    at::Tensor out = at::zeros({num_tokens, hidden}, expert_out.options())
+                         .scatter_add(0, sorted.unsqueeze(1).expand({-1, hidden}), expert_out);
+    out = out.view(x.sizes());
+    if (shared.defined()) out = out + shared;
+    return out;
+  }
+
+  at::Tensor Moe(const LayerParams& lp, const at::Tensor& x) {
+    auto region = [this, &lp = lp](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{MoeCore(lp, in[0])};
+    };
+    return rc.moe ? One(Checkpoint(rt, region, {x})) : One(region({x}));
+  }
+
+  // Megatron's bias-dropout-add (unfused, training): residual + dropout(x + bias).
+  at::Tensor BiasDropoutAdd(const at::Tensor& x, int bias, const at::Tensor& residual) const {
+    at::Tensor y = bias >= 0 ? x + P(bias) : x;
+    return residual + Dropout(y, m.hidden_dropout);
+  }
+
+  // Megatron's TransformerLayer.forward.
+  at::Tensor Layer(int index, const at::Tensor& x, const at::Tensor& freqs) {
+    const LayerParams& lp = layers[index];
+    auto norm1 = [this, &lp = lp](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{Norm(in[0], lp.ln1_w, lp.ln1_b)};
+    };
+    OutputDiscardingCheckpoint ln1_checkpoint;
+    at::Tensor ln1 = rc.layernorm ? One(ln1_checkpoint.Run(rt, norm1, {x})) : One(norm1({x}));
+    at::Tensor attn = m.multi_latent_attention ? MlaAttention(lp, ln1, freqs)
+                                               : SelfAttention(lp, ln1, freqs);
+    if (rc.layernorm) ln1_checkpoint.DiscardOutputs(attn);
+    at::Tensor h = BiasDropoutAdd(attn, lp.proj_b, x);
+
+    auto norm2 = [this, &lp = lp](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{Norm(in[0], lp.ln2_w, lp.ln2_b)};
+    };
+    OutputDiscardingCheckpoint ln2_checkpoint;
+    at::Tensor ln2 = rc.layernorm ? One(ln2_checkpoint.Run(rt, norm2, {h})) : One(norm2({h}));
+    at::Tensor mlp = lp.moe ? Moe(lp, ln2) : DenseMlp(lp, ln2);
+    if (rc.layernorm) ln2_checkpoint.DiscardOutputs(mlp);
+    return BiasDropoutAdd(mlp, lp.moe ? -1 : lp.fc2_b, h);
+  }
+
+  // Megatron's TransformerBlock with full recompute by uniform groups or the first N layers.
+  at::Tensor Block(at::Tensor x, const at::Tensor& freqs) {
+    const int num_layers = m.num_layers;
+    auto layer_range = [this, freqs](int begin, int end) {
+      return [this, freqs, begin, end](const std::vector<at::Tensor>& in) {
+        at::Tensor h = in[0];
+        for (int i = begin; i < end; ++i) h = Layer(i, h, freqs);
+        return std::vector<at::Tensor>{h};
+      };
+    };
+    if (rc.full && rc.method == search::RecomputeMethod::kUniform) {
+      for (int i = 0; i < num_layers; i += rc.num_layers) {
+        x = One(Checkpoint(rt, layer_range(i, std::min(i + rc.num_layers, num_layers)), {x}));
+      }
+    } else {
+      for (int i = 0; i < num_layers; ++i) {
+        const bool checkpointed = rc.full && i < rc.num_layers;  // block: the first N layers
+        x = checkpointed ? One(Checkpoint(rt, layer_range(i, i + 1), {x})) : Layer(i, x, freqs);
+      }
+    }
+    return Norm(x, final_w, final_b);
+  }
+
+  at::Tensor Loss(const at::Tensor& tokens, const at::Tensor& labels) {
+    if (!causal_mask.defined() && m.attention_backend == search::AttentionBackend::kUnfused) {
+      causal_mask = at::ones({seq, seq}, at::TensorOptions().dtype(at::kBool).device(rt.device))
+                        .triu(1);
+    }
+    const int64_t vocab_start = static_cast<int64_t>(vocab_padded / tp) * tp_rank;
+    at::Tensor emb = VocabParallelEmbedding(rt, tokens, P(word_emb), vocab_start);
+    if (pos_emb >= 0) {
+      at::Tensor positions = at::arange(seq, tokens.options()).unsqueeze(0).expand_as(tokens);
+      emb = emb + at::embedding(P(pos_emb), positions);
+    }
+    emb = emb.transpose(0, 1).contiguous();  // [s, b, h]
+    if (sp) emb = ScatterToSequenceParallel(rt, emb);
+    emb = Dropout(emb, m.hidden_dropout);
+
+    at::Tensor freqs;
+    if (m.position_embedding_type == search::PositionEmbedding::kRope) {
+      freqs = RopeFreqs(m.multi_latent_attention ? m.qk_pos_emb_head_dim : kv_channels);
+    }
+    at::Tensor hidden_states = Block(emb, freqs);
+    const at::Tensor& out_w = output_w >= 0 ? P(output_w) : P(word_emb);
+    at::Tensor logits = Linear(rt, hidden_states, out_w, at::Tensor(), LinearMode::kColumn);
+    at::Tensor target = labels.transpose(0, 1).contiguous();
+    at::Tensor losses = VocabParallelCrossEntropy(rt, logits, target, vocab_start);
+    return losses.mean();
+  }
+};
+
+GptModel::GptModel(const search::SearchSpec& spec, const search::Policy& policy,
+                   const Runtime& rt, at::ScalarType dtype)
+    : impl_(std::make_unique<Impl>(spec, policy, rt, dtype)) {}
+
+GptModel::~GptModel() = default;
+
+std::vector<ParamInfo>& GptModel::params() { return impl_->params; }
+
+at::Tensor GptModel::Loss(const at::Tensor& tokens, const at::Tensor& labels) {
+  return impl_->Loss(tokens, labels);
+}
+
+}  // namespace remat::engine

@@ -1,0 +1,361 @@
+// NCCL collectives (built only with REMAT_WITH_CUDA), in the manner of nccl-tests: every NCCL and
+// CUDA call is checked, communicators are non-blocking, and nothing is waited on forever. Each
+// collective is enqueued on the current CUDA stream and followed by an event; a watchdog thread
+// polls the events and the communicators' async errors, and when a collective outlives the timeout
+// it aborts every communicator (ncclCommAbort), which makes the stuck kernels return. The compute
+// thread learns of it at its next call or at Synchronize(), which throws CollectiveError.
+//
+// Rendezvous: rank 0 writes the ncclUniqueId (128 bytes) to <rendezvous>/nccl-id (a temporary
+// name, then a rename); the other ranks poll for the file until the timeout.
+
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "worker/engine/collectives.h"
+
+namespace remat::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::duration Duration(double seconds) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+ncclDataType_t NcclType(DataType t) {
+  switch (t) {
+    case DataType::kFloat32: return ncclFloat32;
+    case DataType::kBFloat16: return ncclBfloat16;
+    case DataType::kFloat64: return ncclFloat64;
+    case DataType::kInt64: return ncclInt64;
+  }
+  return ncclFloat32;
+}
+
+void CheckCuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    throw CollectiveError(std::string(what) + ": " + cudaGetErrorString(e));
+  }
+}
+
+class NcclCollectives final : public Collectives {
+ public:
+  explicit NcclCollectives(const CollectivesOptions& o) : options_(o) {}
+
+  ~NcclCollectives() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    AbortAll();  // never blocks, unlike a destroy that waits for peers
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    for (auto& p : pending_) cudaEventDestroy(p.event);
+    if (scratch_ != nullptr) cudaFree(scratch_);
+  }
+
+  void Init() {
+    const auto deadline = Clock::now() + Duration(options_.timeout_s);
+    ncclUniqueId id;
+    const std::string path = options_.rendezvous_dir + "/nccl-id";
+    if (options_.rank == 0) {
+      CheckNccl(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId");
+      const std::string tmp = path + ".tmp";
+      {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        out.write(reinterpret_cast<const char*>(&id), sizeof(id));
+        if (!out) throw CollectiveError("cannot write " + tmp);
+      }
+      if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        throw CollectiveError("cannot publish " + path);
+      }
+    } else {
+      while (true) {
+        std::ifstream in(path, std::ios::binary);
+        if (in.read(reinterpret_cast<char*>(&id), sizeof(id))) break;
+        if (Clock::now() > deadline) {
+          throw CollectiveError("rank " + std::to_string(options_.rank) + " found no NCCL id at " +
+                                path + " within " + std::to_string(options_.timeout_s) +
+                                " s (rank 0 did not start)");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = nullptr;
+    ncclResult_t r = ncclCommInitRankConfig(&comm, options_.world_size, id, options_.rank, &config);
+    comms_[0] = comm;
+    WaitReady(comm, r, deadline, "NCCL communicator initialisation (are all ranks running?)");
+    CheckCuda(cudaGetDevice(&device_), "cudaGetDevice");
+    CheckCuda(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
+    watchdog_ = std::thread([this] { Watch(); });
+    Barrier(World());
+    Synchronize();
+  }
+
+  int rank() const override { return options_.rank; }
+  int world_size() const override { return options_.world_size; }
+
+  Group CreateGroup(const std::vector<std::vector<int>>& partition) override {
+    Group g;
+    int color = -1;
+    for (size_t i = 0; i < partition.size(); ++i) {
+      if (std::find(partition[i].begin(), partition[i].end(), options_.rank) == partition[i].end()) {
+        continue;
+      }
+      color = static_cast<int>(i);
+      g.id = next_group_id_ + color;
+      g.ranks = partition[i];
+      std::sort(g.ranks.begin(), g.ranks.end());
+      g.rank = static_cast<int>(std::find(g.ranks.begin(), g.ranks.end(), options_.rank) -
+                                g.ranks.begin());
+    }
+    next_group_id_ += static_cast<int>(partition.size());
+    if (color < 0) throw CollectiveError("CreateGroup: this rank is in no group");
+    // ncclCommSplit is collective over the world: every rank calls it, even for groups of one.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = nullptr;
+    ThrowIfFailed();
+    ncclResult_t r = ncclCommSplit(comms_[0], color, options_.rank, &comm, &config);
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      comms_[g.id] = comm;
+    }
+    WaitReady(comm != nullptr ? comm : comms_[0], r, Clock::now() + Duration(options_.timeout_s),
+              "ncclCommSplit");
+    return g;
+  }
+
+  void AllReduce(const Group& g, void* data, size_t count, DataType type, ReduceOp op) override {
+    if (g.size() == 1) return;
+    ncclComm_t comm = Comm(g);
+    Enqueue(comm, "all-reduce", [&](cudaStream_t s) {
+      return ncclAllReduce(data, data, count, NcclType(type), op == ReduceOp::kSum ? ncclSum : ncclMax,
+                           comm, s);
+    });
+  }
+
+  void AllGather(const Group& g, const void* in, void* out, size_t count_per_rank,
+                 DataType type) override {
+    if (g.size() == 1) {
+      if (in != out) CopyDevice(out, in, count_per_rank * DataTypeSize(type));
+      return;
+    }
+    ncclComm_t comm = Comm(g);
+    Enqueue(comm, "all-gather", [&](cudaStream_t s) {
+      return ncclAllGather(in, out, count_per_rank, NcclType(type), comm, s);
+    });
+  }
+
+  void ReduceScatter(const Group& g, const void* in, void* out, size_t count_per_rank,
+                     DataType type) override {
+    if (g.size() == 1) {
+      if (in != out) CopyDevice(out, in, count_per_rank * DataTypeSize(type));
+      return;
+    }
+    ncclComm_t comm = Comm(g);
+    Enqueue(comm, "reduce-scatter", [&](cudaStream_t s) {
+      return ncclReduceScatter(in, out, count_per_rank, NcclType(type), ncclSum, comm, s);
+    });
+  }
+
+  void Barrier(const Group& g) override {
+    if (g.size() == 1) return;
+    ncclComm_t comm = Comm(g);
+    Enqueue(comm, "barrier", [&](cudaStream_t s) {
+      return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm, s);
+    });
+  }
+
+  void Synchronize() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return pending_.empty() || failed_; });
+    if (failed_) throw CollectiveError(failure_);
+  }
+
+ private:
+  struct PendingOp {
+    cudaEvent_t event;
+    ncclComm_t comm;
+    Clock::time_point deadline;
+    const char* what;
+  };
+
+  ncclComm_t Comm(const Group& g) {
+    ThrowIfFailed();
+    auto it = comms_.find(g.id);
+    if (it == comms_.end()) throw CollectiveError("unknown collective group");
+    return it->second;
+  }
+
+  void ThrowIfFailed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_) throw CollectiveError(failure_);
+  }
+
+  void CheckNccl(ncclResult_t r, ncclComm_t comm, const std::string& what) {
+    if (r == ncclSuccess || r == ncclInProgress) return;
+    std::string text = what + ": " + ncclGetErrorString(r);
+    if (comm != nullptr) {
+      const char* last = ncclGetLastError(comm);
+      if (last != nullptr && *last) text += std::string(" (") + last + ")";
+    }
+    Fail(text);
+    throw CollectiveError(text);
+  }
+
+  // Polls a non-blocking communicator until its pending call has finished or the deadline passes.
+  void WaitReady(ncclComm_t comm, ncclResult_t r, Clock::time_point deadline, const char* what) {
+    CheckNccl(r, comm, what);
+    ncclResult_t state = r;
+    while (state == ncclInProgress) {
+      if (Clock::now() > deadline) {
+        const std::string text = std::string(what) + " timed out after " +
+                                 std::to_string(options_.timeout_s) + " s";
+        Fail(text);
+        AbortAll();
+        throw CollectiveError(text);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
+    }
+    CheckNccl(state, comm, what);
+  }
+
+  template <typename F>
+  void Enqueue(ncclComm_t comm, const char* what, F&& call) {
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    ncclResult_t r = call(stream);
+    WaitReady(comm, r, Clock::now() + Duration(options_.timeout_s), what);
+    cudaEvent_t event;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (free_events_.empty()) {
+        CheckCuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+      } else {
+        event = free_events_.back();
+        free_events_.pop_back();
+      }
+    }
+    CheckCuda(cudaEventRecord(event, stream), "cudaEventRecord");
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.push_back(PendingOp{event, comm, Clock::now() + Duration(options_.timeout_s), what});
+    }
+    cv_.notify_all();
+  }
+
+  void CopyDevice(void* out, const void* in, size_t bytes) {
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    CheckCuda(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+  }
+
+  // The watchdog: retires completed collectives; aborts everything when one is late or failed.
+  void Watch() {
+    cudaSetDevice(DeviceOfThisRank());
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      if (pending_.empty() || failed_) {
+        cv_.wait_for(lock, std::chrono::milliseconds(50));
+        continue;
+      }
+      PendingOp op = pending_.front();
+      lock.unlock();
+      const cudaError_t q = cudaEventQuery(op.event);
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(op.comm, &async);
+      lock.lock();
+      if (q == cudaSuccess) {
+        pending_.pop_front();
+        free_events_.push_back(op.event);
+        cv_.notify_all();
+        continue;
+      }
+      std::string problem;
+      if (async != ncclSuccess && async != ncclInProgress) {
+        problem = std::string(op.what) + " failed: " + ncclGetErrorString(async);
+      } else if (q != cudaErrorNotReady) {
+        problem = std::string(op.what) + " failed: " + cudaGetErrorString(q);
+      } else if (Clock::now() > op.deadline) {
+        problem = std::string(op.what) + " timed out after " + std::to_string(options_.timeout_s) +
+                  " s (a rank is missing or hung); NCCL communicators aborted";
+      }
+      if (!problem.empty()) {
+        failed_ = true;
+        failure_ = problem;
+        lock.unlock();
+        AbortAll();
+        lock.lock();
+        cv_.notify_all();
+        continue;
+      }
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      lock.lock();
+    }
+  }
+
+  int DeviceOfThisRank() const {
+    int device = 0;
+    cudaGetDevice(&device);
+    return device_ >= 0 ? device_ : device;
+  }
+
+  void Fail(const std::string& text) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_) {
+      failed_ = true;
+      failure_ = text;
+    }
+    cv_.notify_all();
+  }
+
+  void AbortAll() {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    for (auto& [id, comm] : comms_) {
+      if (comm != nullptr) ncclCommAbort(comm);
+      comm = nullptr;
+    }
+  }
+
+  CollectivesOptions options_;
+  std::map<int, ncclComm_t> comms_;  // group id -> communicator; 0 is the world
+  int next_group_id_ = 1;
+  int device_ = -1;
+  void* scratch_ = nullptr;
+
+  std::mutex mu_;
+  std::mutex abort_mu_;
+  std::condition_variable cv_;
+  std::deque<PendingOp> pending_;
+  std::vector<cudaEvent_t> free_events_;
+  bool failed_ = false;
+  bool stop_ = false;
+  std::string failure_;
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+std::unique_ptr<Collectives> NewNcclCollectives(const CollectivesOptions& options) {
+  auto c = std::make_unique<NcclCollectives>(options);
+  c->Init();
+  return c;
+}
+
+}  // namespace remat::engine

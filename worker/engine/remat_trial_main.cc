@@ -1,0 +1,202 @@
+// remat-trial: runs one rank of one trial with the LibTorch engine.
+//
+//   remat-trial --request FILE --result FILE     binary remat.v1.TrialRequest in, TrialResult out
+//   remat-trial --spec FILE.yaml --policy STR [--rank R --world-size W --rendezvous DIR]
+//               [--collective-timeout S] [--json]   developer mode: prints the result
+//   remat-trial --version                        versions, one key=value per line
+//
+// Exit codes: 0 whenever a result was produced (an OOM or an invalid policy included), 2 bad input
+// (the message names the argument or field), 1 anything else.
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "proto/convert.h"
+#include "search/policy.h"
+#include "search/spec.h"
+#include "search/trial.h"
+#include "spec/spec_file.h"
+#include "worker/engine/trial_runner.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int Fail(int code, const std::string& message) {
+  std::cerr << "error: " << message << std::endl;
+  return code;
+}
+
+constexpr const char* kUsage =
+    "usage: remat-trial --request FILE --result FILE\n"
+    "       remat-trial --spec FILE.yaml --policy POLICY [--rank R --world-size W --rendezvous DIR]\n"
+    "                   [--collective-timeout SECONDS] [--json]\n"
+    "       remat-trial --version\n";
+
+nlohmann::json ToJson(const remat::search::TrialResult& r) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& k : r.ranks) {
+    ranks.push_back({{"rank", k.rank},
+                     {"peak_allocated_bytes", k.peak_allocated_bytes},
+                     {"peak_reserved_bytes", k.peak_reserved_bytes},
+                     {"static_bytes", k.static_bytes},
+                     {"alloc_retries", k.alloc_retries},
+                     {"failing_request_bytes", k.failing_request_bytes},
+                     {"step_time_s", k.step_time_s}});
+  }
+  return {{"policy", r.policy.ToString()},
+          {"status", remat::search::Name(r.status)},
+          {"peak_allocated_bytes", r.PeakAllocatedBytes()},
+          {"peak_reserved_bytes", r.PeakReservedBytes()},
+          {"ranks", ranks},
+          {"step_time_s", r.step_time_s},
+          {"step_time_spread_s", r.step_time_spread_s},
+          {"tokens_per_s", r.tokens_per_s},
+          {"model_tflops", r.model_tflops},
+          {"loss", r.loss},
+          {"grad_norm", r.grad_norm},
+          {"setup_s", r.setup_s},
+          {"wall_s", r.wall_s},
+          {"message", r.message}};
+}
+
+std::optional<int> ParseInt(const std::string& s) {
+  try {
+    size_t used = 0;
+    int v = std::stoi(s, &used);
+    if (used == s.size()) return v;
+  } catch (...) {
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto process_start = Clock::now();
+  std::map<std::string, std::string> args;
+  bool json = false, version = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json") {
+      json = true;
+    } else if (a == "--version") {
+      version = true;
+    } else if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      return 0;
+    } else if (a.rfind("--", 0) == 0 && i + 1 < argc) {
+      args[a] = argv[++i];
+    } else {
+      return Fail(2, "unexpected argument '" + a + "'\n" + kUsage);
+    }
+  }
+  if (version) {
+    for (const auto& [key, value] : remat::engine::EngineVersions()) {
+      std::cout << key << "=" << value << "\n";
+    }
+    return 0;
+  }
+
+  remat::engine::TrialOptions options;
+  const bool request_mode = args.count("--request") > 0;
+  if (request_mode) {
+    if (!args.count("--result")) return Fail(2, "--result: required with --request");
+    std::ifstream in(args["--request"], std::ios::binary);
+    if (!in) return Fail(2, "--request: cannot read " + args["--request"]);
+    remat::v1::TrialRequest request;
+    if (!request.ParseFromIstream(&in)) {
+      return Fail(2, "--request: " + args["--request"] + " is not a remat.v1.TrialRequest");
+    }
+    auto spec = remat::proto::FromProto(request.spec());
+    if (!spec.ok()) return Fail(2, "request.spec: " + spec.status().message());
+    remat::search::Status valid = remat::search::ValidateSpec(*spec);
+    if (!valid.ok()) return Fail(2, "request.spec: " + valid.message());
+    auto policy = remat::search::ParsePolicy(request.policy().canonical());
+    if (!policy.ok()) return Fail(2, "request.policy: " + policy.status().message());
+    options.spec = *spec;
+    options.policy = *policy;
+    options.rank = request.rank();
+    options.world_size = request.world_size() > 0 ? request.world_size() : 1;
+    options.rendezvous_dir = request.rendezvous_dir();
+    if (request.collective_timeout_s() > 0) {
+      options.collective_timeout_s = request.collective_timeout_s();
+    }
+  } else {
+    if (!args.count("--spec")) return Fail(2, std::string("--spec or --request is required\n") + kUsage);
+    if (!args.count("--policy")) return Fail(2, "--policy: required with --spec");
+    auto spec = remat::spec::LoadSpecFile(args["--spec"]);
+    if (!spec.ok()) return Fail(2, spec.status().message());
+    auto policy = remat::search::ParsePolicy(args["--policy"]);
+    if (!policy.ok()) return Fail(2, "--policy: " + policy.status().message());
+    options.spec = *spec;
+    options.policy = *policy;
+    options.world_size = options.spec.parallel.WorldSize();
+    for (const char* flag : {"--rank", "--world-size"}) {
+      if (!args.count(flag)) continue;
+      auto v = ParseInt(args[flag]);
+      if (!v || *v < 0) return Fail(2, std::string(flag) + ": must be a non-negative integer");
+      (std::string(flag) == "--rank" ? options.rank : options.world_size) = *v;
+    }
+    if (args.count("--rendezvous")) {
+      options.rendezvous_dir = args["--rendezvous"];
+      std::error_code ec;
+      std::filesystem::create_directories(options.rendezvous_dir, ec);
+      if (ec) return Fail(2, "--rendezvous: cannot create " + options.rendezvous_dir);
+    }
+  }
+  if (args.count("--collective-timeout")) {
+    try {
+      options.collective_timeout_s = std::stod(args["--collective-timeout"]);
+    } catch (...) {
+      return Fail(2, "--collective-timeout: must be a number of seconds");
+    }
+    if (options.collective_timeout_s <= 0) return Fail(2, "--collective-timeout: must be positive");
+  }
+
+  const double before_trial_s = std::chrono::duration<double>(Clock::now() - process_start).count();
+  remat::search::TrialResult result = remat::engine::RunTrial(options);
+  result.setup_s += before_trial_s;  // process start and argument handling count as set-up
+  result.wall_s = std::chrono::duration<double>(Clock::now() - process_start).count();
+
+  if (request_mode) {
+    const std::string path = args["--result"];
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      if (!out || !remat::proto::ToProto(result).SerializeToOstream(&out)) {
+        return Fail(1, "cannot write the result to " + tmp);
+      }
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+      return Fail(1, "cannot write the result to " + path);
+    }
+  } else if (json) {
+    std::cout << ToJson(result).dump() << std::endl;
+  } else {
+    std::cout << result.policy.ToString() << ": " << remat::search::Name(result.status);
+    if (!result.ranks.empty()) {
+      const auto& k = result.ranks[0];
+      std::cout << "  peak " << k.peak_allocated_bytes / 1048576.0 << " MiB allocated, "
+                << k.peak_reserved_bytes / 1048576.0 << " MiB reserved";
+    }
+    if (result.status == remat::search::TrialStatus::kOk) {
+      std::cout << "  step " << result.step_time_s << " s, " << result.tokens_per_s
+                << " tokens/s, " << result.model_tflops << " TFLOP/s, loss " << result.loss
+                << ", grad norm " << result.grad_norm;
+    }
+    if (!result.message.empty()) std::cout << "  (" << result.message << ")";
+    std::cout << std::endl;
+  }
+  return 0;
+}

@@ -1,0 +1,498 @@
+#include "worker/engine/trial_runner.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <stdexcept>
+
+#include "search/rules.h"
+#include "worker/engine/collectives.h"
+#include "worker/engine/memory_tracker.h"
+#include "worker/engine/model.h"
+#include "worker/engine/ops.h"
+
+#ifdef REMAT_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#endif
+
+#ifndef REMAT_VERSION
+#define REMAT_VERSION "0.0.0"
+#endif
+
+namespace remat::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using search::TrialStatus;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// A result that ends the trial early with `status` and `message`.
+struct TrialStop {
+  TrialStatus status;
+  std::string message;
+};
+
+// Megatron's GradBuffer hook: after AccumulateGrad has stored a parameter's gradient, add it to
+// the fp32 main gradient and drop it, so each bf16 gradient lives only briefly.
+class MainGradHook final : public torch::autograd::FunctionPostHook {
+ public:
+  MainGradHook(at::Tensor param, at::Tensor main_grad)
+      : param_(std::move(param)), main_grad_(std::move(main_grad)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    at::Tensor& grad = param_.mutable_grad();
+    if (grad.defined()) {
+      main_grad_.add_(grad);
+      grad.reset();
+    }
+    return outputs;
+  }
+
+ private:
+  at::Tensor param_;
+  at::Tensor main_grad_;
+};
+
+// Megatron's model FLOPs per step over all GPUs (training.py num_floating_point_operations):
+// 3x forward (forward, backward wgrad, backward dgrad), recompute not counted.
+double ModelFlopsPerStep(const search::SearchSpec& spec, int64_t vocab_padded) {
+  const auto& m = spec.model;
+  const double b = static_cast<double>(spec.train.micro_batch_size) * spec.parallel.data_parallel_size;
+  const double s = m.seq_length, h = m.hidden_size, a = m.num_attention_heads;
+  const double tokens = b * s, s2 = b * s * s;
+  const double ffn_exp = m.gated_linear_unit ? 3 : 2;
+  double attn_linear = 0, core = 0;
+  if (m.multi_latent_attention) {
+    const double qk = m.qk_head_dim, pe = m.qk_pos_emb_head_dim, v = m.v_head_dim;
+    const double kvr = m.kv_lora_rank;
+    const double q_term = m.q_lora_rank ? *m.q_lora_rank * (h + a * (qk + pe) + 1) : h * a * (qk + pe);
+    attn_linear = 6 * (q_term + kvr * (h + a * (qk + v) + 1) + h * pe + a * v * h);
+    core = 6 * (a * (qk + pe) / 2 + a * v / 2);
+  } else {
+    const double q = static_cast<double>(m.EffectiveKvChannels()) * a;
+    const double kv = static_cast<double>(m.EffectiveKvChannels()) * m.EffectiveQueryGroups();
+    attn_linear = 6 * (h * (q + 2 * kv) + q * h);
+    core = 6 * q;
+  }
+  const int moe_layers = m.IsMoe() ? m.NumMoeLayers() : 0;
+  const int dense_layers = m.num_layers - moe_layers;
+  double mlp = m.EffectiveFfnHiddenSize() * ffn_exp * dense_layers;
+  if (moe_layers > 0) {
+    mlp += static_cast<double>(m.EffectiveMoeFfnHiddenSize()) * m.moe_router_topk * ffn_exp * moe_layers;
+    if (m.HasSharedExperts()) mlp += *m.moe_shared_expert_intermediate_size * ffn_exp * moe_layers;
+  }
+  return tokens * (6 * h * mlp + attn_linear * m.num_layers + 6 * h * vocab_padded) +
+         s2 * core * m.num_layers;
+}
+
+// Flat buffers, as Megatron's DDP grad buffer and Float16Optimizer: the bf16 (or fp32) parameters,
+// fp32 main gradients, fp32 master weights and the two Adam moments.
+class Optimizer {
+ public:
+  Optimizer(const Runtime& rt, std::vector<ParamInfo>& params, at::ScalarType dtype,
+            uint64_t seed)
+      : rt_(rt), params_(params), dtype_(dtype) {
+    // TP-split parameters first, then TP-duplicated ones: the gradient norm counts the latter on
+    // TP rank 0 only.
+    std::vector<size_t> order;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].tp_duplicate()) order.push_back(i);
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].tp_duplicate()) order.push_back(i);
+    }
+    std::vector<int64_t> offset(params.size());
+    for (size_t i : order) {
+      offset[i] = numel_;
+      int64_t n = 1;
+      for (int64_t d : params[i].shape) n *= d;
+      numel_ += n;
+      if (!params[i].tp_duplicate()) split_numel_ = numel_;
+    }
+    auto opts = at::TensorOptions().device(rt.device);
+    param_buffer_ = at::empty({numel_}, opts.dtype(dtype));
+    {
+      at::NoGradGuard no_grad;
+      // Initialise every parameter in declaration order from the full (unsharded) tensor, so a
+      // TP run starts from the same weights as its 1-rank equivalent.
+      at::Generator gen = at::globalContext().defaultGenerator(rt.device);
+      gen.set_current_seed(seed);
+      for (size_t i = 0; i < params.size(); ++i) {
+        ParamInfo& p = params[i];
+        at::Tensor full = at::empty(p.full_shape, opts.dtype(at::kFloat));
+        if (p.init_std > 0) {
+          full.normal_(0.0, p.init_std, gen);
+        } else {
+          full.fill_(p.init_value);
+        }
+        at::Tensor shard = Shard(full, p);
+        at::Tensor view = param_buffer_.narrow(0, offset[i], shard.numel()).view(p.shape);
+        view.copy_(shard);
+      }
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      ParamInfo& p = params[i];
+      // A leaf parameter whose data is a view of the buffer (Megatron: param.data = buffer view).
+      p.value = at::empty({0}, opts.dtype(dtype));
+      p.value.set_data(param_buffer_.narrow(0, offset[i], Numel(p)).view(p.shape));
+      p.value.requires_grad_(true);
+    }
+    // DDP: the fp32 main-gradient buffer and its hooks.
+    grad_buffer_ = at::zeros({numel_}, opts.dtype(at::kFloat));
+    for (size_t i = 0; i < params.size(); ++i) {
+      ParamInfo& p = params[i];
+      at::Tensor main_grad = grad_buffer_.narrow(0, offset[i], Numel(p)).view(p.shape);
+      std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(p.value);
+      acc->add_post_hook(std::make_unique<MainGradHook>(p.value, main_grad));
+      accumulators_.push_back(std::move(acc));  // the hook lives on this very node: keep it
+      if (p.sequence_parallel_grad) sp_grads_.push_back(main_grad);
+    }
+    // Float16Optimizer: fp32 master weights (fp32 runs update the parameters directly).
+    if (dtype != at::kFloat) {
+      master_ = param_buffer_.to(at::kFloat);
+    } else {
+      master_ = param_buffer_;
+    }
+  }
+
+  ~Optimizer() {
+    for (ParamInfo& p : params_) p.value = at::Tensor();
+    accumulators_.clear();
+  }
+
+  int64_t numel() const { return numel_; }
+
+  // Bytes of weights, main gradients, master weights and Adam states once all exist.
+  uint64_t StaticBytes() const {
+    const uint64_t elem = dtype_ == at::kFloat ? 4 : 2;
+    const uint64_t master = dtype_ == at::kFloat ? 0 : 4;
+    return static_cast<uint64_t>(numel_) * (elem + 4 + master + 8);
+  }
+
+  void ZeroGrad() { grad_buffer_.zero_(); }
+
+  // Megatron's finalize_model_grads + clip_grad_norm + Adam step. Returns the gradient norm
+  // (before clipping) as a device scalar.
+  at::Tensor Step() {
+    at::NoGradGuard no_grad;
+    if (rt_.sequence_parallel && !sp_grads_.empty()) {
+      std::vector<at::Tensor> flat;
+      for (const at::Tensor& g : sp_grads_) flat.push_back(g.reshape({-1}));
+      at::Tensor packed = at::cat(flat);
+      AllReduceTensor(rt_, rt_.tp, packed, ReduceOp::kSum);
+      int64_t off = 0;
+      for (at::Tensor& g : sp_grads_) {
+        g.copy_(packed.narrow(0, off, g.numel()).view(g.sizes()));
+        off += g.numel();
+      }
+    }
+    if (rt_.dp.size() > 1) {
+      grad_buffer_.mul_(1.0 / rt_.dp.size());
+      AllReduceTensor(rt_, rt_.dp, grad_buffer_, ReduceOp::kSum);
+    }
+    at::Tensor sq = grad_buffer_.narrow(0, 0, split_numel_).norm().pow(2);
+    if (rt_.tp_rank() == 0 && numel_ > split_numel_) {
+      sq = sq + grad_buffer_.narrow(0, split_numel_, numel_ - split_numel_).norm().pow(2);
+    }
+    sq = sq.reshape({1}).contiguous();
+    AllReduceTensor(rt_, rt_.tp, sq, ReduceOp::kSum);
+    at::Tensor norm = sq.sqrt();
+    at::Tensor coef = (kMaxGradNorm / (norm + 1e-6)).clamp_max(1.0);
+    grad_buffer_.mul_(coef);
+
+    ++step_;
+    if (!exp_avg_.defined()) {  // optimizer state, created at the first step as Adam does
+      exp_avg_ = at::zeros_like(master_);
+      exp_avg_sq_ = at::zeros_like(master_);
+    }
+    const double bc1 = 1.0 - std::pow(kBeta1, step_);
+    const double bc2 = 1.0 - std::pow(kBeta2, step_);
+    for (int64_t off = 0; off < numel_; off += kChunk) {
+      const int64_t n = std::min(kChunk, numel_ - off);
+      at::Tensor g = grad_buffer_.narrow(0, off, n);
+      at::Tensor w = master_.narrow(0, off, n);
+      at::Tensor m = exp_avg_.narrow(0, off, n);
+      at::Tensor v = exp_avg_sq_.narrow(0, off, n);
+      w.mul_(1.0 - kLr * kWeightDecay);
+      m.mul_(kBeta1).add_(g, 1.0 - kBeta1);
+      v.mul_(kBeta2).addcmul_(g, g, 1.0 - kBeta2);
+      at::Tensor denom = v.sqrt().div_(std::sqrt(bc2)).add_(kEps);
+      w.addcdiv_(m, denom, -kLr / bc1);
+    }
+    if (dtype_ != at::kFloat) param_buffer_.copy_(master_);
+    return norm;
+  }
+
+ private:
+  static constexpr double kLr = 1e-4, kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8,
+                          kWeightDecay = 0.01, kMaxGradNorm = 1.0;
+  static constexpr int64_t kChunk = int64_t{1} << 24;  // bounds Adam's temporary to 64 MiB
+
+  static int64_t Numel(const ParamInfo& p) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    return n;
+  }
+
+  // This TP rank's slice of a full parameter (block-wise for fused [gate; up] weights).
+  at::Tensor Shard(const at::Tensor& full, const ParamInfo& p) const {
+    if (p.shard_dim < 0) return full;
+    const int64_t tp = rt_.tp_size(), rank = rt_.tp_rank();
+    std::vector<at::Tensor> blocks = full.chunk(p.shard_blocks, p.shard_dim);
+    std::vector<at::Tensor> mine;
+    for (const at::Tensor& b : blocks) {
+      const int64_t part = b.size(p.shard_dim) / tp;
+      mine.push_back(b.narrow(p.shard_dim, part * rank, part));
+    }
+    return at::cat(mine, p.shard_dim).contiguous();
+  }
+
+  const Runtime& rt_;
+  std::vector<ParamInfo>& params_;
+  at::ScalarType dtype_;
+  int64_t numel_ = 0, split_numel_ = 0;
+  at::Tensor param_buffer_, grad_buffer_, master_, exp_avg_, exp_avg_sq_;
+  std::vector<at::Tensor> sp_grads_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  int step_ = 0;
+};
+
+at::Device ChooseDevice(const search::SearchSpec& spec, int rank) {
+  const auto want = spec.search.device;
+  bool cuda_available = false;
+#ifdef REMAT_WITH_CUDA
+  cuda_available = c10::cuda::device_count() > 0;
+#endif
+  if (want == search::Device::kCpu) return at::kCPU;
+  if (want == search::Device::kCuda && !cuda_available) {
+    throw TrialStop{TrialStatus::kFailed,
+                    "search.device is cuda but this remat-trial has no usable CUDA device "
+                    "(built " +
+                        std::string(
+#ifdef REMAT_WITH_CUDA
+                            "with"
+#else
+                            "without"
+#endif
+                            ) +
+                        " CUDA)"};
+  }
+  if (!cuda_available) return at::kCPU;
+#ifdef REMAT_WITH_CUDA
+  const int local = rank % c10::cuda::device_count();
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(local));
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local));
+#else
+  (void)rank;
+  return at::kCPU;
+#endif
+}
+
+void SynchronizeDevice(const at::Device& device) {
+#ifdef REMAT_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+#else
+  (void)device;
+#endif
+}
+
+std::string ErrorText(const std::exception& e) {
+  if (const auto* c10e = dynamic_cast<const c10::Error*>(&e)) return c10e->what_without_backtrace();
+  return e.what();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+search::TrialResult RunTrial(const TrialOptions& o) {
+  const auto start = Clock::now();
+  search::TrialResult result;
+  result.policy = o.policy;
+  search::RankResult rank;
+  rank.rank = o.rank;
+
+  MemoryTracker* tracker = nullptr;
+  std::unique_ptr<MemoryTracker> cuda_tracker;
+  try {
+    const search::SearchSpec& spec = o.spec;
+    search::Status policy_ok = search::ValidatePolicy(spec, o.policy);
+    if (!policy_ok.ok()) throw TrialStop{TrialStatus::kInvalid, policy_ok.message()};
+    std::string unsupported = UnsupportedReason(spec, o.policy);
+    if (!unsupported.empty()) throw TrialStop{TrialStatus::kInvalid, unsupported};
+    if (o.world_size != spec.parallel.WorldSize() || o.rank < 0 || o.rank >= o.world_size) {
+      throw TrialStop{TrialStatus::kInvalid,
+                      "world size " + std::to_string(o.world_size) + " / rank " +
+                          std::to_string(o.rank) + " do not match the spec's layout (TP x PP x DP = " +
+                          std::to_string(spec.parallel.WorldSize()) + ")"};
+    }
+    if (o.world_size > 1 && o.rendezvous_dir.empty()) {
+      throw TrialStop{TrialStatus::kInvalid, "a multi-rank trial needs a rendezvous directory"};
+    }
+    if (spec.search.measure_steps < 1) {
+      throw TrialStop{TrialStatus::kInvalid, "search.measure_steps must be at least 1"};
+    }
+
+    const at::Device device = ChooseDevice(spec, o.rank);
+#ifdef REMAT_WITH_CUDA
+    if (device.is_cuda()) {
+      cuda_tracker = NewCudaMemoryTracker(device.index());
+      tracker = cuda_tracker.get();
+    }
+#endif
+    if (tracker == nullptr) tracker = CpuMemoryTracker();
+    tracker->Start(spec.search.MemoryBudgetBytes());
+
+    CollectivesOptions copts;
+    copts.rank = o.rank;
+    copts.world_size = o.world_size;
+    copts.rendezvous_dir = o.rendezvous_dir;
+    copts.timeout_s = o.collective_timeout_s;
+    std::unique_ptr<Collectives> comm;
+    if (o.world_size == 1) {
+      comm = NewSingleRankCollectives();
+    } else if (device.is_cuda()) {
+#ifdef REMAT_WITH_CUDA
+      comm = NewNcclCollectives(copts);
+#endif
+    } else {
+      comm = NewTcpCollectives(copts);
+    }
+
+    Runtime rt;
+    rt.comm = comm.get();
+    rt.device = device;
+    const int tp = spec.parallel.tensor_model_parallel_size;
+    const int dp = spec.parallel.data_parallel_size;
+    std::vector<std::vector<int>> tp_groups(dp), dp_groups(tp);
+    for (int r = 0; r < o.world_size; ++r) {
+      tp_groups[r / tp].push_back(r);
+      dp_groups[r % tp].push_back(r);
+    }
+    rt.tp = comm->CreateGroup(tp_groups);
+    rt.dp = comm->CreateGroup(dp_groups);
+    rt.sequence_parallel = spec.parallel.sequence_parallel && tp > 1;
+
+    const at::ScalarType dtype =
+        spec.train.precision == search::Precision::kBf16 ? at::kBFloat16 : at::kFloat;
+    {
+      at::Generator cpu_gen = at::globalContext().defaultGenerator(at::kCPU);
+      cpu_gen.set_current_seed(spec.train.seed);
+    }
+    GptModel model(spec, o.policy, rt, dtype);
+    Optimizer optimizer(rt, model.params(), dtype, spec.train.seed);
+    // Tokens: the same stream on every TP rank, one per DP rank.
+    at::Generator data_gen = at::make_generator<at::CPUGeneratorImpl>(spec.train.seed + 1 + rt.dp.rank);
+
+    const int b = spec.train.micro_batch_size, s = spec.model.seq_length;
+    const int steps = spec.search.warmup_steps + spec.search.measure_steps;
+    std::vector<double> times;
+    result.setup_s = Seconds(start, Clock::now());
+    for (int step = 0; step < steps; ++step) {
+      at::Tensor tokens = at::randint(0, spec.model.vocab_size, {b, s}, data_gen, at::kLong).to(device);
+      at::Tensor labels = at::randint(0, spec.model.vocab_size, {b, s}, data_gen, at::kLong).to(device);
+      SynchronizeDevice(device);
+      const auto t0 = Clock::now();
+      optimizer.ZeroGrad();
+      at::Tensor loss = model.Loss(tokens, labels);
+      torch::autograd::backward({loss});
+      at::Tensor norm = optimizer.Step();
+      comm->Synchronize();
+      SynchronizeDevice(device);
+      const auto t1 = Clock::now();
+      if (step == spec.search.warmup_steps) {
+        result.loss = loss.item<double>();
+        result.grad_norm = norm.item<double>();
+      }
+      if (step >= spec.search.warmup_steps) times.push_back(Seconds(t0, t1));
+    }
+    rank.static_bytes = optimizer.StaticBytes();
+    rank.step_time_s = Median(times);
+    result.step_time_s = rank.step_time_s;
+    result.step_time_spread_s = *std::max_element(times.begin(), times.end()) -
+                                *std::min_element(times.begin(), times.end());
+    result.tokens_per_s = static_cast<double>(b) * s * dp / result.step_time_s;
+    result.model_tflops = ModelFlopsPerStep(spec, PaddedVocabSize(spec)) /
+                          (result.step_time_s * o.world_size * 1e12);
+    result.status = TrialStatus::kOk;
+  } catch (const TrialStop& stop) {
+    result.status = stop.status;
+    result.message = stop.message;
+  } catch (const CollectiveError& e) {
+    result.status = TrialStatus::kFailed;
+    result.message = std::string("collective failed: ") + e.what();
+  } catch (const std::exception& e) {
+    if (tracker != nullptr && tracker->FailedRequestBytes() > 0) {
+      result.status = TrialStatus::kOom;
+      rank.failing_request_bytes = tracker->FailedRequestBytes();
+      result.message = "out of memory: " + ErrorText(e);
+    } else if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) {
+      result.status = TrialStatus::kOom;
+      result.message = "out of memory: " + ErrorText(e);
+    } else {
+      result.status = TrialStatus::kFailed;
+      result.message = ErrorText(e);
+    }
+  } catch (...) {
+    result.status = TrialStatus::kFailed;
+    result.message = "unknown error";
+  }
+  if (tracker != nullptr) {
+    const MemoryStats stats = tracker->Stats();
+    rank.peak_allocated_bytes = stats.peak_allocated_bytes;
+    rank.peak_reserved_bytes = stats.peak_reserved_bytes;
+    rank.alloc_retries = stats.alloc_retries;
+    tracker->Stop();
+  }
+  result.ranks.push_back(rank);
+  result.wall_s = Seconds(start, Clock::now());
+  return result;
+}
+
+std::vector<std::pair<std::string, std::string>> EngineVersions() {
+  std::vector<std::pair<std::string, std::string>> v;
+  v.emplace_back("remat", REMAT_VERSION);
+  v.emplace_back("torch", TORCH_VERSION);
+#ifdef REMAT_WITH_CUDA
+  int runtime = 0;
+  cudaRuntimeGetVersion(&runtime);
+  v.emplace_back("cuda", std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10));
+  int nccl = 0;
+  ncclGetVersion(&nccl);
+  v.emplace_back("nccl", std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." +
+                             std::to_string(nccl % 100));
+  std::string name = "none";
+  int count = 0;
+  if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) {
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) name = prop.name;
+  }
+  v.emplace_back("device", name);
+#else
+  v.emplace_back("cuda", "none");
+  v.emplace_back("nccl", "none");
+  v.emplace_back("device", "cpu");
+#endif
+  return v;
+}
+
+}  // namespace remat::engine

@@ -1,0 +1,42 @@
+// The trial engine's entry point: runs one rank of one trial (one recompute policy on one model)
+// and reports what the allocator saw.
+//
+// One process runs one rank (LibTorch's RNG, allocator statistics and the CPU counting allocator
+// are process-wide). RunTrial builds the model (bf16 parameters with fp32 main gradients and an
+// Adam with fp32 master weights and states, or fp32 throughout), runs warmup_steps + measure_steps
+// training steps on random tokens and measures peaks over the whole trial: build, optimizer-state
+// initialisation and every step. The memory budget is enforced (CPU: a counting allocator; CUDA:
+// the caching allocator's memory fraction). Ranks of a multi-rank trial meet through files in
+// `rendezvous_dir` (worker/engine/README.md, "Rendezvous").
+//
+// Thread-safety: call RunTrial from one thread at a time per process.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "search/policy.h"
+#include "search/spec.h"
+#include "search/trial.h"
+
+namespace remat::engine {
+
+struct TrialOptions {
+  search::SearchSpec spec;      // validated, Megatron defaults resolved
+  search::Policy policy;        // validated by search::ValidatePolicy (checked again here)
+  int rank = 0, world_size = 1;
+  std::string rendezvous_dir;   // ranks of one trial meet here (files); unused with one rank
+  double collective_timeout_s = 300;  // a collective slower than this is aborted -> status failed
+};
+
+// Runs one rank of one trial. Never throws: an OOM is status oom (with the failing request size in
+// ranks[0].failing_request_bytes), a policy or model this engine cannot run is status invalid, and
+// anything else is failed with a message. `ranks` holds this rank only; step_time_s is this rank's
+// median (the caller takes the max over ranks).
+search::TrialResult RunTrial(const TrialOptions& options);
+
+// What this engine is built from, for `remat-trial --version` (remat, torch, cuda, nccl, device).
+std::vector<std::pair<std::string, std::string>> EngineVersions();
+
+}  // namespace remat::engine
