@@ -1,0 +1,275 @@
+#include "cli/commands.h"
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "cli/client.h"
+#include "cli/local_search.h"
+#include "cli/plan_validate.h"
+#include "cli/progress_printer.h"
+#include "cli/render.h"
+#include "cli/submit_request.h"
+
+#ifndef REMAT_VERSION
+#define REMAT_VERSION "unknown"
+#endif
+
+namespace remat::cli {
+namespace {
+
+int Fail(int code, const std::string& message) {
+  std::cerr << "error: " << message << std::endl;
+  return code;
+}
+
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+// The flags every client command shares.
+struct ClientFlags {
+  std::string coordinator;
+  std::string token_file;
+  std::string tls_ca;
+  bool tls = false;
+  double timeout_s = 30;
+
+  void AddTo(CLI::App* app) {
+    app->add_option("--coordinator", coordinator,
+                    "the coordinator, HOST:PORT (default: env REMAT_COORDINATOR)");
+    app->add_option("--token-file", token_file,
+                    "file holding your bearer token (default: env REMAT_TOKEN)");
+    app->add_flag("--tls", tls, "connect with TLS (system roots unless --tls-ca)");
+    app->add_option("--tls-ca", tls_ca, "PEM file of the CA that signed the coordinator's cert");
+    app->add_option("--timeout", timeout_s, "deadline of each call, seconds")
+        ->check(CLI::PositiveNumber);
+  }
+
+  // Fills `options`; returns an exit code != 0 (after printing the error) for bad flags.
+  int Resolve(ClientOptions* options) const {
+    options->coordinator = coordinator;
+    if (options->coordinator.empty()) {
+      if (const char* env = getenv("REMAT_COORDINATOR")) options->coordinator = env;
+    }
+    if (options->coordinator.empty()) {
+      return Fail(2, "--coordinator: required (HOST:PORT, or set REMAT_COORDINATOR)");
+    }
+    if (!token_file.empty()) {
+      std::string token;
+      if (!ReadFile(token_file, &token)) return Fail(2, "--token-file: cannot read " + token_file);
+      options->token = std::string(absl::StripAsciiWhitespace(token));
+      if (options->token.empty()) return Fail(2, "--token-file: " + token_file + " is empty");
+    } else if (const char* env = getenv("REMAT_TOKEN")) {
+      options->token = std::string(absl::StripAsciiWhitespace(env));
+    }
+    options->tls = tls || !tls_ca.empty();
+    if (!tls_ca.empty() && !ReadFile(tls_ca, &options->tls_ca_pem)) {
+      return Fail(2, "--tls-ca: cannot read " + tls_ca);
+    }
+    options->timeout_s = timeout_s;
+    return 0;
+  }
+};
+
+int ClientError(const absl::Status& status, const ClientOptions& options) {
+  return Fail(ExitCode(status), DescribeError(status, options));
+}
+
+std::string MetricOf(const v1::Search& s) {
+  return s.spec().search().has_memory_metric() ? s.spec().search().memory_metric() : "reserved";
+}
+
+int RunSubmit(const std::string& spec_path, const ClientOptions& options) {
+  auto request = BuildSubmitRequest(spec_path);
+  if (!request.ok()) return Fail(2, std::string(request.status().message()));
+  auto id = RematClient::Connect(options)->Submit(*request);
+  if (!id.ok()) return ClientError(id.status(), options);
+  std::cout << *id << std::endl;
+  return 0;
+}
+
+int RunGet(const std::string& id, bool json, const ClientOptions& options) {
+  auto search = RematClient::Connect(options)->Get(id);
+  if (!search.ok()) return ClientError(search.status(), options);
+  if (json) {
+    std::cout << ResultJson(*search);
+  } else {
+    RenderReport(*search, std::cout);
+  }
+  return 0;
+}
+
+int RunWatch(const std::string& id, const ClientOptions& options) {
+  auto client = RematClient::Connect(options);
+  auto search = client->Get(id);
+  if (!search.ok()) return ClientError(search.status(), options);
+  if (!IsFinal(search->state())) {
+    ProgressPrinter printer(std::cout, isatty(STDOUT_FILENO), MetricOf(*search));
+    absl::Status watched =
+        client->Watch(id, [&](const v1::SearchProgress& p) { printer.Update(p); });
+    printer.Finish();
+    if (!watched.ok()) return ClientError(watched, options);
+    search = client->Get(id);
+    if (!search.ok()) return ClientError(search.status(), options);
+  }
+  std::cout << "\n";
+  RenderReport(*search, std::cout);
+  return search->state() == v1::SEARCH_STATE_SUCCEEDED ? 0 : 1;
+}
+
+int RunCancel(const std::string& id, const ClientOptions& options) {
+  auto state = RematClient::Connect(options)->Cancel(id);
+  if (!state.ok()) return ClientError(state.status(), options);
+  std::cout << "search " << id << ": " << StateName(*state) << std::endl;
+  return 0;
+}
+
+int RunList(int limit, const ClientOptions& options) {
+  auto list = RematClient::Connect(options)->List(limit);
+  if (!list.ok()) return ClientError(list.status(), options);
+  RenderList(*list, std::cout);
+  return 0;
+}
+
+// Runs the local search with SIGINT/SIGTERM turned into a polite cancel.
+int RunSearchWithSignals(LocalSearchOptions options) {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  std::atomic<bool> interrupted{false}, done{false};
+  std::thread watcher([&] {
+    const timespec tick{0, 100 * 1000 * 1000};
+    while (!done.load()) {
+      if (sigtimedwait(&stop_signals, nullptr, &tick) > 0) interrupted = true;
+    }
+  });
+  options.interrupted = &interrupted;
+  options.tty = isatty(STDOUT_FILENO);
+  int code = RunLocalSearch(options, std::cout, std::cerr);
+  done = true;
+  watcher.join();
+  return code;
+}
+
+}  // namespace
+
+int RunCli(int argc, char** argv) {
+  CLI::App app{"remat: finds the best activation-recompute policy for a Megatron job by "
+               "measuring it"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("remat ") + REMAT_VERSION);
+
+  std::string spec_path, policy, id, json_path, svg_path, db_path, gpus, trial_binary;
+  std::string templates, work_dir, log_level = "warn";
+  bool json = false;
+  int limit = 100;
+  ClientFlags client;
+
+  CLI::App* plan = app.add_subcommand("plan", "what the guided search will try, and why");
+  plan->add_option("SPEC", spec_path, "search spec (YAML)")->required();
+  plan->add_flag("--json", json, "the plan as JSON");
+
+  CLI::App* validate = app.add_subcommand("validate", "is a policy valid for this model?");
+  validate->add_option("SPEC", spec_path, "search spec (YAML)")->required();
+  validate->add_option("--policy", policy, "e.g. selective:[core_attn] or full:uniform:1")
+      ->required();
+
+  CLI::App* search = app.add_subcommand(
+      "search", "run a whole search on this machine (embedded coordinator and worker)");
+  search->add_option("SPEC", spec_path, "search spec (YAML)")->required();
+  search->add_option("--json", json_path, "write the result JSON here");
+  search->add_option("--svg", svg_path, "write the memory/throughput plot here");
+  search->add_option("--db", db_path, "keep the coordinator's SQLite database here");
+  search->add_option("--gpus", gpus, "GPUs to use, e.g. 0,1 (default: all)");
+  search->add_option("--trial-binary", trial_binary, "remat-trial (default: beside remat)");
+  search->add_option("--command-templates", templates, "command templates (backend command)");
+  search->add_option("--work-dir", work_dir, "keep the worker's trial folders here");
+  search->add_option("--log-level", log_level, "service logs: trace ... off (default warn)")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
+
+  CLI::App* submit = app.add_subcommand("submit", "submit a search to a coordinator");
+  submit->add_option("SPEC", spec_path, "search spec (YAML)")->required();
+  client.AddTo(submit);
+
+  CLI::App* get = app.add_subcommand("get", "show a search and its result");
+  get->add_option("ID", id, "search id")->required();
+  get->add_flag("--json", json, "the result JSON");
+  client.AddTo(get);
+
+  CLI::App* watch = app.add_subcommand("watch", "follow a search's progress live");
+  watch->add_option("ID", id, "search id")->required();
+  client.AddTo(watch);
+
+  CLI::App* cancel = app.add_subcommand("cancel", "cancel a search");
+  cancel->add_option("ID", id, "search id")->required();
+  client.AddTo(cancel);
+
+  CLI::App* list = app.add_subcommand("list", "list searches");
+  list->add_option("--limit", limit, "at most this many")->check(CLI::PositiveNumber);
+  client.AddTo(list);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return 0;
+  } catch (const CLI::CallForAllHelp&) {
+    std::cout << app.help("", CLI::AppFormatMode::All);
+    return 0;
+  } catch (const CLI::CallForVersion&) {
+    std::cout << "remat " << REMAT_VERSION << std::endl;
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    // A subcommand's --help arrives here too.
+    if (e.get_exit_code() == 0) {
+      for (CLI::App* sub : app.get_subcommands()) std::cout << sub->help();
+      if (app.get_subcommands().empty()) std::cout << app.help();
+      return 0;
+    }
+    return Fail(2, e.what());
+  }
+
+  if (plan->parsed()) return RunPlan(spec_path, json, std::cout, std::cerr);
+  if (validate->parsed()) return RunValidate(spec_path, policy, std::cout, std::cerr);
+  if (search->parsed()) {
+    spdlog::set_level(spdlog::level::from_str(log_level));
+    LocalSearchOptions options;
+    options.spec_path = spec_path;
+    options.json_path = json_path;
+    options.svg_path = svg_path;
+    options.db_path = db_path;
+    options.gpus = gpus;
+    options.trial_binary = trial_binary;
+    options.command_templates = templates;
+    options.work_dir = work_dir;
+    return RunSearchWithSignals(options);
+  }
+  ClientOptions options;
+  if (int code = client.Resolve(&options); code != 0) return code;
+  if (submit->parsed()) return RunSubmit(spec_path, options);
+  if (get->parsed()) return RunGet(id, json, options);
+  if (watch->parsed()) return RunWatch(id, options);
+  if (cancel->parsed()) return RunCancel(id, options);
+  if (list->parsed()) return RunList(limit, options);
+  return Fail(2, "no command given (remat --help lists them)");
+}
+
+}  // namespace remat::cli

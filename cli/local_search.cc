@@ -1,0 +1,211 @@
+#include "cli/local_search.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "cli/client.h"
+#include "cli/progress_printer.h"
+#include "cli/render.h"
+#include "cli/submit_request.h"
+#include "proto/convert.h"
+#include "server/coordinator.h"
+#include "worker/slots.h"
+#include "worker/versions.h"
+#include "worker/worker_daemon.h"
+
+namespace remat::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string SelfDir() {
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : self.parent_path().string();
+}
+
+bool WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  return static_cast<bool>(out);
+}
+
+// A temporary folder removed when this goes out of scope.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::error_code ec;
+    fs::path tmp = fs::temp_directory_path(ec);
+    if (ec) tmp = "/tmp";
+    std::string templ = (tmp / "remat-search-XXXXXX").string();
+    if (mkdtemp(templ.data())) path_ = templ;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace
+
+int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::ostream& err) {
+  auto fail = [&](int code, const std::string& message) {
+    err << "error: " << message << std::endl;
+    return code;
+  };
+
+  // The spec (and its replay table), checked before anything starts.
+  auto request = BuildSubmitRequest(options.spec_path);
+  if (!request.ok()) return fail(2, std::string(request.status().message()));
+  auto spec = proto::FromProto(request->spec());
+  if (!spec.ok()) return fail(2, spec.status().message());
+  const int world = spec->parallel.WorldSize();
+
+  // The slots of the embedded worker.
+  std::vector<worker::Slot> slots;
+  std::vector<worker::Slot> gpus;
+  if (spec->search.device != search::Device::kCpu) gpus = worker::DiscoverGpus();
+  if (gpus.empty()) {
+    if (spec->search.device == search::Device::kCuda) {
+      return fail(1, "search.device is cuda, but this machine has no GPU (nvidia-smi found none)");
+    }
+    slots = worker::PlainSlots(world);
+  } else {
+    auto selected = worker::SelectSlots(gpus, options.gpus);
+    if (!selected.ok()) return fail(2, std::string(selected.status().message()));
+    slots = *selected;
+    if (static_cast<int>(slots.size()) < world) {
+      return fail(1, "parallel: a trial of world size " + std::to_string(world) + " needs " +
+                         std::to_string(world) + " GPUs; this machine offers " +
+                         std::to_string(slots.size()));
+    }
+  }
+
+  std::string trial_binary = options.trial_binary;
+  if (trial_binary.empty()) trial_binary = (fs::path(SelfDir()) / "remat-trial").string();
+  const bool builtin = spec->search.backend == search::Backend::kBuiltin;
+  if (builtin && access(trial_binary.c_str(), X_OK) != 0) {
+    return fail(1, "remat-trial not found at " + trial_binary +
+                       " (build it: cmake --build build --target remat-trial)");
+  }
+  std::map<std::string, worker::CommandTemplate> templates;
+  if (!options.command_templates.empty()) {
+    auto loaded = worker::LoadCommandTemplatesFile(options.command_templates);
+    if (!loaded.ok()) return fail(2, std::string(loaded.status().message()));
+    templates = *loaded;
+  }
+
+  ScratchDir scratch;
+  if (scratch.path().empty()) return fail(1, "cannot create a temporary folder");
+
+  // The coordinator.
+  server::CoordinatorOptions copts;
+  copts.listen = "127.0.0.1:0";
+  copts.db_path = options.db_path.empty() ? scratch.path() + "/remat.db" : options.db_path;
+  copts.heartbeat_interval_s = 1;
+  copts.lease_timeout_s = 60;
+  auto coordinator = server::Coordinator::Create(copts);
+  if (!coordinator.ok()) return fail(1, "coordinator: " + coordinator.status().ToString());
+  absl::Status started = (*coordinator)->Start();
+  if (!started.ok()) return fail(1, "coordinator: " + started.ToString());
+  const std::string address = (*coordinator)->address();
+
+  // The worker.
+  worker::WorkerDaemonOptions wopts;
+  wopts.connection.target = address;
+  wopts.slots = slots;
+  wopts.work_dir = options.work_dir.empty() ? scratch.path() + "/worker" : options.work_dir;
+  wopts.trial_binary = builtin || access(trial_binary.c_str(), X_OK) == 0 ? trial_binary : "";
+  wopts.command_templates = templates;
+  wopts.versions = builtin ? worker::ProbeVersions(trial_binary)
+                           : std::map<std::string, std::string>{{"remat", worker::RematVersion()}};
+  wopts.lease_wait_s = 1;
+  wopts.backoff_initial_s = 0.05;
+  wopts.backoff_max_s = 1;
+  auto daemon = worker::WorkerDaemon::Create(wopts);
+  if (!daemon.ok()) return fail(1, "worker: " + daemon.status().ToString());
+  absl::Status worker_status;
+  std::thread worker_thread([&] { worker_status = (*daemon)->Run(); });
+  auto stop_all = [&] {
+    (*daemon)->Stop();
+    worker_thread.join();
+    (*coordinator)->Shutdown(std::chrono::seconds(2));
+  };
+
+  // Submit and follow.
+  ClientOptions client_options;
+  client_options.coordinator = address;
+  client_options.timeout_s = 60;
+  auto client = RematClient::Connect(client_options);
+  auto id = client->Submit(*request);
+  if (!id.ok()) {
+    stop_all();
+    return fail(ExitCode(id.status()), DescribeError(id.status(), client_options));
+  }
+  std::string slot_desc = slots[0].gpu ? std::to_string(slots.size()) + " GPU(s)"
+                                       : std::to_string(slots.size()) + " CPU slot(s)";
+  out << "search " << *id << " (" << spec->name << "): " << search::Name(spec->search.strategy)
+      << " strategy, backend " << search::Name(spec->search.backend) << ", on " << slot_desc
+      << " of this machine" << std::endl;
+
+  auto interrupted = [&] { return options.interrupted && options.interrupted->load(); };
+  ProgressPrinter printer(out, options.tty, search::Name(spec->search.memory_metric));
+  absl::Status watched =
+      client->Watch(*id, [&](const v1::SearchProgress& p) { printer.Update(p); }, interrupted);
+  printer.Finish();
+  // Should the stream fail, poll until the search is final.
+  absl::StatusOr<v1::Search> result = client->Get(*id);
+  while (!interrupted() && result.ok() && !IsFinal(result->state())) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    result = client->Get(*id);
+  }
+  if (interrupted()) {
+    err << "error: interrupted; cancelling search " << *id << std::endl;
+    (void)client->Cancel(*id);
+    result = client->Get(*id);
+  }
+  if (!result.ok()) {
+    stop_all();
+    return fail(1, DescribeError(result.status(), client_options));
+  }
+
+  out << "\n";
+  RenderReport(*result, out);
+  int code = result->state() == v1::SEARCH_STATE_SUCCEEDED ? 0 : 1;
+  if (!options.json_path.empty()) {
+    if (WriteFile(options.json_path, ResultJson(*result))) {
+      out << "\nwrote " << options.json_path << "\n";
+    } else {
+      err << "error: --json: cannot write " << options.json_path << std::endl;
+      code = 1;
+    }
+  }
+  if (!options.svg_path.empty()) {
+    if (WriteFile(options.svg_path, ResultSvg(*result))) {
+      out << (options.json_path.empty() ? "\n" : "") << "wrote " << options.svg_path << "\n";
+    } else {
+      err << "error: --svg: cannot write " << options.svg_path << std::endl;
+      code = 1;
+    }
+  }
+  out << std::flush;
+  stop_all();
+  if (interrupted()) return 1;
+  if (result->state() == v1::SEARCH_STATE_FAILED) {
+    err << "error: search " << *id << " failed"
+        << (result->message().empty() ? "" : ": " + result->message()) << std::endl;
+  }
+  return code;
+}
+
+}  // namespace remat::cli
