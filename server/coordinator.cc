@@ -170,6 +170,8 @@ absl::Status Coordinator::Start() {
   // Workers and watchers may ping every 10 s to keep idle connections through NATs alive.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Without this, a second rematd on the same port would silently share it (SO_REUSEPORT).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   im.server_ = builder.BuildAndStart();
   if (im.server_ == nullptr || im.port_ == 0) {
     im.server_.reset();

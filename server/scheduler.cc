@@ -788,6 +788,7 @@ absl::Status Scheduler::Resume() {
     State::Search& ref = *s;
     st.active_.emplace(ref.rec.id, std::move(s));
     st.UpdateReady(ref);
+    st.PublishFrontier(ref);
     ++resumed;
     st.log_->info("search={} resumed: {} trials recorded, {} done, {} leased, {} queued", ref.rec.id,
                   ref.trials.size(), ref.done, ref.running, ref.queue.size());
@@ -804,6 +805,11 @@ absl::StatusOr<v1::SubmitSearchResponse> Scheduler::SubmitSearch(
     const Principal& who, const v1::SubmitSearchRequest& request) {
   auto spec = proto::FromProto(request.spec());
   if (!spec.ok()) return ToAbsl(spec.status());
+  if (spec->search.backend == search::Backend::kReplay && spec->search.replay_table.empty() &&
+      request.replay_table().trials_size() > 0) {
+    // The table came with the request; the path is only informational here.
+    spec->search.replay_table = "(sent with the request)";
+  }
   search::Status valid = search::ValidateSpec(*spec);
   if (!valid.ok()) return ToAbsl(valid);
 
@@ -852,6 +858,7 @@ absl::StatusOr<v1::SubmitSearchResponse> Scheduler::SubmitSearch(
                 id, who.name.empty() ? "anonymous" : who.name, ref.spec.name,
                 search::Name(ref.spec.search.strategy), ref.backend, ref.world_size,
                 ref.rec.trials_planned);
+  st.PublishFrontier(ref);
   st.Refill(ref);
   if (!st.MaybeFinish(ref)) st.ServeWaiters();
   v1::SubmitSearchResponse out;

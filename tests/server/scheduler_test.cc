@@ -1,0 +1,645 @@
+// The scheduler without gRPC: a fake clock, scripted strategies and a fault-injecting store.
+#include "server/scheduler.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <optional>
+
+#include "search/frontier.h"
+#include "search/rules.h"
+#include "server/metrics.h"
+#include "tests/server/test_util.h"
+
+namespace remat::server {
+namespace {
+
+using testing::Entry;
+using testing::FakeClock;
+using testing::FaultyStore;
+using testing::ListStrategy;
+using testing::SmallSpec;
+using testing::Submit;
+using testing::Worker;
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Open(":memory:"); }
+
+  void Open(const std::string& path) {
+    sched_.reset();
+    auto inner = OpenSqliteStore(path);
+    ASSERT_TRUE(inner.ok()) << inner.status();
+    store_ = std::make_unique<FaultyStore>(std::move(*inner));
+    StartScheduler();
+  }
+
+  void StartScheduler() {
+    SchedulerOptions o;
+    o.lease_timeout_s = 15;
+    o.heartbeat_interval_s = 2;
+    o.max_trial_attempts = 3;
+    o.monotonic_ms = clock_.Fn();
+    o.unix_ms = clock_.Fn();
+    o.make_strategy = [this](const search::SearchSpec& spec) -> std::unique_ptr<search::Strategy> {
+      auto it = scripts_.find(spec.name);
+      if (it != scripts_.end()) return std::make_unique<ListStrategy>(it->second);
+      return search::MakeStrategy(spec);
+    };
+    sched_ = std::make_unique<Scheduler>(o, store_.get(), &metrics_);
+    ASSERT_TRUE(sched_->Resume().ok());
+  }
+
+  // Submits a scripted search over `table`'s policies (in the table's order when `order` is
+  // empty) and returns its id.
+  std::string SubmitScripted(const std::string& name,
+                             const std::map<std::string, v1::ReplayEntry>& table,
+                             std::vector<std::string> order = {},
+                             const Principal& who = Principal::Anonymous(),
+                             std::optional<uint64_t> seed = std::nullopt) {
+    if (order.empty()) {
+      for (const auto& [p, e] : table) order.push_back(p);
+    }
+    scripts_[name] = order;
+    // A seed of its own per search unless told, so the results cache does not join them.
+    search::SearchSpec spec = SmallSpec(name);
+    spec.train.seed = seed.value_or(1000 + scripts_.size());
+    auto r = sched_->SubmitSearch(who, Submit(spec, table));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->id() : "";
+  }
+
+  std::string Register(int slots, const std::string& gpu = "NVIDIA H200") {
+    auto r = sched_->Register(Worker(slots, gpu));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r->worker_id();
+  }
+
+  absl::StatusOr<v1::LeaseTrialResponse> LeaseNow(const std::string& worker, int free) {
+    v1::LeaseTrialRequest req;
+    req.set_worker_id(worker);
+    req.set_free_slots(free);
+    std::optional<absl::StatusOr<v1::LeaseTrialResponse>> got;
+    sched_->LeaseTrial(req, [&](absl::StatusOr<v1::LeaseTrialResponse> r) { got = std::move(r); });
+    EXPECT_TRUE(got.has_value()) << "a wait_s=0 lease must answer at once";
+    return got.value_or(absl::InternalError("no answer"));
+  }
+
+  // Leases exactly one trial.
+  v1::TrialAssignment LeaseOne(const std::string& worker, int free = 1) {
+    auto r = LeaseNow(worker, free);
+    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->trials_size(), 1);
+    return r->trials_size() > 0 ? r->trials(0) : v1::TrialAssignment();
+  }
+
+  absl::StatusOr<bool> Report(const std::string& worker, const v1::TrialAssignment& a,
+                              std::optional<v1::TrialResult> result = std::nullopt) {
+    v1::ReportTrialRequest req;
+    req.set_worker_id(worker);
+    req.set_trial_id(a.trial_id());
+    req.set_attempt(a.attempt());
+    *req.mutable_result() = result ? *result : a.replay().result();
+    auto r = sched_->ReportTrial(req);
+    if (!r.ok()) return r.status();
+    return r->accepted();
+  }
+
+  v1::Search Get(const std::string& id) {
+    auto s = sched_->GetSearch(Principal::Anonymous(), id);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : v1::Search();
+  }
+
+  v1::Trial TrialOf(const v1::Search& s, const std::string& policy) {
+    for (const auto& t : s.trials()) {
+      if (t.policy().canonical() == policy) return t;
+    }
+    ADD_FAILURE() << "no trial for " << policy;
+    return v1::Trial();
+  }
+
+  FakeClock clock_;
+  Metrics metrics_{"test"};
+  std::unique_ptr<FaultyStore> store_;
+  std::unique_ptr<Scheduler> sched_;
+  std::map<std::string, std::vector<std::string>> scripts_;
+};
+
+const std::map<std::string, v1::ReplayEntry> kTable = {
+    {"selective:[]", Entry(70, 0.50)},
+    {"selective:[core_attn]", Entry(50, 0.52)},
+    {"full:uniform:1", Entry(30, 0.70)},
+    {"full:block:1", Entry(95, 0.40)},  // over the 80 GiB budget
+};
+
+TEST_F(SchedulerTest, RunsASearchToItsFrontier) {
+  const std::string w = Register(2);
+  const std::string id = SubmitScripted("s", kTable);
+  EXPECT_EQ(Get(id).state(), v1::SEARCH_STATE_QUEUED);
+  int leased = 0;
+  while (true) {
+    auto r = LeaseNow(w, 2);
+    ASSERT_TRUE(r.ok());
+    if (r->trials_size() == 0) break;
+    for (const auto& a : r->trials()) {
+      ++leased;
+      EXPECT_EQ(a.search_id(), id);
+      EXPECT_EQ(a.world_size(), 1);
+      EXPECT_EQ(a.attempt(), 1);
+      EXPECT_TRUE(a.replay_found());
+      EXPECT_EQ(a.spec().model().num_layers(), 2);
+      EXPECT_EQ(Get(id).state(), v1::SEARCH_STATE_RUNNING);
+      ASSERT_TRUE(*Report(w, a));
+    }
+  }
+  EXPECT_EQ(leased, 4);
+  v1::Search s = Get(id);
+  EXPECT_EQ(s.state(), v1::SEARCH_STATE_SUCCEEDED);
+  EXPECT_EQ(s.trials_size(), 4);
+  EXPECT_EQ(s.trials_done(), 4);
+  // Frontier within 80 GiB: 30 GiB @ 0.70 s, 50 GiB @ 0.52 s, 70 GiB @ 0.50 s.
+  ASSERT_EQ(s.frontier_size(), 3);
+  EXPECT_EQ(s.frontier(0), "full:uniform:1");
+  EXPECT_EQ(s.frontier(1), "selective:[core_attn]");
+  EXPECT_EQ(s.frontier(2), "selective:[]");
+  EXPECT_EQ(s.recommendation(), "selective:[]");
+  EXPECT_EQ(s.apply().megatron_lm(), search::Policy::None().MegatronLmFlags());
+  EXPECT_EQ(s.memory_budget_bytes(), 80ULL << 30);
+}
+
+TEST_F(SchedulerTest, NothingFitsStillSucceedsWithAMessage) {
+  const std::string w = Register(1);
+  const std::string id = SubmitScripted("s", {{"selective:[]", Entry(90, 0.5)},
+                                              {"full:uniform:1", Entry(85, 0.7, /*oom=*/true)}});
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(*Report(w, LeaseOne(w)));
+  v1::Search s = Get(id);
+  EXPECT_EQ(s.state(), v1::SEARCH_STATE_SUCCEEDED);
+  EXPECT_FALSE(s.has_recommendation());
+  EXPECT_EQ(s.frontier_size(), 0);
+  EXPECT_FALSE(s.message().empty());
+}
+
+TEST_F(SchedulerTest, MissingReplayEntryIsSentAsNotFound) {
+  const std::string w = Register(2);
+  std::map<std::string, v1::ReplayEntry> table = {{"selective:[]", Entry(10, 0.5)}};
+  scripts_["s"] = {"selective:[]", "full:uniform:1"};
+  auto id = sched_->SubmitSearch(Principal::Anonymous(), Submit(SmallSpec("s"), table));
+  ASSERT_TRUE(id.ok());
+  v1::TrialAssignment a = LeaseOne(w);
+  EXPECT_TRUE(a.replay_found());
+  v1::TrialAssignment b = LeaseOne(w);
+  EXPECT_EQ(b.policy().canonical(), "full:uniform:1");
+  EXPECT_FALSE(b.replay_found());
+}
+
+TEST_F(SchedulerTest, DuplicateReportsAreNotAcceptedTwice) {
+  const std::string w = Register(1);
+  const std::string id = SubmitScripted("s", kTable);
+  v1::TrialAssignment a = LeaseOne(w);
+  auto first = Report(w, a);
+  ASSERT_TRUE(first.ok());
+  EXPECT_TRUE(*first);
+  auto second = Report(w, a);
+  ASSERT_TRUE(second.ok());  // not an error
+  EXPECT_FALSE(*second);
+  v1::TrialResult bad;
+  bad.set_status(v1::TRIAL_STATUS_RUNNING);
+  EXPECT_EQ(Report(w, a, bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Get(id).trials_done(), 1);
+  // Unknown trials are dropped, not errors.
+  v1::TrialAssignment unknown;
+  unknown.set_trial_id("t-unknown");
+  *unknown.mutable_replay() = Entry(1, 1);
+  EXPECT_FALSE(*Report(w, unknown));
+}
+
+TEST_F(SchedulerTest, SilentWorkerLosesItsLeaseAndTheTrialRunsElsewhere) {
+  const std::string a = Register(1);
+  const std::string id = SubmitScripted("s", kTable, {"selective:[]"});
+  v1::TrialAssignment first = LeaseOne(a);
+  EXPECT_EQ(first.attempt(), 1);
+  clock_.Advance(10);
+  sched_->Tick();
+  EXPECT_EQ(TrialOf(Get(id), "selective:[]").status(), v1::TRIAL_STATUS_RUNNING);
+  clock_.Advance(6);  // 16 s of silence > 15 s lease timeout
+  sched_->Tick();
+  EXPECT_EQ(TrialOf(Get(id), "selective:[]").status(), v1::TRIAL_STATUS_PENDING);
+
+  const std::string b = Register(1);
+  v1::TrialAssignment second = LeaseOne(b);
+  EXPECT_EQ(second.trial_id(), first.trial_id());
+  EXPECT_EQ(second.attempt(), 2);
+  ASSERT_TRUE(*Report(b, second));
+  // The silent worker comes back and reports too late: not recorded twice.
+  EXPECT_FALSE(*Report(a, first));
+  v1::Search s = Get(id);
+  EXPECT_EQ(s.state(), v1::SEARCH_STATE_SUCCEEDED);
+  EXPECT_EQ(TrialOf(s, "selective:[]").worker_id(), b);
+  EXPECT_EQ(TrialOf(s, "selective:[]").attempts(), 2);
+}
+
+TEST_F(SchedulerTest, LateReportFromAnExpiredLeaseIsKeptWhenFirst) {
+  const std::string a = Register(1);
+  const std::string id = SubmitScripted("s", kTable, {"selective:[]"});
+  v1::TrialAssignment first = LeaseOne(a);
+  clock_.Advance(16);
+  sched_->Tick();  // requeued
+  ASSERT_TRUE(*Report(a, first));  // the result is not lost
+  EXPECT_EQ(Get(id).state(), v1::SEARCH_STATE_SUCCEEDED);
+}
+
+TEST_F(SchedulerTest, HeartbeatsKeepLeasesAlive) {
+  const std::string a = Register(1);
+  const std::string id = SubmitScripted("s", kTable, {"selective:[]"});
+  v1::TrialAssignment t = LeaseOne(a);
+  for (int i = 0; i < 20; ++i) {
+    clock_.Advance(2);
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id(a);
+    hb.add_running_trial_ids(t.trial_id());
+    auto r = sched_->Heartbeat(hb);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->cancel_trial_ids_size(), 0);
+    EXPECT_FALSE(r->reregister());
+    sched_->Tick();
+  }
+  EXPECT_EQ(TrialOf(Get(id), "selective:[]").status(), v1::TRIAL_STATUS_RUNNING);
+  // A worker that heartbeats but no longer lists the trial loses it after a lease timeout.
+  v1::HeartbeatRequest empty;
+  empty.set_worker_id(a);
+  clock_.Advance(16);
+  ASSERT_TRUE(sched_->Heartbeat(empty).ok());
+  EXPECT_EQ(TrialOf(Get(id), "selective:[]").status(), v1::TRIAL_STATUS_PENDING);
+}
+
+TEST_F(SchedulerTest, UnknownWorkerIsToldToRegister) {
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id("w-unknown");
+  EXPECT_TRUE(sched_->Heartbeat(hb)->reregister());
+  EXPECT_EQ(LeaseNow("w-unknown", 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Re-registering with the old id keeps it.
+  v1::RegisterRequest r = Worker(1);
+  r.set_worker_id("w-unknown");
+  EXPECT_EQ(sched_->Register(r)->worker_id(), "w-unknown");
+  EXPECT_FALSE(sched_->Heartbeat(hb)->reregister());
+}
+
+TEST_F(SchedulerTest, BoundedAttemptsEndInFailedWithTheReason) {
+  const std::string id = SubmitScripted("s", kTable, {"selective:[]", "full:uniform:1"});
+  std::string trial;
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    const std::string w = Register(1);
+    v1::TrialAssignment a = LeaseOne(w);
+    if (trial.empty()) trial = a.trial_id();
+    ASSERT_EQ(a.trial_id(), trial);  // requeued at the front of its search
+    EXPECT_EQ(a.attempt(), attempt);
+    clock_.Advance(16);
+    sched_->Tick();
+  }
+  v1::Trial t = TrialOf(Get(id), "selective:[]");
+  EXPECT_EQ(t.status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_EQ(t.attempts(), 3);
+  EXPECT_NE(t.result().message().find("lost its worker 3 times"), std::string::npos)
+      << t.result().message();
+  EXPECT_NE(t.result().message().find("silent"), std::string::npos);
+  // The search goes on with its other trial.
+  const std::string w = Register(1);
+  v1::TrialAssignment other = LeaseOne(w);
+  EXPECT_EQ(other.policy().canonical(), "full:uniform:1");
+  ASSERT_TRUE(*Report(w, other));
+  EXPECT_EQ(Get(id).state(), v1::SEARCH_STATE_SUCCEEDED);
+}
+
+TEST_F(SchedulerTest, CancelStopsQueuedAndRunningTrials) {
+  const std::string w = Register(1);
+  const std::string id = SubmitScripted("s", kTable);
+  v1::TrialAssignment running = LeaseOne(w);
+  auto c = sched_->CancelSearch(Principal::Anonymous(), id);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->state(), v1::SEARCH_STATE_CANCELLED);
+  v1::Search s = Get(id);
+  EXPECT_EQ(s.state(), v1::SEARCH_STATE_CANCELLED);
+  for (const auto& t : s.trials()) EXPECT_EQ(t.status(), v1::TRIAL_STATUS_CANCELLED);
+  // The worker hears about it on its next heartbeat.
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(w);
+  hb.add_running_trial_ids(running.trial_id());
+  auto r = sched_->Heartbeat(hb);
+  ASSERT_EQ(r->cancel_trial_ids_size(), 1);
+  EXPECT_EQ(r->cancel_trial_ids(0), running.trial_id());
+  EXPECT_FALSE(*Report(w, running));
+  EXPECT_EQ(LeaseNow(w, 1)->trials_size(), 0);
+  // Cancelling again is harmless; a finished search cannot be cancelled.
+  EXPECT_TRUE(sched_->CancelSearch(Principal::Anonymous(), id).ok());
+  const std::string done = SubmitScripted("d", {{"selective:[]", Entry(1, 1)}});
+  ASSERT_TRUE(*Report(w, LeaseOne(w)));
+  EXPECT_EQ(sched_->CancelSearch(Principal::Anonymous(), done).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SchedulerTest, SearchesShareWorkersFairly) {
+  const std::string w = Register(1);
+  const std::string a = SubmitScripted("a", kTable);
+  const std::string b = SubmitScripted("b", kTable);
+  std::vector<std::string> order;
+  for (int i = 0; i < 6; ++i) {
+    v1::TrialAssignment t = LeaseOne(w);
+    order.push_back(t.search_id());
+    ASSERT_TRUE(*Report(w, t));
+  }
+  for (size_t i = 1; i < order.size(); ++i) {
+    EXPECT_NE(order[i], order[i - 1]) << "lease " << i << " went to the same search again";
+  }
+}
+
+TEST_F(SchedulerTest, TrialsNeedWorldSizeSlotsOnOneWorker) {
+  search::SearchSpec spec = SmallSpec("tp2");
+  spec.parallel.tensor_model_parallel_size = 2;
+  scripts_["tp2"] = {"selective:[]"};
+  auto id = sched_->SubmitSearch(Principal::Anonymous(),
+                                 Submit(spec, {{"selective:[]", Entry(1, 1)}}));
+  ASSERT_TRUE(id.ok()) << id.status();
+  const std::string small = Register(1);
+  EXPECT_EQ(LeaseNow(small, 1)->trials_size(), 0);
+  const std::string big = Register(4);
+  EXPECT_EQ(LeaseNow(big, 1)->trials_size(), 0);  // it says only one slot is free
+  v1::TrialAssignment a = LeaseOne(big, 4);
+  EXPECT_EQ(a.world_size(), 2);
+}
+
+TEST_F(SchedulerTest, ResultsCacheReusesMeasurementsOnTheSameHardware) {
+  const std::string h200 = Register(1, "NVIDIA H200");
+  const Principal anyone = Principal::Anonymous();
+  const std::string first = SubmitScripted("first", kTable, {"selective:[]"}, anyone, 1);
+  ASSERT_TRUE(*Report(h200, LeaseOne(h200)));
+  ASSERT_EQ(Get(first).state(), v1::SEARCH_STATE_SUCCEEDED);
+
+  // Same measurement (another name, another strategy script, same model and settings).
+  const std::string again =
+      SubmitScripted("again", kTable, {"selective:[]", "full:uniform:1"}, anyone, 1);
+  v1::TrialAssignment next = LeaseOne(h200);
+  EXPECT_EQ(next.policy().canonical(), "full:uniform:1");  // selective:[] was not handed out
+  v1::Trial reused = TrialOf(Get(again), "selective:[]");
+  EXPECT_EQ(reused.status(), v1::TRIAL_STATUS_OK);
+  EXPECT_TRUE(reused.result().reused());
+  EXPECT_DOUBLE_EQ(reused.result().step_time_s(), 0.50);
+
+  // Other hardware: measured again.
+  const std::string h100 = Register(1, "NVIDIA H100");
+  ASSERT_TRUE(*Report(h200, next));
+  const std::string other = SubmitScripted("other", kTable, {"selective:[]"}, anyone, 1);
+  v1::TrialAssignment on_h100 = LeaseOne(h100);
+  EXPECT_EQ(on_h100.search_id(), other);
+  ASSERT_TRUE(*Report(h100, on_h100));
+  EXPECT_FALSE(TrialOf(Get(other), "selective:[]").result().reused());
+
+  // Another budget changes the key too.
+  search::SearchSpec spec = SmallSpec("budget");
+  spec.train.seed = 1;
+  spec.search.memory_budget_gib = 40;
+  scripts_["budget"] = {"selective:[]"};
+  auto budget = sched_->SubmitSearch(Principal::Anonymous(), Submit(spec, kTable));
+  v1::TrialAssignment b = LeaseOne(h200);
+  EXPECT_EQ(b.search_id(), budget->id());
+}
+
+TEST_F(SchedulerTest, LongPollIsAnsweredWhenWorkArrivesOrTheWaitEnds) {
+  const std::string w = Register(1);
+  v1::LeaseTrialRequest req;
+  req.set_worker_id(w);
+  req.set_free_slots(1);
+  req.set_wait_s(5);
+  std::optional<absl::StatusOr<v1::LeaseTrialResponse>> got;
+  sched_->LeaseTrial(req, [&](absl::StatusOr<v1::LeaseTrialResponse> r) { got = std::move(r); });
+  EXPECT_FALSE(got.has_value());
+  SubmitScripted("s", kTable);
+  ASSERT_TRUE(got.has_value());
+  ASSERT_TRUE(got->ok());
+  EXPECT_EQ((*got)->trials_size(), 1);
+
+  // No work (the worker says it has no free slot): answered empty after the wait.
+  got.reset();
+  req.set_free_slots(0);
+  sched_->LeaseTrial(req, [&](absl::StatusOr<v1::LeaseTrialResponse> r) { got = std::move(r); });
+  clock_.Advance(4);
+  sched_->Tick();
+  EXPECT_FALSE(got.has_value());
+  clock_.Advance(1.5);
+  sched_->Tick();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ((*got)->trials_size(), 0);
+
+  // A cancelled wait is answered at once; shutdown answers the rest.
+  got.reset();
+  uint64_t wait = sched_->LeaseTrial(
+      req, [&](absl::StatusOr<v1::LeaseTrialResponse> r) { got = std::move(r); });
+  ASSERT_NE(wait, 0u);
+  sched_->CancelLeaseWait(wait);
+  ASSERT_TRUE(got.has_value());
+  got.reset();
+  sched_->LeaseTrial(req, [&](absl::StatusOr<v1::LeaseTrialResponse> r) { got = std::move(r); });
+  sched_->Shutdown();
+  EXPECT_TRUE(got.has_value());
+}
+
+TEST_F(SchedulerTest, WatchersSeeEveryTrialAndTheFinalState) {
+  const std::string w = Register(1);
+  const std::string id = SubmitScripted("s", kTable);
+  int wakes = 0;
+  auto watch = sched_->Watch(Principal::Anonymous(), id, [&] { ++wakes; });
+  ASSERT_TRUE(watch.ok());
+  EXPECT_GE(wakes, 1);
+  std::vector<v1::SearchProgress> updates;
+  auto drain = [&] {
+    v1::SearchProgress p;
+    Scheduler::WatchPoll r;
+    while ((r = sched_->PollWatch(*watch, &p)) == Scheduler::WatchPoll::kUpdate ||
+           r == Scheduler::WatchPoll::kFinal) {
+      updates.push_back(p);
+      if (r == Scheduler::WatchPoll::kFinal) return true;
+    }
+    return false;
+  };
+  EXPECT_FALSE(drain());
+  ASSERT_EQ(updates.size(), 1u);
+  EXPECT_EQ(updates[0].state(), v1::SEARCH_STATE_QUEUED);
+  EXPECT_EQ(updates[0].trials_planned(), 4);
+  bool final = false;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(*Report(w, LeaseOne(w)));
+    final = drain();
+  }
+  EXPECT_TRUE(final);
+  EXPECT_EQ(updates.back().state(), v1::SEARCH_STATE_SUCCEEDED);
+  EXPECT_EQ(updates.back().trials_done(), 4);
+  EXPECT_EQ(updates.back().best_policy(), "selective:[]");
+  int with_trial = 0;
+  for (const auto& u : updates) with_trial += u.has_last_trial() ? 1 : 0;
+  EXPECT_EQ(with_trial, 4);
+  EXPECT_EQ(sched_->PollWatch(*watch, nullptr), Scheduler::WatchPoll::kClosed);
+
+  // Watching a finished search gives its final state at once.
+  auto late = sched_->Watch(Principal::Anonymous(), id, [] {});
+  ASSERT_TRUE(late.ok());
+  v1::SearchProgress p;
+  EXPECT_EQ(sched_->PollWatch(*late, &p), Scheduler::WatchPoll::kFinal);
+  EXPECT_EQ(p.state(), v1::SEARCH_STATE_SUCCEEDED);
+  EXPECT_EQ(p.frontier_size(), 3);
+}
+
+TEST_F(SchedulerTest, UsersSeeOnlyTheirOwnSearches) {
+  const Principal alice = Principal::User("alice");
+  const Principal bob = Principal::User("bob");
+  const std::string id = SubmitScripted("s", kTable, {}, alice);
+  EXPECT_TRUE(sched_->GetSearch(alice, id).ok());
+  EXPECT_EQ(sched_->GetSearch(bob, id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(sched_->CancelSearch(bob, id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(sched_->Watch(bob, id, [] {}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(sched_->ListSearches(bob, 0)->searches_size(), 0);
+  ASSERT_EQ(sched_->ListSearches(alice, 0)->searches_size(), 1);
+  EXPECT_EQ(sched_->ListSearches(alice, 0)->searches(0).owner(), "alice");
+  EXPECT_EQ(sched_->GetSearch(alice, "s-nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SchedulerTest, BadSpecsAreRefusedNamingTheField) {
+  search::SearchSpec spec = SmallSpec("bad");
+  spec.model.hidden_size = 0;
+  auto r = sched_->SubmitSearch(Principal::Anonymous(), Submit(spec, kTable));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(r.status().message()).find("hidden_size"), std::string::npos)
+      << r.status();
+  auto empty = sched_->SubmitSearch(Principal::Anonymous(), Submit(SmallSpec("t"), {}));
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(empty.status().message()).find("replay_table"), std::string::npos);
+}
+
+TEST_F(SchedulerTest, StoreFailuresFailTheCallAndChangeNothing) {
+  const std::string w = Register(1);
+  const std::string id = SubmitScripted("s", kTable, {"selective:[]"});
+  v1::TrialAssignment a = LeaseOne(w);
+  store_->FailNext("RecordResult");
+  EXPECT_EQ(Report(w, a).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(TrialOf(Get(id), "selective:[]").status(), v1::TRIAL_STATUS_RUNNING);
+  EXPECT_TRUE(*Report(w, a));  // the worker retries
+  EXPECT_EQ(Get(id).state(), v1::SEARCH_STATE_SUCCEEDED);
+
+  store_->FailNext("CreateSearch");
+  scripts_["x"] = {"selective:[]"};
+  EXPECT_EQ(sched_->SubmitSearch(Principal::Anonymous(), Submit(SmallSpec("x"), kTable))
+                .status()
+                .code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(sched_->ListSearches(Principal::Anonymous(), 0)->searches_size(), 1);
+
+  // Proposals that could not be written are written later; the search is not lost.
+  store_->FailNext("AddTrials");
+  const std::string later = SubmitScripted("later", kTable, {"selective:[core_attn]"});
+  EXPECT_EQ(Get(later).trials_size(), 0);
+  sched_->Tick();
+  EXPECT_EQ(Get(later).trials_size(), 1);
+  ASSERT_TRUE(*Report(w, LeaseOne(w)));
+  EXPECT_EQ(Get(later).state(), v1::SEARCH_STATE_SUCCEEDED);
+
+  // A failed final write is retried by Tick.
+  const std::string fin = SubmitScripted("fin", kTable, {"full:uniform:1"});
+  v1::TrialAssignment f = LeaseOne(w);
+  store_->FailNext("UpdateSearch");  // the final write
+  ASSERT_TRUE(*Report(w, f));
+  EXPECT_EQ(Get(fin).state(), v1::SEARCH_STATE_RUNNING);
+  sched_->Tick();
+  EXPECT_EQ(Get(fin).state(), v1::SEARCH_STATE_SUCCEEDED);
+}
+
+class SchedulerRestartTest : public SchedulerTest {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/remat-sched-test-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    Open(dir_ + "/remat.db");
+  }
+  void TearDown() override {
+    sched_.reset();
+    store_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  std::string dir_;
+};
+
+TEST_F(SchedulerRestartTest, ResumesEverySearchRecordingEachPolicyOnce) {
+  const std::string w = Register(2);
+  const std::string one = SubmitScripted("one", kTable);
+  const std::string two = SubmitScripted("two", kTable);
+  // Some results in, some leases out, some queued: then the coordinator dies.
+  v1::TrialAssignment done1 = LeaseOne(w);
+  ASSERT_TRUE(*Report(w, done1));
+  v1::TrialAssignment leased = LeaseOne(w);
+  v1::TrialAssignment lost = LeaseOne(w);
+  Open(dir_ + "/remat.db");
+
+  // The worker that held `leased` reports it after the restart: accepted once.
+  EXPECT_TRUE(*Report(w, leased));
+  EXPECT_FALSE(*Report(w, leased));
+  // `lost` never comes back: after a lease timeout it is requeued and runs again.
+  clock_.Advance(16);
+  sched_->Tick();
+  const std::string w2 = Register(1);
+  int runs = 0;
+  while (true) {
+    auto r = LeaseNow(w2, 1);
+    ASSERT_TRUE(r.ok());
+    if (r->trials_size() == 0) break;
+    ASSERT_TRUE(*Report(w2, r->trials(0)));
+    ++runs;
+    ASSERT_LT(runs, 20);
+  }
+  EXPECT_EQ(runs, 8 - 2);
+  for (const std::string& id : {one, two}) {
+    v1::Search s = Get(id);
+    EXPECT_EQ(s.state(), v1::SEARCH_STATE_SUCCEEDED) << id;
+    std::set<std::string> policies;
+    for (const auto& t : s.trials()) {
+      EXPECT_TRUE(policies.insert(t.policy().canonical()).second) << t.policy().canonical();
+      EXPECT_EQ(t.status(), v1::TRIAL_STATUS_OK);
+    }
+    EXPECT_EQ(policies.size(), 4u);
+    EXPECT_EQ(s.recommendation(), "selective:[]");
+  }
+}
+
+TEST_F(SchedulerRestartTest, RestartWithRealExhaustiveStrategy) {
+  search::SearchSpec spec = SmallSpec("exhaustive");
+  spec.search.strategy = search::StrategyKind::kExhaustive;
+  spec.search.max_trials = 100;
+  std::map<std::string, v1::ReplayEntry> table;
+  const auto policies = search::EnumerateValidPolicies(spec);
+  ASSERT_GT(policies.size(), 3u);
+  double gib = 10;
+  for (const auto& p : policies) {
+    gib += 1;
+    table[p.ToString()] = Entry(gib, 1.0 / gib);
+  }
+  auto id = sched_->SubmitSearch(Principal::Anonymous(), Submit(spec, table));
+  ASSERT_TRUE(id.ok()) << id.status();
+  const std::string w = Register(1);
+  ASSERT_TRUE(*Report(w, LeaseOne(w)));
+  ASSERT_TRUE(*Report(w, LeaseOne(w)));
+  Open(dir_ + "/remat.db");
+  size_t runs = 2;
+  while (true) {
+    auto r = LeaseNow(w, 1);
+    ASSERT_TRUE(r.ok());
+    if (r->trials_size() == 0) break;
+    ASSERT_TRUE(*Report(w, r->trials(0)));
+    ++runs;
+    ASSERT_LE(runs, policies.size());
+  }
+  v1::Search s = Get(id->id());
+  EXPECT_EQ(s.state(), v1::SEARCH_STATE_SUCCEEDED);
+  EXPECT_EQ(static_cast<size_t>(s.trials_size()), policies.size());
+  EXPECT_EQ(runs, policies.size());
+}
+
+}  // namespace
+}  // namespace remat::server
