@@ -75,6 +75,9 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
   std::vector<worker::Slot> slots;
   std::vector<worker::Slot> gpus;
   if (spec->search.device != search::Device::kCpu) gpus = worker::DiscoverGpus();
+  if (auto checked = worker::SelectSlots(gpus, options.gpus); !checked.ok()) {
+    return fail(2, std::string(checked.status().message()));
+  }
   if (gpus.empty()) {
     if (spec->search.device == search::Device::kCuda) {
       return fail(1, "search.device is cuda, but this machine has no GPU (nvidia-smi found none)");

@@ -1,0 +1,297 @@
+// Rendering a fixed Search: the readable report, the contract's JSON (keys checked), the SVG,
+// progress lines, and the settings that apply a recommendation.
+#include "cli/render.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "proto/convert.h"
+#include "search/frontier.h"
+
+namespace remat::cli {
+namespace {
+
+constexpr uint64_t kGiB = 1ull << 30;
+
+v1::Trial* AddTrial(v1::Search* s, const std::string& policy, v1::TrialStatus status,
+                    std::vector<std::pair<uint64_t, uint64_t>> ranks, double step_time_s,
+                    const std::string& message = "") {
+  v1::Trial* t = s->add_trials();
+  t->set_id("t-" + std::to_string(s->trials_size()));
+  t->mutable_policy()->set_canonical(policy);
+  t->set_status(status);
+  t->set_attempts(1);
+  v1::TrialResult* r = t->mutable_result();
+  r->mutable_policy()->set_canonical(policy);
+  r->set_status(status);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    v1::RankResult* rr = r->add_ranks();
+    rr->set_rank(static_cast<int>(i));
+    rr->set_peak_allocated_bytes(ranks[i].first);
+    rr->set_peak_reserved_bytes(ranks[i].second);
+  }
+  if (status == v1::TRIAL_STATUS_OK) {
+    r->set_step_time_s(step_time_s);
+    r->set_tokens_per_s(4096.0 / step_time_s);
+    r->set_loss(10.5);
+    r->set_grad_norm(2.25);
+  }
+  r->set_message(message);
+  return t;
+}
+
+// A finished search on a budget of 10 GiB (reserved), two ranks per trial.
+v1::Search FixedSearch() {
+  v1::Search s;
+  s.set_id("s-fixed");
+  s.set_state(v1::SEARCH_STATE_SUCCEEDED);
+  s.mutable_spec()->set_name("fixture");
+  s.mutable_spec()->mutable_model()->set_seq_length(4096);
+  s.mutable_spec()->mutable_search()->set_memory_metric("reserved");
+  s.mutable_spec()->mutable_search()->set_memory_budget_gib(10);
+  s.set_memory_budget_bytes(10 * kGiB);
+  AddTrial(&s, "selective:[]", v1::TRIAL_STATUS_OK, {{8 * kGiB, 9 * kGiB}, {7 * kGiB, 8 * kGiB}},
+           4.096);  // 1000 tokens/s
+  AddTrial(&s, "selective:[core_attn]", v1::TRIAL_STATUS_OK,
+           {{11 * kGiB / 2, 6 * kGiB}, {5 * kGiB, 5 * kGiB}}, 4.096 / 0.9);
+  AddTrial(&s, "selective:[mlp]", v1::TRIAL_STATUS_OK,
+           {{13 * kGiB / 2, 7 * kGiB}, {13 * kGiB / 2, 7 * kGiB}},
+           4.096 / 0.8)
+      ->mutable_result()
+      ->set_reused(true);
+  AddTrial(&s, "full:uniform:1", v1::TRIAL_STATUS_OK,
+           {{7 * kGiB / 2, 4 * kGiB}, {7 * kGiB / 2, 4 * kGiB}}, 4.096 / 0.7);
+  AddTrial(&s, "full:block:1", v1::TRIAL_STATUS_OOM,
+           {{10 * kGiB + kGiB / 2, 10 * kGiB + kGiB / 2}}, 0, "rank 0: CUDA out of memory");
+  AddTrial(&s, "selective:[layernorm]", v1::TRIAL_STATUS_FAILED, {}, 0,
+           "rank 1: remat-trial killed by signal 11 (Segmentation fault)");
+  // Reserved far above allocated: a fragmentation finding.
+  AddTrial(&s, "selective:[core_attn,mlp]", v1::TRIAL_STATUS_OK,
+           {{3 * kGiB, 9 * kGiB + kGiB / 2}, {3 * kGiB, 3 * kGiB}}, 4.096 / 0.5);
+  for (const char* p : {"full:uniform:1", "selective:[core_attn]", "selective:[]"}) {
+    s.add_frontier(p);
+  }
+  s.set_recommendation("selective:[]");
+  s.set_trials_done(7);
+  s.set_trials_planned(7);
+  return s;
+}
+
+TEST(Render, FixtureFrontierMatchesTheSearchCore) {
+  // The fixture must be self-consistent for the tests below to mean anything.
+  v1::Search s = FixedSearch();
+  std::vector<search::TrialResult> results;
+  for (const auto& t : s.trials()) {
+    auto r = proto::FromProto(t.result());
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    results.push_back(*r);
+  }
+  auto frontier = search::ComputeFrontier(results, search::MemoryMetric::kReserved, 10 * kGiB);
+  std::vector<std::string> got;
+  for (const auto& p : frontier) got.push_back(p.policy.ToString());
+  EXPECT_EQ(got, std::vector<std::string>(s.frontier().begin(), s.frontier().end()));
+  EXPECT_EQ(search::Recommend(frontier)->policy.ToString(), s.recommendation());
+}
+
+TEST(Render, JsonHasTheContractKeys) {
+  auto j = nlohmann::json::parse(ResultJson(FixedSearch()));
+  for (const char* key : {"id", "state", "memory_metric", "memory_budget_bytes", "trials",
+                          "frontier", "recommendation", "apply"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["id"], "s-fixed");
+  EXPECT_EQ(j["state"], "succeeded");
+  EXPECT_EQ(j["memory_metric"], "reserved");
+  EXPECT_EQ(j["memory_budget_bytes"].get<uint64_t>(), 10 * kGiB);
+  ASSERT_EQ(j["trials"].size(), 7u);
+  for (const auto& t : j["trials"]) {
+    for (const char* key : {"policy", "status", "peak_allocated_bytes", "peak_reserved_bytes",
+                            "ranks", "step_time_s", "tokens_per_s", "loss", "grad_norm",
+                            "message"}) {
+      EXPECT_TRUE(t.contains(key)) << key;
+    }
+    for (const auto& r : t["ranks"]) {
+      for (const char* key : {"rank", "peak_allocated_bytes", "peak_reserved_bytes"}) {
+        EXPECT_TRUE(r.contains(key)) << key;
+      }
+    }
+  }
+  const auto& control = j["trials"][0];
+  EXPECT_EQ(control["policy"], "selective:[]");
+  EXPECT_EQ(control["status"], "ok");
+  EXPECT_EQ(control["peak_allocated_bytes"].get<uint64_t>(), 8 * kGiB);  // max over ranks
+  EXPECT_EQ(control["peak_reserved_bytes"].get<uint64_t>(), 9 * kGiB);
+  EXPECT_EQ(control["ranks"][1]["peak_reserved_bytes"].get<uint64_t>(), 8 * kGiB);
+  EXPECT_DOUBLE_EQ(control["tokens_per_s"].get<double>(), 1000.0);
+  EXPECT_DOUBLE_EQ(control["loss"].get<double>(), 10.5);
+  EXPECT_EQ(j["trials"][4]["status"], "oom");
+  EXPECT_EQ(j["trials"][5]["status"], "failed");
+  EXPECT_EQ(j["trials"][5]["message"], "rank 1: remat-trial killed by signal 11 (Segmentation fault)");
+  EXPECT_EQ(j["frontier"],
+            nlohmann::json({"full:uniform:1", "selective:[core_attn]", "selective:[]"}));
+  EXPECT_EQ(j["recommendation"], "selective:[]");
+  EXPECT_EQ(j["apply"]["megatron_bridge"],
+            "model.recompute_granularity=selective model.recompute_modules=[]");
+  EXPECT_EQ(j["apply"]["megatron_lm"], "");
+  EXPECT_EQ(j["fragmentation"].size(), 1u);
+}
+
+TEST(Render, JsonWhenNothingFits) {
+  v1::Search s = FixedSearch();
+  s.clear_frontier();
+  s.clear_recommendation();
+  s.set_memory_budget_bytes(2 * kGiB);
+  auto j = nlohmann::json::parse(ResultJson(s));
+  EXPECT_TRUE(j["recommendation"].is_null());
+  EXPECT_TRUE(j["apply"].is_null());
+  EXPECT_NE(j["message"].get<std::string>().find("no policy fits"), std::string::npos);
+  EXPECT_NE(j["message"].get<std::string>().find("closest: full:uniform:1"), std::string::npos)
+      << j["message"];
+}
+
+TEST(Render, ApplyStringsFollowTheRecommendation) {
+  v1::Search s;
+  s.set_recommendation("full:block:2");
+  v1::Apply a = ApplyFor(s);
+  EXPECT_EQ(a.megatron_bridge(),
+            "model.recompute_granularity=full model.recompute_method=block "
+            "model.recompute_num_layers=2");
+  EXPECT_EQ(a.megatron_lm(),
+            "--recompute-granularity full --recompute-method block --recompute-num-layers 2");
+  s.set_recommendation("selective:[mlp,core_attn]");
+  a = ApplyFor(s);
+  EXPECT_EQ(a.megatron_bridge(),
+            "model.recompute_granularity=selective model.recompute_modules=[core_attn,mlp]");
+  EXPECT_EQ(a.megatron_lm(), "--recompute-granularity selective --recompute-modules core_attn mlp");
+  // The coordinator's own strings win when it sent them.
+  s.mutable_apply()->set_megatron_bridge("from-server");
+  EXPECT_EQ(ApplyFor(s).megatron_bridge(), "from-server");
+  s.clear_recommendation();
+  EXPECT_EQ(ApplyFor(s).megatron_bridge(), "");
+}
+
+TEST(Render, ReportShowsTableFrontierRecommendationAndFindings) {
+  std::ostringstream out;
+  RenderReport(FixedSearch(), out);
+  const std::string text = out.str();
+  auto has = [&](const std::string& needle) {
+    EXPECT_NE(text.find(needle), std::string::npos) << "missing '" << needle << "' in\n" << text;
+  };
+  has("search s-fixed (fixture): succeeded, 7 of 7 trials done, budget 10.00 GiB per rank");
+  has("alloc GiB");
+  has("resv GiB");
+  has("tokens/s");
+  has("* selective:[core_attn]");
+  has("  selective:[mlp]  ");
+  has("reused");
+  has("<- recommended");
+  has("9.00");  // the control's reserved peak, max over ranks
+  has("4.0960");  // its step time
+  has("1000");
+  has("full:block:1 (oom): rank 0: CUDA out of memory");
+  has("frontier (reserved memory ascending):");
+  has("recommendation: selective:[]");
+  has("apply with Megatron Bridge:  model.recompute_granularity=selective model.recompute_modules=[]");
+  has("fragmentation:");
+  has("selective:[core_attn,mlp]: rank 0 reserved");
+  // The frontier section lists memory ascending.
+  const size_t f = text.find("frontier (");
+  EXPECT_LT(text.find("full:uniform:1", f), text.find("selective:[core_attn]", f));
+  // The dominated trial carries no frontier mark.
+  EXPECT_EQ(text.find("* selective:[mlp]"), std::string::npos);
+}
+
+TEST(Render, ReportSaysWhyNothingFits) {
+  v1::Search s = FixedSearch();
+  s.clear_frontier();
+  s.clear_recommendation();
+  s.set_message("no policy fits the budget of 2.0 GiB; closest: full:uniform:1 at 4.0 GiB");
+  std::ostringstream out;
+  RenderReport(s, out);
+  EXPECT_NE(out.str().find("no recommendation: no policy fits the budget of 2.0 GiB; closest: "
+                           "full:uniform:1"),
+            std::string::npos)
+      << out.str();
+  EXPECT_EQ(out.str().find("apply with"), std::string::npos);
+}
+
+int Count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
+  return n;
+}
+
+TEST(Render, SvgPlotsTrialsFrontierOomAndBudget) {
+  const std::string svg = ResultSvg(FixedSearch());
+  EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  EXPECT_EQ(Count(svg, "class=\"trial\""), 5);  // the ok trials
+  EXPECT_EQ(Count(svg, "class=\"oom\""), 1);
+  EXPECT_EQ(Count(svg, "class=\"frontier\""), 1);
+  EXPECT_EQ(Count(svg, "class=\"budget\""), 1);
+  EXPECT_NE(svg.find(">full:block:1 (oom)<"), std::string::npos);
+  EXPECT_NE(svg.find(">selective:[] (recommended)<"), std::string::npos);
+  EXPECT_NE(svg.find("budget 10 GiB"), std::string::npos);
+  // The frontier is a step line: three points, two steps (H then V each), then on to the budget.
+  const size_t d = svg.find("class=\"frontier\" d=\"");
+  const std::string path = svg.substr(d, svg.find('"', d + 20) - d);
+  EXPECT_EQ(Count(path, " H"), 3);
+  EXPECT_EQ(Count(path, " V"), 2);
+  // Tags balance.
+  EXPECT_EQ(Count(svg, "<g"), Count(svg, "</g>"));
+  EXPECT_EQ(Count(svg, "<text"), Count(svg, "</text>"));
+}
+
+TEST(Render, SvgEscapesAndSurvivesAnEmptySearch) {
+  v1::Search s;
+  s.mutable_spec()->set_name("a<b & \"c\"");
+  const std::string svg = ResultSvg(s);
+  EXPECT_NE(svg.find("a&lt;b &amp; &quot;c&quot;"), std::string::npos);
+  EXPECT_EQ(Count(svg, "class=\"trial\""), 0);
+  EXPECT_EQ(svg.find("nan"), std::string::npos);
+  EXPECT_EQ(svg.find("inf"), std::string::npos);
+}
+
+TEST(Render, ProgressLines) {
+  v1::SearchProgress p;
+  p.set_id("s-1");
+  p.set_state(v1::SEARCH_STATE_RUNNING);
+  p.set_trials_done(3);
+  p.set_trials_planned(12);
+  p.set_trials_running(2);
+  p.set_elapsed_s(75);
+  p.set_eta_s(200);
+  p.set_best_policy("selective:[core_attn]");
+  p.set_best_tokens_per_s(7700);
+  p.set_best_peak_bytes(61 * kGiB);
+  EXPECT_EQ(ProgressLine(p, /*tty=*/false),
+            "progress: 3/12 trials done, 2 running, 1m15s elapsed, ETA 3m20s, state running; "
+            "best so far: selective:[core_attn] (7700 tokens/s at 61.00 GiB)");
+  EXPECT_EQ(ProgressLine(p, /*tty=*/true),
+            "[######------------------] 3/12 trials, 2 running, 1m15s elapsed, ETA 3m20s, best "
+            "selective:[core_attn] (7700 tokens/s at 61.00 GiB)");
+  p.clear_best_policy();
+  p.set_eta_s(0);
+  EXPECT_NE(ProgressLine(p, false).find("ETA ?, state running; no point fits yet"),
+            std::string::npos);
+}
+
+TEST(Render, ListTable) {
+  v1::ListSearchesResponse list;
+  v1::SearchSummary* s = list.add_searches();
+  s->set_id("s-1");
+  s->set_name("llama");
+  s->set_owner("alice");
+  s->set_state(v1::SEARCH_STATE_RUNNING);
+  s->set_trials_done(2);
+  s->set_trials_planned(9);
+  std::ostringstream out;
+  RenderList(list, out);
+  EXPECT_NE(out.str().find("s-1  llama  alice  running   2/9      -"), std::string::npos)
+      << out.str();
+}
+
+}  // namespace
+}  // namespace remat::cli
