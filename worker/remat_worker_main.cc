@@ -46,10 +46,15 @@ int main(int argc, char** argv) {
   std::string coordinator, gpus, token_file, tls_ca, work_dir, trial_binary, templates_file;
   std::string log_level = "info";
   double grace_s = 10;
+  int plain_slots = 0;
   bool tls = false, keep_trial_dirs = false;
   app.add_option("--coordinator", coordinator, "the coordinator, HOST:PORT")->required();
   app.add_option("--gpus", gpus,
                  "GPUs to offer, e.g. 0,1 (default: all); without GPUs, names plain slots");
+  app.add_option("--plain-slots", plain_slots,
+                 "offer N plain (CPU) slots and no GPUs (replay rehearsals, CPU trials)")
+      ->check(CLI::PositiveNumber)
+      ->excludes("--gpus");
   app.add_option("--token-file", token_file,
                  "file holding this worker's bearer token (or env REMAT_WORKER_TOKEN)");
   app.add_flag("--tls", tls, "connect with TLS (system roots unless --tls-ca)");
@@ -96,9 +101,13 @@ int main(int argc, char** argv) {
   }
   options.connection.tls = tls;
 
-  auto slots = remat::worker::SelectSlots(remat::worker::DiscoverGpus(), gpus);
-  if (!slots.ok()) return Fail(2, std::string(slots.status().message()));
-  options.slots = *slots;
+  if (plain_slots > 0) {
+    options.slots = remat::worker::PlainSlots(plain_slots);
+  } else {
+    auto slots = remat::worker::SelectSlots(remat::worker::DiscoverGpus(), gpus);
+    if (!slots.ok()) return Fail(2, std::string(slots.status().message()));
+    options.slots = *slots;
+  }
 
   if (work_dir.empty()) {
     std::error_code ec;
