@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -18,10 +19,12 @@
 namespace remat::engine {
 namespace {
 
-// Counts every CPU allocation LibTorch makes and refuses those past the budget.
+// Counts every CPU allocation LibTorch makes and refuses those past the budget. It allocates
+// itself (64-byte aligned, a header before each block holding its size), so that the DataPtr's
+// context is the data pointer and raw_allocate/raw_deleter work as with LibTorch's default.
 class CountingCpuAllocator final : public c10::Allocator {
  public:
-  explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
+  static constexpr size_t kHeader = 64;  // keeps the data 64-byte aligned, as c10's gAlignment
 
   c10::DataPtr allocate(size_t n) const override {
     const uint64_t before = current_.fetch_add(n);
@@ -37,18 +40,18 @@ class CountingCpuAllocator final : public c10::Allocator {
     uint64_t peak = peak_.load();
     while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
     }
-    c10::DataPtr inner;
-    try {
-      inner = inner_->allocate(n);
-    } catch (...) {
+    void* base = nullptr;
+    if (::posix_memalign(&base, kHeader, n + kHeader) != 0 || base == nullptr) {
       current_.fetch_sub(n);
-      throw;
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: the system refused ", n,
+                       " bytes");
     }
-    void* data = inner.get();
-    const c10::Device device = inner.device();
-    auto* record = new Record{std::move(inner), n, this};
-    return c10::DataPtr(data, record, &Release, device);
+    *static_cast<uint64_t*>(base) = n;
+    void* data = static_cast<char*>(base) + kHeader;
+    return c10::DataPtr(data, data, &Release, c10::Device(c10::DeviceType::CPU));
   }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &Release; }
 
   // LibTorch 2.x declares this pure virtual; 1.13 has no such member (then it is a plain method).
   void copy_data(void* dest, const void* src, std::size_t count) const {
@@ -66,28 +69,23 @@ class CountingCpuAllocator final : public c10::Allocator {
   uint64_t failed_request() const { return failed_request_.load(); }
 
  private:
-  struct Record {
-    c10::DataPtr inner;
-    uint64_t bytes;
-    const CountingCpuAllocator* owner;
-  };
-
-  static void Release(void* ctx) {
-    auto* record = static_cast<Record*>(ctx);
-    record->owner->current_.fetch_sub(record->bytes);
-    delete record;  // frees the memory through the inner DataPtr
+  static void Release(void* data) {
+    if (data == nullptr) return;
+    void* base = static_cast<char*>(data) - kHeader;
+    current_.fetch_sub(*static_cast<uint64_t*>(base));
+    std::free(base);
   }
 
-  c10::Allocator* inner_;
-  mutable std::atomic<uint64_t> current_{0};
-  mutable std::atomic<uint64_t> peak_{0};
-  mutable std::atomic<uint64_t> failed_request_{0};
-  std::atomic<uint64_t> budget_{std::numeric_limits<uint64_t>::max()};
+  // One allocator per process: the counters are static so the deleter needs no context.
+  static inline std::atomic<uint64_t> current_{0};
+  static inline std::atomic<uint64_t> peak_{0};
+  static inline std::atomic<uint64_t> failed_request_{0};
+  static inline std::atomic<uint64_t> budget_{std::numeric_limits<uint64_t>::max()};
 };
 
 class CpuTracker final : public MemoryTracker {
  public:
-  CpuTracker() : allocator_(c10::GetCPUAllocator()) {
+  CpuTracker() {
     // A priority above the default's so LibTorch hands every CPU tensor to the counting wrapper.
     c10::SetCPUAllocator(&allocator_, /*priority=*/100);
   }

@@ -240,12 +240,12 @@ RngState CaptureRng(const Runtime& rt) {
   {
     at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
     std::lock_guard<std::mutex> lock(gen.mutex());
-    s.cpu = gen.get_state();
+    s.cpu = gen.clone();
   }
   if (rt.device.is_cuda()) {
     at::Generator gen = at::globalContext().defaultGenerator(rt.device);
     std::lock_guard<std::mutex> lock(gen.mutex());
-    s.cuda = gen.get_state();
+    s.cuda = gen.clone();
   }
   return s;
 }
@@ -254,12 +254,12 @@ void RestoreRng(const Runtime& rt, const RngState& s) {
   if (s.cpu.defined()) {
     at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
     std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(s.cpu);
+    gen.set_state(s.cpu.get_state());
   }
   if (s.cuda.defined() && rt.device.is_cuda()) {
     at::Generator gen = at::globalContext().defaultGenerator(rt.device);
     std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(s.cuda);
+    gen.set_state(s.cuda.get_state());
   }
 }
 

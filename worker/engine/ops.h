@@ -38,9 +38,11 @@ struct Runtime {
 };
 
 // ---- RNG: Megatron restores the forward's RNG state when it replays a region.
+// Copies of the default generators (plain objects, not tensors: on CPU runs a state tensor would
+// count as device memory, which Megatron's host-side RNG snapshot is not).
 struct RngState {
-  at::Tensor cpu;
-  at::Tensor cuda;  // undefined on CPU runs
+  at::Generator cpu;
+  at::Generator cuda;  // undefined on CPU runs
 };
 RngState CaptureRng(const Runtime& rt);
 void RestoreRng(const Runtime& rt, const RngState& state);

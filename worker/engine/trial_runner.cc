@@ -184,7 +184,7 @@ class Optimizer {
     return static_cast<uint64_t>(numel_) * (elem + 4 + master + 8);
   }
 
-  void ZeroGrad() { grad_buffer_.zero_(); }
+  void ZeroGrad() { grad_buffer_.zero_(); }  // also clears Step()'s scratch use of it
 
   // Megatron's finalize_model_grads + clip_grad_norm + Adam step. Returns the gradient norm
   // (before clipping) as a device scalar.
@@ -222,18 +222,14 @@ class Optimizer {
     }
     const double bc1 = 1.0 - std::pow(kBeta1, step_);
     const double bc2 = 1.0 - std::pow(kBeta2, step_);
-    for (int64_t off = 0; off < numel_; off += kChunk) {
-      const int64_t n = std::min(kChunk, numel_ - off);
-      at::Tensor g = grad_buffer_.narrow(0, off, n);
-      at::Tensor w = master_.narrow(0, off, n);
-      at::Tensor m = exp_avg_.narrow(0, off, n);
-      at::Tensor v = exp_avg_sq_.narrow(0, off, n);
-      w.mul_(1.0 - kLr * kWeightDecay);
-      m.mul_(kBeta1).add_(g, 1.0 - kBeta1);
-      v.mul_(kBeta2).addcmul_(g, g, 1.0 - kBeta2);
-      at::Tensor denom = v.sqrt().div_(std::sqrt(bc2)).add_(kEps);
-      w.addcdiv_(m, denom, -kLr / bc1);
-    }
+    // AdamW without temporaries (as a fused Adam): once the moments are updated the gradient is
+    // spent, so its buffer holds the denominator.
+    at::Tensor& g = grad_buffer_;
+    master_.mul_(1.0 - kLr * kWeightDecay);
+    exp_avg_.mul_(kBeta1).add_(g, 1.0 - kBeta1);
+    exp_avg_sq_.mul_(kBeta2).addcmul_(g, g, 1.0 - kBeta2);
+    g.copy_(exp_avg_sq_).sqrt_().div_(std::sqrt(bc2)).add_(kEps);
+    master_.addcdiv_(exp_avg_, g, -kLr / bc1);
     if (dtype_ != at::kFloat) param_buffer_.copy_(master_);
     return norm;
   }
@@ -241,7 +237,6 @@ class Optimizer {
  private:
   static constexpr double kLr = 1e-4, kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8,
                           kWeightDecay = 0.01, kMaxGradNorm = 1.0;
-  static constexpr int64_t kChunk = int64_t{1} << 24;  // bounds Adam's temporary to 64 MiB
 
   static int64_t Numel(const ParamInfo& p) {
     int64_t n = 1;
@@ -420,7 +415,11 @@ search::TrialResult RunTrial(const TrialOptions& o) {
       SynchronizeDevice(device);
       const auto t1 = Clock::now();
       if (step == spec.search.warmup_steps) {
-        result.loss = loss.item<double>();
+        // Megatron logs the loss averaged over the data-parallel ranks.
+        at::Tensor mean_loss = loss.detach().to(at::kFloat).reshape({1}).clone();
+        AllReduceTensor(rt, rt.dp, mean_loss, ReduceOp::kSum);
+        comm->Synchronize();
+        result.loss = mean_loss.item<double>() / dp;
         result.grad_norm = norm.item<double>();
       }
       if (step >= spec.search.warmup_steps) times.push_back(Seconds(t0, t1));

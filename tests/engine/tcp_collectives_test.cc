@@ -1,0 +1,126 @@
+// The CPU collectives: results, groups, and failures that end in an error instead of a hang.
+// Ranks are threads of this process (each with its own Collectives object).
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "worker/engine/collectives.h"
+
+namespace remat::engine {
+namespace {
+
+std::string FreshDir() {
+  static int counter = 0;
+  auto dir = std::filesystem::temp_directory_path() /
+             ("remat-tcp-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+// Runs body(rank, collectives) on `world` threads; returns each rank's error ("" if none).
+std::vector<std::string> RunRanks(int world, double timeout_s,
+                                  const std::function<void(int, Collectives&)>& body,
+                                  const std::vector<int>& absent = {}) {
+  const std::string dir = FreshDir();
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    if (std::find(absent.begin(), absent.end(), r) != absent.end()) continue;
+    threads.emplace_back([&, r] {
+      try {
+        CollectivesOptions o;
+        o.rank = r;
+        o.world_size = world;
+        o.rendezvous_dir = dir;
+        o.timeout_s = timeout_s;
+        auto c = NewTcpCollectives(o);
+        body(r, *c);
+      } catch (const CollectiveError& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+TEST(TcpCollectivesTest, AllReduceAllGatherReduceScatter) {
+  const int world = 3;
+  auto errors = RunRanks(world, 20, [](int r, Collectives& c) {
+    std::vector<float> v = {float(r), float(r + 1)};
+    c.AllReduce(c.World(), v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+    EXPECT_EQ(v, (std::vector<float>{3, 6}));
+    std::vector<double> mx = {double(r)};
+    c.AllReduce(c.World(), mx.data(), 1, DataType::kFloat64, ReduceOp::kMax);
+    EXPECT_EQ(mx[0], 2.0);
+    std::vector<int64_t> mine = {r * 10, r * 10 + 1}, all(6);
+    c.AllGather(c.World(), mine.data(), all.data(), 2, DataType::kInt64);
+    EXPECT_EQ(all, (std::vector<int64_t>{0, 1, 10, 11, 20, 21}));
+    std::vector<float> in = {1, 2, 3, 4, 5, 6}, out(2);
+    c.ReduceScatter(c.World(), in.data(), out.data(), 2, DataType::kFloat32);
+    EXPECT_EQ(out, (std::vector<float>{3.0f * (2 * r + 1), 3.0f * (2 * r + 2)}));
+    c.Barrier(c.World());
+    c.Synchronize();
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(TcpCollectivesTest, Bfloat16SumsAndSubgroups) {
+  auto errors = RunRanks(4, 20, [](int r, Collectives& c) {
+    // Two TP groups {0,1} {2,3} and two DP groups {0,2} {1,3}, as the trial runner builds them.
+    Group tp = c.CreateGroup({{0, 1}, {2, 3}});
+    Group dp = c.CreateGroup({{0, 2}, {1, 3}});
+    EXPECT_EQ(tp.size(), 2);
+    EXPECT_EQ(tp.rank, r % 2);
+    EXPECT_EQ(dp.rank, r / 2);
+    float v = float(r);
+    c.AllReduce(tp, &v, 1, DataType::kFloat32, ReduceOp::kSum);
+    EXPECT_EQ(v, r < 2 ? 1.0f : 5.0f);
+    float w = float(r);
+    c.AllReduce(dp, &w, 1, DataType::kFloat32, ReduceOp::kSum);
+    EXPECT_EQ(w, r % 2 == 0 ? 2.0f : 4.0f);
+    uint16_t bf = 0x3f80;  // 1.0 in bfloat16
+    c.AllReduce(c.World(), &bf, 1, DataType::kBFloat16, ReduceOp::kSum);
+    EXPECT_EQ(bf, 0x4080);  // 4.0
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(TcpCollectivesTest, MissingRankTimesOutInsteadOfHanging) {
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = RunRanks(3, 1.5, [](int, Collectives&) {}, /*absent=*/{2});
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(took, 15.0);
+  EXPECT_NE(errors[0], "");
+  EXPECT_NE(errors[1], "");
+}
+
+TEST(TcpCollectivesTest, RankThatLeavesFailsTheOthersPromptly) {
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = RunRanks(2, 30, [](int r, Collectives& c) {
+    if (r == 1) return;  // leaves (says goodbye) without joining the next collective
+    float v = 1;
+    c.AllReduce(c.World(), &v, 1, DataType::kFloat32, ReduceOp::kSum);
+  });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(took, 15.0);  // far below the 30 s timeout
+  EXPECT_NE(errors[0].find("left"), std::string::npos) << errors[0];
+  EXPECT_EQ(errors[1], "");
+}
+
+TEST(TcpCollectivesTest, NoHubIsAnError) {
+  auto errors = RunRanks(2, 1, [](int, Collectives&) {}, /*absent=*/{0});
+  EXPECT_NE(errors[1].find("no hub"), std::string::npos) << errors[1];
+}
+
+}  // namespace
+}  // namespace remat::engine

@@ -1,0 +1,84 @@
+// Tiny versions of the three example models (dense GQA, MLA, grouped MoE with shared experts)
+// for the CPU engine tests: hidden 64, 4 layers, seq 64, vocab 512, fp32, dropout 0. The vocabulary
+// is 8x the hidden size, as in real models (where it is 8-40x): the logits and their fp32 softmax
+// then weigh as they do in a real step, so the end-of-forward peak is not dwarfed by one
+// layer's backward transient.
+#pragma once
+
+#include "search/spec.h"
+
+namespace remat::engine::testing {
+
+inline search::SearchSpec TinyBase() {
+  search::SearchSpec s;
+  s.name = "tiny";
+  auto& m = s.model;
+  m.num_layers = 4;
+  m.hidden_size = 64;
+  m.num_attention_heads = 4;
+  m.seq_length = 64;
+  m.vocab_size = 512;
+  m.ffn_hidden_size = 128;
+  m.gated_linear_unit = true;
+  m.normalization = search::Normalization::kRMSNorm;
+  m.attention_dropout = 0.0;
+  m.hidden_dropout = 0.0;
+  m.add_bias_linear = false;
+  m.position_embedding_type = search::PositionEmbedding::kRope;
+  s.train.micro_batch_size = 2;
+  s.train.precision = search::Precision::kFp32;
+  s.search.memory_budget_gib = 1;
+  s.search.warmup_steps = 1;  // the measured step's loss sees one optimizer update
+  s.search.measure_steps = 1;
+  s.search.device = search::Device::kCpu;
+  return s;
+}
+
+inline search::SearchSpec TinyDense() {
+  search::SearchSpec s = TinyBase();
+  s.name = "tiny-dense";
+  s.model.num_query_groups = 2;
+  return s;
+}
+
+// Megatron's defaults where the modern recipe differs: LayerNorm, GELU, biases, learned absolute
+// positions, dropout on.
+inline search::SearchSpec TinyDenseDropout() {
+  search::SearchSpec s = TinyBase();
+  s.name = "tiny-dense-dropout";
+  s.model.gated_linear_unit = false;
+  s.model.normalization = search::Normalization::kLayerNorm;
+  s.model.add_bias_linear = true;
+  s.model.position_embedding_type = search::PositionEmbedding::kLearnedAbsolute;
+  s.model.attention_dropout = 0.1;
+  s.model.hidden_dropout = 0.1;
+  return s;
+}
+
+inline search::SearchSpec TinyMla() {
+  search::SearchSpec s = TinyBase();
+  s.name = "tiny-mla";
+  auto& m = s.model;
+  m.multi_latent_attention = true;
+  m.q_lora_rank = 32;
+  m.kv_lora_rank = 32;
+  m.qk_head_dim = 32;
+  m.qk_pos_emb_head_dim = 16;
+  m.v_head_dim = 24;
+  return s;
+}
+
+inline search::SearchSpec TinyMoe() {
+  search::SearchSpec s = TinyBase();
+  s.name = "tiny-moe";
+  auto& m = s.model;
+  m.num_moe_experts = 8;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 64;
+  m.moe_shared_expert_intermediate_size = 96;
+  m.moe_grouped_gemm = true;
+  m.moe_layer_pattern = {0, 1, 1, 1};  // a dense first layer, as DeepSeek-V2-Lite
+  return s;
+}
+
+}  // namespace remat::engine::testing

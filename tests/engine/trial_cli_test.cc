@@ -1,0 +1,219 @@
+// remat-trial as the worker runs it: one process per rank. Tensor parallelism across two
+// processes matches the 1-rank run, an OOM is a result with exit code 0, a missing rank ends in
+// status failed instead of a hang, and the binary request/result files round-trip.
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "proto/convert.h"
+#include "tests/engine/test_models.h"
+
+namespace remat::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path TempDir() {
+  static int counter = 0;
+  fs::path d = fs::temp_directory_path() /
+               ("remat-trial-cli-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+struct Output {
+  int exit_code = -1;
+  std::string out;
+};
+
+// Runs a shell command; stdout captured (stderr folded in with 2>&1 by the caller when wanted).
+Output Sh(const std::string& command) {
+  Output o;
+  FILE* p = ::popen(command.c_str(), "r");
+  if (p == nullptr) return o;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) o.out.append(buf, n);
+  const int status = ::pclose(p);
+  o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return o;
+}
+
+const std::string kTrial = REMAT_TRIAL_PATH;
+
+constexpr const char* kDenseYaml = R"(name: tiny-dense
+model:
+  num_layers: 4
+  hidden_size: 64
+  num_attention_heads: 4
+  num_query_groups: 2
+  ffn_hidden_size: 128
+  gated_linear_unit: true
+  normalization: RMSNorm
+  seq_length: 64
+  vocab_size: 256
+  attention_dropout: 0.0
+  hidden_dropout: 0.0
+  add_bias_linear: false
+  position_embedding_type: rope
+train:
+  micro_batch_size: 2
+  precision: fp32
+search:
+  memory_budget_gib: 1
+  warmup_steps: 1
+  measure_steps: 1
+  device: cpu
+)";
+
+fs::path WriteSpec(const fs::path& dir, const std::string& name, const std::string& parallel,
+                   const std::string& budget = "1") {
+  std::string yaml = kDenseYaml;
+  yaml.replace(yaml.find("train:"), 0, parallel);
+  yaml.replace(yaml.find("memory_budget_gib: 1"), 20, "memory_budget_gib: " + budget);
+  fs::path p = dir / name;
+  std::ofstream(p) << yaml;
+  return p;
+}
+
+nlohmann::json RunOne(const fs::path& spec, const std::string& policy) {
+  Output o = Sh(kTrial + " --spec " + spec.string() + " --policy '" + policy + "' --json");
+  EXPECT_EQ(o.exit_code, 0) << o.out;
+  return nlohmann::json::parse(o.out);
+}
+
+// Starts every rank as its own process; returns each rank's JSON result.
+std::vector<nlohmann::json> RunRanks(const fs::path& spec, const std::string& policy, int world,
+                                     double timeout_s = 60) {
+  const fs::path rendezvous = TempDir();
+  std::vector<std::thread> threads;
+  std::vector<Output> outs(world);
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      std::ostringstream cmd;
+      cmd << kTrial << " --spec " << spec.string() << " --policy '" << policy << "' --rank " << r
+          << " --world-size " << world << " --rendezvous " << rendezvous.string()
+          << " --collective-timeout " << timeout_s << " --json";
+      outs[r] = Sh(cmd.str());
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<nlohmann::json> results;
+  for (const Output& o : outs) {
+    EXPECT_EQ(o.exit_code, 0) << o.out;
+    results.push_back(nlohmann::json::parse(o.out));
+  }
+  return results;
+}
+
+double RelDiff(double a, double b) { return std::abs(a - b) / std::abs(b); }
+
+TEST(TrialCliTest, TensorParallelMatchesOneRank) {
+  const fs::path dir = TempDir();
+  const fs::path one = WriteSpec(dir, "one.yaml", "");
+  const fs::path tp2 = WriteSpec(dir, "tp2.yaml", "parallel:\n  tensor_model_parallel_size: 2\n");
+  const fs::path sp2 = WriteSpec(
+      dir, "sp2.yaml", "parallel:\n  tensor_model_parallel_size: 2\n  sequence_parallel: true\n");
+  for (const std::string policy : {"selective:[]", "selective:[core_attn,layernorm]"}) {
+    const nlohmann::json base = RunOne(one, policy);
+    ASSERT_EQ(base["status"], "ok") << base.dump();
+    for (const fs::path& spec : {tp2, sp2}) {
+      for (const nlohmann::json& r : RunRanks(spec, policy, 2)) {
+        ASSERT_EQ(r["status"], "ok") << r.dump();
+        EXPECT_LT(RelDiff(r["loss"], base["loss"]), 1e-5) << spec << " " << policy;
+        EXPECT_LT(RelDiff(r["grad_norm"], base["grad_norm"]), 1e-5) << spec << " " << policy;
+        // Half the weights and (roughly) half the activations per rank.
+        EXPECT_LT(r["peak_allocated_bytes"].get<double>(),
+                  0.75 * base["peak_allocated_bytes"].get<double>());
+      }
+    }
+  }
+}
+
+TEST(TrialCliTest, BudgetBelowTheNeedIsOomWithExitZero) {
+  const fs::path dir = TempDir();
+  const fs::path spec = WriteSpec(dir, "small.yaml", "", "0.002");
+  Output o = Sh(kTrial + " --spec " + spec.string() + " --policy 'selective:[]' --json");
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  const nlohmann::json r = nlohmann::json::parse(o.out);
+  EXPECT_EQ(r["status"], "oom");
+  EXPECT_GT(r["ranks"][0]["failing_request_bytes"].get<uint64_t>(), 0u);
+}
+
+TEST(TrialCliTest, MissingRankIsFailedNotAHang) {
+  const fs::path dir = TempDir();
+  const fs::path spec = WriteSpec(dir, "tp2.yaml", "parallel:\n  tensor_model_parallel_size: 2\n");
+  const fs::path rendezvous = TempDir();
+  const auto start = std::chrono::steady_clock::now();
+  Output o = Sh(kTrial + " --spec " + spec.string() + " --policy 'selective:[]' --rank 0" +
+                " --world-size 2 --rendezvous " + rendezvous.string() +
+                " --collective-timeout 2 --json");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  const nlohmann::json r = nlohmann::json::parse(o.out);
+  EXPECT_EQ(r["status"], "failed");
+  EXPECT_NE(r["message"].get<std::string>().find("timed out"), std::string::npos) << r.dump();
+  EXPECT_LT(took, 30.0);
+}
+
+TEST(TrialCliTest, RequestAndResultFilesRoundTrip) {
+  const fs::path dir = TempDir();
+  v1::TrialRequest request;
+  *request.mutable_spec() = proto::ToProto(testing::TinyMla());
+  request.mutable_policy()->set_canonical("selective:[mla_up_proj]");
+  request.set_rank(0);
+  request.set_world_size(1);
+  {
+    std::ofstream out(dir / "request.pb", std::ios::binary);
+    ASSERT_TRUE(request.SerializeToOstream(&out));
+  }
+  Output o = Sh(kTrial + " --request " + (dir / "request.pb").string() + " --result " +
+                (dir / "result.pb").string() + " 2>&1");
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  v1::TrialResult msg;
+  std::ifstream in(dir / "result.pb", std::ios::binary);
+  ASSERT_TRUE(msg.ParseFromIstream(&in));
+  auto result = proto::FromProto(msg);
+  ASSERT_TRUE(result.ok()) << result.status().message();
+  EXPECT_EQ(result->status, search::TrialStatus::kOk) << result->message;
+  EXPECT_EQ(result->policy.ToString(), "selective:[mla_up_proj]");
+  ASSERT_EQ(result->ranks.size(), 1u);
+  EXPECT_GT(result->ranks[0].peak_allocated_bytes, result->ranks[0].static_bytes);
+  EXPECT_GT(result->step_time_s, 0);
+  EXPECT_GT(result->tokens_per_s, 0);
+  EXPECT_GT(result->setup_s, 0);
+}
+
+TEST(TrialCliTest, BadInputExitsTwoWithAnErrorLine) {
+  const fs::path dir = TempDir();
+  const fs::path spec = WriteSpec(dir, "one.yaml", "");
+  Output o = Sh(kTrial + " --spec " + spec.string() + " --policy 'selective:[bogus]' 2>&1");
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_EQ(o.out.rfind("error: --policy", 0), 0u) << o.out;
+  o = Sh(kTrial + " --request /nonexistent/request.pb --result /tmp/x 2>&1");
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_EQ(o.out.rfind("error: --request", 0), 0u) << o.out;
+}
+
+TEST(TrialCliTest, VersionListsTheBuild) {
+  Output o = Sh(kTrial + " --version");
+  EXPECT_EQ(o.exit_code, 0);
+  for (const char* key : {"remat=", "torch=", "cuda=", "nccl=", "device="}) {
+    EXPECT_NE(o.out.find(key), std::string::npos) << key << " missing in\n" << o.out;
+  }
+}
+
+}  // namespace
+}  // namespace remat::engine
