@@ -308,6 +308,31 @@ TEST_F(CommandTest, OnlyConfiguredTemplatesRun) {
             "other)");
 }
 
+// The shipped Megatron Bridge callback writes files the worker reads (python3 needed).
+TEST_F(CommandTest, MegatronBridgeCallbackWritesWhatTheWorkerReads) {
+  if (access("/usr/bin/python3", X_OK) != 0) GTEST_SKIP() << "python3 not installed";
+  const std::string script = dir_ / "train.py";
+  WriteText(script, "import sys\n"
+                    "sys.path.insert(0, '" REMAT_SOURCE_DIR "/worker/megatron_bridge')\n"
+                    "from remat_metrics_callback import RematMetricsCallback\n"
+                    "cb = RematMetricsCallback()\n"
+                    "cb.on_train_start()\n"
+                    "for i in range(int(sys.argv[1])):\n"
+                    "    cb.on_train_step_start()\n"
+                    "    cb.on_train_step_end(type('Ctx', (), {'loss_dict': {'lm loss': 3.0 - i}})())\n"
+                    "if sys.argv[2] == 'oom':\n"
+                    "    raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
+                    "cb.on_train_end()\n");
+  v1::TrialResult r = Run("job: python3 " + script + " {train_iters} ok\n", Assignment("cmd", 1));
+  ASSERT_EQ(r.status(), v1::TRIAL_STATUS_OK) << r.message();
+  ASSERT_EQ(r.ranks_size(), 1);
+  EXPECT_GT(r.step_time_s(), 0);
+  EXPECT_DOUBLE_EQ(r.loss(), 1.0);  // the first measured step (after 2 warm-up steps)
+  r = Run("job: python3 " + script + " 3 oom\n", Assignment("cmd", 1));
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_OOM) << r.message();
+  EXPECT_NE(r.message().find("CUDA out of memory"), std::string::npos) << r.message();
+}
+
 TEST(CommandTemplate, ParsesBothFormsAndRefusesUnknownPlaceholders) {
   auto t = ParseCommandTemplatesYaml(
       "a: run {overrides}\nb:\n  command: go {nproc}\n  env: {X: '1'}\n  workdir: /tmp\n");
