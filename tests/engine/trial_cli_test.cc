@@ -142,6 +142,20 @@ TEST(TrialCliTest, TensorParallelMatchesOneRank) {
   }
 }
 
+TEST(TrialCliTest, DataParallelRanksAgree) {
+  const fs::path dir = TempDir();
+  const fs::path dp2 = WriteSpec(dir, "dp2.yaml", "parallel:\n  data_parallel_size: 2\n");
+  const std::vector<nlohmann::json> r = RunRanks(dp2, "full:uniform:2", 2);
+  ASSERT_EQ(r[0]["status"], "ok") << r[0].dump();
+  ASSERT_EQ(r[1]["status"], "ok") << r[1].dump();
+  // Averaged gradients: both ranks hold the same weights, hence report the same loss and norm.
+  EXPECT_EQ(r[0]["loss"], r[1]["loss"]);
+  EXPECT_EQ(r[0]["grad_norm"], r[1]["grad_norm"]);
+  // tokens/s counts both ranks' micro-batches.
+  EXPECT_NEAR(r[0]["tokens_per_s"].get<double>() * r[0]["step_time_s"].get<double>(), 2 * 2 * 64,
+              1e-6);
+}
+
 TEST(TrialCliTest, BudgetBelowTheNeedIsOomWithExitZero) {
   const fs::path dir = TempDir();
   const fs::path spec = WriteSpec(dir, "small.yaml", "", "0.002");

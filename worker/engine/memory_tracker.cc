@@ -26,7 +26,12 @@ class CountingCpuAllocator final : public c10::Allocator {
  public:
   static constexpr size_t kHeader = 64;  // keeps the data 64-byte aligned, as c10's gAlignment
 
-  c10::DataPtr allocate(size_t n) const override {
+  // LibTorch 1.x declares allocate() const, 2.3 and later non-const: define both (no override
+  // keyword), and whichever the base declares is overridden.
+  c10::DataPtr allocate(size_t n) const { return Allocate(n); }
+  c10::DataPtr allocate(size_t n) { return Allocate(n); }
+
+  c10::DataPtr Allocate(size_t n) const {
     const uint64_t before = current_.fetch_add(n);
     const uint64_t now = before + n;
     if (now > budget_.load()) {

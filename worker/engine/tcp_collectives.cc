@@ -249,8 +249,8 @@ class Hub {
         for (int r = 0; r < world_size_; ++r) {
           if (fds_[r] < 0) missing += (missing.empty() ? "" : ",") + std::to_string(r);
         }
-        BroadcastError("rank(s) " + missing + " did not join the rendezvous within " +
-                       std::to_string(static_cast<int>(timeout_s_)) + " s");
+        BroadcastError("rendezvous timed out after " + std::to_string(static_cast<int>(timeout_s_)) +
+                       " s: rank(s) " + missing + " did not join");
         return false;
       }
       pollfd pfd{listen_fd_, POLLIN, 0};
