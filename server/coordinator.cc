@@ -139,7 +139,7 @@ absl::Status Coordinator::Start() {
       return absl::UnavailableError(
           absl::StrCat("metrics-listen: cannot listen on ", o.metrics_listen, ": ", e.what()));
     }
-    im.exposer_->RegisterCollectable(im.metrics_->registry());
+    im.exposer_->RegisterCollectable(im.metrics_->collectable());
     auto ports = im.exposer_->GetListeningPorts();
     im.metrics_port_ = ports.empty() ? 0 : ports.front();
   }
@@ -157,8 +157,10 @@ absl::Status Coordinator::Start() {
   im.scheduler_ = std::make_unique<Scheduler>(so, im.store_.get(), im.metrics_.get());
   REMAT_RETURN_IF_ERROR(im.scheduler_->Resume());
 
-  im.remat_service_ = std::make_unique<RematServiceImpl>(im.scheduler_.get(), &im.auth_);
-  im.worker_service_ = std::make_unique<WorkerServiceImpl>(im.scheduler_.get(), &im.auth_);
+  im.remat_service_ =
+      std::make_unique<RematServiceImpl>(im.scheduler_.get(), &im.auth_, im.metrics_.get());
+  im.worker_service_ =
+      std::make_unique<WorkerServiceImpl>(im.scheduler_.get(), &im.auth_, im.metrics_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

@@ -1,6 +1,7 @@
 #include "server/grpc_service.h"
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,9 +24,19 @@ absl::StatusOr<Principal> Authorize(grpc::CallbackServerContext* ctx, const Auth
 
 // Runs `body` (returning absl::StatusOr<Response>) for an authorized caller and finishes the
 // call with its answer.
+using RpcClock = std::chrono::steady_clock;
+
+void Observe(Metrics* metrics, const char* method, RpcClock::time_point start) {
+  if (metrics != nullptr) {
+    metrics->ObserveRpc(method, std::chrono::duration<double>(RpcClock::now() - start).count());
+  }
+}
+
 template <typename Response, typename Body>
 grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const Authenticator* auth,
-                                Role role, Response* response, Body body) {
+                                Metrics* metrics, const char* method, Role role,
+                                Response* response, Body body) {
+  const auto start = RpcClock::now();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   auto who = Authorize(ctx, auth, role);
   if (!who.ok()) {
@@ -35,6 +46,7 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const Authenti
   absl::StatusOr<Response> result = body(*who);
   if (result.ok()) *response = std::move(*result);
   reactor->Finish(ToGrpcStatus(result.status()));
+  Observe(metrics, method, start);
   return reactor;
 }
 
@@ -167,14 +179,14 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 grpc::ServerUnaryReactor* RematServiceImpl::SubmitSearch(grpc::CallbackServerContext* ctx,
                                                          const v1::SubmitSearchRequest* request,
                                                          v1::SubmitSearchResponse* response) {
-  return Unary(ctx, auth_, Role::kUser, response,
+  return Unary(ctx, auth_, metrics_, "SubmitSearch", Role::kUser, response,
                [&](const Principal& who) { return scheduler_->SubmitSearch(who, *request); });
 }
 
 grpc::ServerUnaryReactor* RematServiceImpl::GetSearch(grpc::CallbackServerContext* ctx,
                                                       const v1::GetSearchRequest* request,
                                                       v1::Search* response) {
-  return Unary(ctx, auth_, Role::kUser, response,
+  return Unary(ctx, auth_, metrics_, "GetSearch", Role::kUser, response,
                [&](const Principal& who) { return scheduler_->GetSearch(who, request->id()); });
 }
 
@@ -196,7 +208,7 @@ grpc::ServerWriteReactor<v1::SearchProgress>* RematServiceImpl::WatchSearch(
 grpc::ServerUnaryReactor* RematServiceImpl::CancelSearch(grpc::CallbackServerContext* ctx,
                                                          const v1::CancelSearchRequest* request,
                                                          v1::CancelSearchResponse* response) {
-  return Unary(ctx, auth_, Role::kUser, response, [&](const Principal& who) {
+  return Unary(ctx, auth_, metrics_, "CancelSearch", Role::kUser, response, [&](const Principal& who) {
     return scheduler_->CancelSearch(who, request->id());
   });
 }
@@ -204,7 +216,7 @@ grpc::ServerUnaryReactor* RematServiceImpl::CancelSearch(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* RematServiceImpl::ListSearches(grpc::CallbackServerContext* ctx,
                                                          const v1::ListSearchesRequest* request,
                                                          v1::ListSearchesResponse* response) {
-  return Unary(ctx, auth_, Role::kUser, response, [&](const Principal& who) {
+  return Unary(ctx, auth_, metrics_, "ListSearches", Role::kUser, response, [&](const Principal& who) {
     return scheduler_->ListSearches(who, request->limit());
   });
 }
@@ -214,14 +226,14 @@ grpc::ServerUnaryReactor* RematServiceImpl::ListSearches(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContext* ctx,
                                                       const v1::RegisterRequest* request,
                                                       v1::RegisterResponse* response) {
-  return Unary(ctx, auth_, Role::kWorker, response,
+  return Unary(ctx, auth_, metrics_, "Register", Role::kWorker, response,
                [&](const Principal&) { return scheduler_->Register(*request); });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(grpc::CallbackServerContext* ctx,
                                                        const v1::HeartbeatRequest* request,
                                                        v1::HeartbeatResponse* response) {
-  return Unary(ctx, auth_, Role::kWorker, response,
+  return Unary(ctx, auth_, metrics_, "Heartbeat", Role::kWorker, response,
                [&](const Principal&) { return scheduler_->Heartbeat(*request); });
 }
 
@@ -234,12 +246,15 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::LeaseTrial(grpc::CallbackServerCont
     reactor->Finish(ToGrpcStatus(who.status()));
     return reactor;
   }
+  const auto start = RpcClock::now();
   auto wait_id = std::make_shared<std::atomic<uint64_t>>(0);
   auto* reactor = new LeaseReactor(scheduler_, wait_id);
   const uint64_t id = scheduler_->LeaseTrial(
-      *request, [reactor, response](absl::StatusOr<v1::LeaseTrialResponse> result) {
+      *request, [reactor, response, start, metrics = metrics_](
+                    absl::StatusOr<v1::LeaseTrialResponse> result) {
         if (result.ok()) *response = std::move(*result);
         reactor->Finish(ToGrpcStatus(result.status()));
+        Observe(metrics, "LeaseTrial", start);
       });
   wait_id->store(id);
   return reactor;
@@ -248,7 +263,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::LeaseTrial(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportTrial(grpc::CallbackServerContext* ctx,
                                                          const v1::ReportTrialRequest* request,
                                                          v1::ReportTrialResponse* response) {
-  return Unary(ctx, auth_, Role::kWorker, response,
+  return Unary(ctx, auth_, metrics_, "ReportTrial", Role::kWorker, response,
                [&](const Principal&) { return scheduler_->ReportTrial(*request); });
 }
 

@@ -21,8 +21,9 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 class RematServiceImpl final : public v1::RematService::CallbackService {
  public:
-  RematServiceImpl(Scheduler* scheduler, const Authenticator* auth)
-      : scheduler_(scheduler), auth_(auth) {}
+  // `metrics` may be null.
+  RematServiceImpl(Scheduler* scheduler, const Authenticator* auth, Metrics* metrics)
+      : scheduler_(scheduler), auth_(auth), metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* SubmitSearch(grpc::CallbackServerContext* ctx,
                                          const v1::SubmitSearchRequest* request,
@@ -42,12 +43,13 @@ class RematServiceImpl final : public v1::RematService::CallbackService {
  private:
   Scheduler* scheduler_;
   const Authenticator* auth_;
+  Metrics* metrics_;
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
  public:
-  WorkerServiceImpl(Scheduler* scheduler, const Authenticator* auth)
-      : scheduler_(scheduler), auth_(auth) {}
+  WorkerServiceImpl(Scheduler* scheduler, const Authenticator* auth, Metrics* metrics)
+      : scheduler_(scheduler), auth_(auth), metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterRequest* request,
@@ -65,6 +67,7 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
  private:
   Scheduler* scheduler_;
   const Authenticator* auth_;
+  Metrics* metrics_;
 };
 
 }  // namespace remat::server

@@ -4,9 +4,27 @@
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
+#include <prometheus/collectable.h>
 #include <prometheus/registry.h>
 
 namespace remat::server {
+namespace {
+
+class HookedCollectable : public prometheus::Collectable {
+ public:
+  HookedCollectable(Metrics* metrics, std::shared_ptr<prometheus::Registry> registry)
+      : metrics_(metrics), registry_(std::move(registry)) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    metrics_->RunCollectHook();
+    return registry_->Collect();
+  }
+
+ private:
+  Metrics* metrics_;
+  std::shared_ptr<prometheus::Registry> registry_;
+};
+
+}  // namespace
 
 const char* StateLabel(v1::SearchState state) {
   switch (state) {
@@ -72,13 +90,17 @@ Metrics::Metrics(const std::string& version)
                          .Register(r)
                          .Add({}, prometheus::Histogram::BucketBoundaries{
                                       0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600});
-  lease_wait_ = &BuildHistogram()
-                     .Name("remat_lease_wait_seconds")
-                     .Help("Time the coordinator took to answer LeaseTrial (long polls included)")
-                     .Register(r)
-                     .Add({}, prometheus::Histogram::BucketBoundaries{
-                                  0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5,
-                                  10});
+  auto& rpc = BuildHistogram()
+                  .Name("remat_rpc_duration_seconds")
+                  .Help("Time the coordinator took to answer each RPC (long polls included)")
+                  .Register(r);
+  for (const char* method : {"SubmitSearch", "GetSearch", "CancelSearch", "ListSearches",
+                             "Register", "Heartbeat", "LeaseTrial", "ReportTrial"}) {
+    rpc_duration_[method] = &rpc.Add(
+        {{"method", method}}, prometheus::Histogram::BucketBoundaries{
+                                  0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5,
+                                  1, 2.5, 5, 10});
+  }
   queue_depth_ = &BuildGauge()
                       .Name("remat_queue_depth")
                       .Help("Trials waiting for a worker")
@@ -107,6 +129,21 @@ Metrics::Metrics(const std::string& version)
 }
 
 Metrics::~Metrics() = default;
+
+std::shared_ptr<prometheus::Collectable> Metrics::collectable() {
+  if (!collectable_) collectable_ = std::make_shared<HookedCollectable>(this, registry_);
+  return collectable_;
+}
+
+void Metrics::SetCollectHook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(hook_mu_);
+  hook_ = std::move(hook);
+}
+
+void Metrics::RunCollectHook() {
+  std::lock_guard<std::mutex> lock(hook_mu_);
+  if (hook_) hook_();
+}
 
 void Metrics::SetSearches(v1::SearchState state, int64_t count) {
   if (auto it = searches_.find(state); it != searches_.end()) {
@@ -148,6 +185,10 @@ void Metrics::RemoveFrontier(const std::string& search_id) {
   frontier_.erase(it);
 }
 
-void Metrics::ObserveLeaseCall(double seconds) { lease_wait_->Observe(seconds); }
+void Metrics::ObserveRpc(const std::string& method, double seconds) {
+  if (auto it = rpc_duration_.find(method); it != rpc_duration_.end()) {
+    it->second->Observe(seconds);
+  }
+}
 
 }  // namespace remat::server

@@ -12,12 +12,14 @@
 //   remat_gpus{state="free|busy"}             gauge: slots of connected workers
 //   remat_frontier_points{search_id}          gauge: frontier size of each active search only;
 //                                             the series is removed when the search ends
-//   remat_lease_wait_seconds                  histogram: LeaseTrial handling time (long polls
-//                                             included; a call answered at once measures dispatch)
+//   remat_rpc_duration_seconds{method}        histogram: time to answer each unary RPC (LeaseTrial
+//                                             long polls included: a call answered at once
+//                                             measures dispatch); method = the RPC's name
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -26,6 +28,7 @@
 #include "remat/v1/remat.pb.h"
 
 namespace prometheus {
+class Collectable;
 class Registry;
 class Counter;
 class Gauge;
@@ -42,6 +45,13 @@ class Metrics {
   ~Metrics();
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  // What the /metrics endpoint serves: runs the collect hook (which refreshes the gauges), then
+  // collects the registry. Gauges of state (queue depth, workers, GPUs, searches) are computed
+  // at scrape time rather than on every call.
+  std::shared_ptr<prometheus::Collectable> collectable();
+  // Set (or clear, with nullptr) the hook run before each collection.
+  void SetCollectHook(std::function<void()> hook);
+  void RunCollectHook();
 
   void SetSearches(v1::SearchState state, int64_t count);
   void TrialFinished(v1::TrialStatus status, bool reused, double duration_s);
@@ -51,15 +61,19 @@ class Metrics {
   void SetGpus(int64_t free, int64_t busy);
   void SetFrontierPoints(const std::string& search_id, int64_t n);
   void RemoveFrontier(const std::string& search_id);
-  void ObserveLeaseCall(double seconds);
+  // `method` is one of the unary RPC names of remat.v1 ("LeaseTrial", ...); others are ignored.
+  void ObserveRpc(const std::string& method, double seconds);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> collectable_;
+  std::mutex hook_mu_;
+  std::function<void()> hook_;
   std::map<v1::SearchState, prometheus::Gauge*> searches_;
   std::map<v1::TrialStatus, prometheus::Counter*> trials_;
   prometheus::Counter* reused_ = nullptr;
   prometheus::Histogram* trial_duration_ = nullptr;
-  prometheus::Histogram* lease_wait_ = nullptr;
+  std::map<std::string, prometheus::Histogram*> rpc_duration_;
   prometheus::Gauge* queue_depth_ = nullptr;
   prometheus::Gauge* leased_ = nullptr;
   prometheus::Gauge* workers_ = nullptr;

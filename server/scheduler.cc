@@ -131,7 +131,6 @@ class Scheduler::State {
     ~Locked() {
       std::vector<std::function<void()>> run;
       run.swap(s_->deferred_);
-      s_->PublishGauges();
       lock_.unlock();
       for (auto& f : run) f();
     }
@@ -152,12 +151,21 @@ class Scheduler::State {
 
   void Defer(std::function<void()> f) { deferred_.push_back(std::move(f)); }
 
-  int64_t FreeSlots() const {
-    int64_t free = 0;
-    for (const auto& [id, w] : workers_) {
-      if (w.connected) free += std::max(0, w.slots - w.busy);
-    }
-    return free;
+  // Free slots of connected workers, kept up to date by the three helpers below (a refill
+  // target is computed on every event; summing over a thousand workers each time is not free).
+  int64_t FreeSlots() const { return std::max<int64_t>(0, free_slots_); }
+  void AddBusy(Worker& w, int delta) {
+    w.busy += delta;
+    if (w.connected) free_slots_ -= delta;
+  }
+  void SetConnected(Worker& w, bool connected) {
+    if (w.connected == connected) return;
+    w.connected = connected;
+    free_slots_ += (connected ? 1 : -1) * static_cast<int64_t>(w.slots - w.busy);
+  }
+  void SetSlots(Worker& w, int slots) {
+    if (w.connected) free_slots_ += slots - w.slots;
+    w.slots = slots;
   }
 
   void PublishGauges() {
@@ -192,7 +200,7 @@ class Scheduler::State {
 
   void Touch(Worker& w) {
     w.last_seen_ms = Now();
-    w.connected = true;
+    SetConnected(w, true);
   }
 
   void UpdateReady(Search& s) {
@@ -351,7 +359,7 @@ class Scheduler::State {
     for (TrialRecord& r : records) {
       auto t = std::make_unique<Trial>();
       t->rec = std::move(r);
-      log_->info("search={} trial={} queued policy={} reason=\"{}\"", s.rec.id, t->rec.id,
+      log_->debug("search={} trial={} queued policy={} reason=\"{}\"", s.rec.id, t->rec.id,
                  t->rec.policy, t->rec.reason);
       s.queue.push_back(t.get());
       trial_index_[t->rec.id] = {&s, t.get()};
@@ -458,7 +466,7 @@ class Scheduler::State {
       --s.running;
       duration_s = (Now() - t.leased_ms) / 1000.0;
       if (Worker* holder = FindWorker(t.rec.worker_id)) {
-        if (holder->leases.erase(t.rec.id) != 0) holder->busy -= s.world_size;
+        if (holder->leases.erase(t.rec.id) != 0) AddBusy(*holder, -s.world_size);
       }
     } else if (t.rec.status == v1::TRIAL_STATUS_PENDING) {
       s.queue.erase(std::remove(s.queue.begin(), s.queue.end(), &t), s.queue.end());
@@ -508,7 +516,7 @@ class Scheduler::State {
       return false;
     }
     if (Worker* holder = FindWorker(t.rec.worker_id)) {
-      if (holder->leases.erase(t.rec.id) != 0) holder->busy -= s.world_size;
+      if (holder->leases.erase(t.rec.id) != 0) AddBusy(*holder, -s.world_size);
     }
     --s.running;
     t.rec.status = v1::TRIAL_STATUS_PENDING;
@@ -586,7 +594,7 @@ class Scheduler::State {
       t.rec.worker_id = w.rec.id;
       t.leased_ms = Now();
       ++s->running;
-      w.busy += s->world_size;
+      AddBusy(w, s->world_size);
       w.leases.insert(t.rec.id);
       free -= s->world_size;
 
@@ -642,7 +650,6 @@ class Scheduler::State {
   }
 
   void Complete(Waiter& waiter, absl::StatusOr<v1::LeaseTrialResponse> response) {
-    if (metrics_ != nullptr) metrics_->ObserveLeaseCall((Now() - waiter.started_ms) / 1000.0);
     Defer([done = std::move(waiter.done), r = std::move(response)]() mutable { done(std::move(r)); });
   }
 
@@ -673,6 +680,7 @@ class Scheduler::State {
   std::set<std::string> ready_;  // searches with queued trials
   std::string cursor_;           // round robin: the search served last
   std::unordered_map<std::string, Worker> workers_;
+  int64_t free_slots_ = 0;  // see FreeSlots()
   std::map<v1::SearchState, int64_t> state_counts_;
   std::set<std::string> frontier_series_;
 
@@ -701,9 +709,18 @@ Scheduler::Scheduler(SchedulerOptions options, JobStore* store, Metrics* metrics
   }
   if (!options.make_strategy) options.make_strategy = search::MakeStrategy;
   state_ = std::make_unique<State>(std::move(options), store, metrics);
+  if (metrics != nullptr) {
+    State* st = state_.get();
+    metrics->SetCollectHook([st] {
+      std::lock_guard<std::mutex> lock(st->mu_);
+      st->PublishGauges();
+    });
+  }
 }
 
-Scheduler::~Scheduler() = default;
+Scheduler::~Scheduler() {
+  if (state_->metrics_ != nullptr) state_->metrics_->SetCollectHook(nullptr);
+}
 
 absl::Status Scheduler::Resume() {
   State& st = *state_;
@@ -717,7 +734,7 @@ absl::Status Scheduler::Resume() {
   REMAT_ASSIGN_OR_RETURN(std::vector<WorkerRecord> workers, st.store_->LoadWorkers());
   for (WorkerRecord& rec : workers) {
     State::Worker w;
-    w.slots = std::max(1, rec.registration.gpus_size());
+    w.slots = std::max(1, rec.registration.gpus_size());  // not connected: no free slots yet
     for (const auto& b : rec.registration.backends()) w.backends.insert(b);
     for (const auto& t : rec.registration.command_templates()) w.templates.insert(t);
     w.rec = std::move(rec);
@@ -768,9 +785,9 @@ absl::Status Scheduler::Resume() {
           ++requeued;
         } else {
           // Still leased: the worker may report it; silent for a lease timeout = requeued.
-          w->connected = true;
+          st.SetConnected(*w, true);
           w->last_seen_ms = st.Now();
-          w->busy += s->world_size;
+          st.AddBusy(*w, s->world_size);
           w->leases.insert(t->rec.id);
           t->leased_ms = st.Now();
           ++s->running;
@@ -912,7 +929,7 @@ absl::StatusOr<v1::CancelSearchResponse> Scheduler::CancelSearch(const Principal
     if (IsFinal(t->rec.status)) continue;
     if (t->rec.status == v1::TRIAL_STATUS_RUNNING) {
       if (State::Worker* w = st.FindWorker(t->rec.worker_id)) {
-        if (w->leases.erase(t->rec.id) != 0) w->busy -= s.world_size;
+        if (w->leases.erase(t->rec.id) != 0) st.AddBusy(*w, -s.world_size);
       }
     }
     v1::TrialResult cancelled;
@@ -1068,7 +1085,7 @@ absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterReque
   State::Worker& w = st.workers_[rec.id];
   const bool known = !w.rec.id.empty();
   w.rec = std::move(rec);
-  w.slots = std::max(1, request.gpus_size());
+  st.SetSlots(w, std::max(1, request.gpus_size()));
   w.backends = {request.backends().begin(), request.backends().end()};
   w.templates = {request.command_templates().begin(), request.command_templates().end()};
   st.Touch(w);
@@ -1119,7 +1136,7 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
       t->rec.worker_id = w->rec.id;
       t->leased_ms = st.Now();
       ++s->running;
-      w->busy += s->world_size;
+      st.AddBusy(*w, s->world_size);
       w->leases.insert(id);
       st.log_->info("search={} trial={} re-adopted by worker={}", s->rec.id, id, w->rec.id);
     }
@@ -1168,7 +1185,6 @@ uint64_t Scheduler::LeaseTrial(const v1::LeaseTrialRequest& request, LeaseDone d
   if (!st.shutdown_) got = st.Allocate(*w, st.FreeFor(*w, request.free_slots()));
   const double wait_s = std::min(request.wait_s(), st.opt_.max_lease_wait_s);
   if (!got.ok() || got->trials_size() > 0 || wait_s <= 0 || st.shutdown_) {
-    if (st.metrics_ != nullptr) st.metrics_->ObserveLeaseCall((st.Now() - started) / 1000.0);
     st.Defer([done = std::move(done), r = std::move(got)]() mutable { done(std::move(r)); });
     return 0;
   }
@@ -1268,7 +1284,7 @@ void Scheduler::Tick() {
       }
       all = st.LoseLease(*t->second.first, *t->second.second, reason) && all;
     }
-    if (all) w.connected = false;
+    if (all) st.SetConnected(w, false);
     changed = true;
   }
   // Retry what a store error left undone.

@@ -2,7 +2,10 @@
 // are cached per SQL text. Schema version 1 (table meta).
 #include <sqlite3.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <map>
+#include <thread>
 #include <mutex>
 #include <utility>
 
@@ -124,12 +127,64 @@ std::string Serialize(const google::protobuf::MessageLite& msg) {
   return out;
 }
 
+// Copies the WAL into the database file from its own connection and thread, so the fsyncs of
+// a checkpoint never run inside a transaction of the scheduler (SQLite's automatic checkpoint
+// would run them in whichever commit crosses the threshold, holding the scheduler's lock).
+class Checkpointer {
+ public:
+  explicit Checkpointer(sqlite3* db) : db_(db), thread_([this] { Loop(); }) {}
+  ~Checkpointer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    sqlite3_wal_checkpoint_v2(db_, nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
+    sqlite3_close(db_);
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(500), [this] { return stop_; })) {
+      lock.unlock();
+      sqlite3_wal_checkpoint_v2(db_, nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
+      lock.lock();
+    }
+  }
+
+  sqlite3* db_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 class SqliteStore : public JobStore {
  public:
   explicit SqliteStore(sqlite3* db) : db_(db) {}
   ~SqliteStore() override {
+    checkpointer_.reset();
     for (auto& [sql, stmt] : stmts_) sqlite3_finalize(stmt);
     sqlite3_close(db_);
+  }
+
+  // With a file, checkpoints move to a background connection.
+  void StartCheckpointer(const std::string& path) {
+    sqlite3* db = nullptr;
+    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX,
+                        nullptr) != SQLITE_OK) {
+      sqlite3_close(db);
+      return;  // automatic checkpoints stay on
+    }
+    sqlite3_busy_timeout(db, 5000);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (Exec("PRAGMA wal_autocheckpoint=0").ok()) {
+      checkpointer_ = std::make_unique<Checkpointer>(db);
+    } else {
+      sqlite3_close(db);
+    }
   }
 
   absl::Status Init() {
@@ -544,6 +599,7 @@ class SqliteStore : public JobStore {
   std::mutex mu_;
   sqlite3* db_;
   std::map<std::string, sqlite3_stmt*> stmts_;
+  std::unique_ptr<Checkpointer> checkpointer_;
 };
 
 }  // namespace
@@ -564,6 +620,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenSqliteStore(const std::string& pat
   if (!st.ok()) {
     return absl::Status(st.code(), absl::StrCat("db: ", path, ": ", st.message()));
   }
+  if (path != ":memory:" && path.rfind("file:", 0) != 0) store->StartCheckpointer(path);
   return std::unique_ptr<JobStore>(std::move(store));
 }
 
