@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <exception>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -55,13 +56,32 @@ class NcclCollectives final : public Collectives {
   explicit NcclCollectives(const CollectivesOptions& o) : options_(o) {}
 
   ~NcclCollectives() override {
+    // Destroyed while an exception unwinds the trial (an OOM, a failed collective): tell the
+    // other ranks, which may wait for this one in a collective, to give up now.
+    const bool abandoning = std::uncaught_exceptions() > 0;
+    bool graceful = false;
+    if (abandoning) {
+      std::ofstream(options_.rendezvous_dir + "/left-" + std::to_string(options_.rank)) << "failed\n";
+    } else {
+      try {
+        // Everyone is done with every collective before any communicator goes away.
+        Barrier(World());
+        Synchronize();
+        graceful = true;
+      } catch (const CollectiveError&) {
+      }
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
-    AbortAll();  // never blocks, unlike a destroy that waits for peers
+    if (graceful) {
+      FinalizeAll();
+    } else {
+      AbortAll();  // never blocks
+    }
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (auto& p : pending_) cudaEventDestroy(p.event);
     if (scratch_ != nullptr) cudaFree(scratch_);
@@ -269,6 +289,7 @@ class NcclCollectives final : public Collectives {
   void Watch() {
     cudaSetDevice(DeviceOfThisRank());
     std::unique_lock<std::mutex> lock(mu_);
+    Clock::time_point next_marker_check = Clock::now();
     while (!stop_) {
       if (pending_.empty() || failed_) {
         cv_.wait_for(lock, std::chrono::milliseconds(50));
@@ -294,6 +315,12 @@ class NcclCollectives final : public Collectives {
       } else if (Clock::now() > op.deadline) {
         problem = std::string(op.what) + " timed out after " + std::to_string(options_.timeout_s) +
                   " s (a rank is missing or hung); NCCL communicators aborted";
+      } else if (Clock::now() > next_marker_check) {
+        next_marker_check = Clock::now() + std::chrono::milliseconds(100);
+        lock.unlock();
+        std::string departed = DepartedPeer();
+        lock.lock();
+        if (!departed.empty()) problem = std::string(op.what) + " abandoned: " + departed;
       }
       if (!problem.empty()) {
         failed_ = true;
@@ -323,6 +350,36 @@ class NcclCollectives final : public Collectives {
       failure_ = text;
     }
     cv_.notify_all();
+  }
+
+  // ncclCommFinalize + ncclCommDestroy, each communicator within the timeout (else aborted).
+  void FinalizeAll() {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    for (auto& [id, comm] : comms_) {
+      if (comm == nullptr) continue;
+      ncclResult_t state = ncclCommFinalize(comm);
+      const auto deadline = Clock::now() + Duration(std::min(options_.timeout_s, 30.0));
+      while (state == ncclInProgress && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
+      }
+      if (state == ncclSuccess) {
+        ncclCommDestroy(comm);
+      } else {
+        ncclCommAbort(comm);
+      }
+      comm = nullptr;
+    }
+  }
+
+  // A rank whose trial failed leaves a marker in the rendezvous folder (see the destructor).
+  std::string DepartedPeer() const {
+    for (int r = 0; r < options_.world_size; ++r) {
+      if (r == options_.rank) continue;
+      std::ifstream marker(options_.rendezvous_dir + "/left-" + std::to_string(r));
+      if (marker) return "rank " + std::to_string(r) + " left the trial (its trial failed)";
+    }
+    return "";
   }
 
   void AbortAll() {
