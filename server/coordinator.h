@@ -10,9 +10,10 @@
 // thread while Wait blocks (that is how rematd drains on SIGTERM). Shutdown is idempotent and the
 // destructor calls it.
 //
-// Errors: Create returns InvalidArgument naming the option for bad options, and the store's error
-// for a database that cannot be opened; Start returns Unavailable when the listen address (or the
-// metrics address) cannot be bound, InvalidArgument for unreadable token or TLS files.
+// Errors: Create returns InvalidArgument naming the option for bad options and unreadable or
+// malformed token files, and the store's error (Unavailable) for a database that cannot be
+// opened; Start returns Unavailable when the listen address (or the metrics address) cannot be
+// bound, InvalidArgument for unreadable TLS files.
 #pragma once
 
 #include <chrono>
@@ -48,16 +49,15 @@ struct CoordinatorOptions {
   int max_trial_attempts = 3;
   // Longest long-poll a LeaseTrial call may wait (a worker's wait_s is capped to this).
   double max_lease_wait_s = 10;
-  // How long finished searches keep their frontier gauge before it is removed (bounded labels).
-  // Finished searches are dropped from remat_frontier_points at once; this caps active ones.
+  // remat_frontier_points has one series per active search (removed when it ends); this caps
+  // how many, so the label stays bounded however many searches run at once.
   int max_frontier_series = 200;
   // Version reported in remat_build_info and used in the results-cache key of this coordinator.
   std::string version = "0.1.0";
 
-  // Test seam: the clock the scheduler reads (lease expiry, timestamps). Returns milliseconds;
-  // unset = the real clock (steady for expiry, system for timestamps). When set, the
-  // coordinator does not run its own expiry thread on real time; tests call
-  // Coordinator::RunExpiryForTest() after advancing their clock.
+  // Test seam: the clock the scheduler reads (lease expiry, long polls, timestamps), in
+  // milliseconds; unset = the real clock (steady for expiry, system for timestamps). When set,
+  // the coordinator runs no timer thread: tests call RunExpiryForTest() after moving their clock.
   std::function<int64_t()> clock_ms;
 };
 
