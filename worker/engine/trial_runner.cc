@@ -291,7 +291,11 @@ at::Device ChooseDevice(const search::SearchSpec& spec, int rank) {
 #ifdef REMAT_WITH_CUDA
   const int local = rank % c10::cuda::device_count();
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(local));
-  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local));
+  const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(local));
+  // The caching allocator is set up lazily with the CUDA context: its statistics and memory
+  // fraction calls refuse the device ("Invalid device argument") until something has run there.
+  (void)at::empty({1}, at::TensorOptions().device(device));
+  return device;
 #else
   (void)rank;
   return at::kCPU;
