@@ -243,6 +243,7 @@ class NcclCollectives final : public Collectives {
   void WaitReady(ncclComm_t comm, ncclResult_t r, Clock::time_point deadline, const char* what) {
     CheckNccl(r, comm, what);
     ncclResult_t state = r;
+    int polls = 0;
     while (state == ncclInProgress) {
       if (Clock::now() > deadline) {
         const std::string text = std::string(what) + " timed out after " +
@@ -251,7 +252,12 @@ class NcclCollectives final : public Collectives {
         AbortAll();
         throw CollectiveError(text);
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      // Spin briefly (an enqueue finishes in microseconds), then back off (initialisation).
+      if (++polls < 1000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
       if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
     }
     CheckNccl(state, comm, what);
