@@ -460,11 +460,17 @@ search::TrialResult RunTrial(const TrialOptions& o) {
     result.message = "unknown error";
   }
   if (tracker != nullptr) {
-    const MemoryStats stats = tracker->Stats();
-    rank.peak_allocated_bytes = stats.peak_allocated_bytes;
-    rank.peak_reserved_bytes = stats.peak_reserved_bytes;
-    rank.alloc_retries = stats.alloc_retries;
-    tracker->Stop();
+    try {  // RunTrial never throws: a failing statistics call is a failed trial too
+      const MemoryStats stats = tracker->Stats();
+      rank.peak_allocated_bytes = stats.peak_allocated_bytes;
+      rank.peak_reserved_bytes = stats.peak_reserved_bytes;
+      rank.alloc_retries = stats.alloc_retries;
+      tracker->Stop();
+    } catch (const std::exception& e) {
+      result.status = TrialStatus::kFailed;
+      result.message += std::string(result.message.empty() ? "" : "; ") +
+                        "reading the allocator's statistics failed: " + ErrorText(e);
+    }
   }
   result.ranks.push_back(rank);
   result.wall_s = Seconds(start, Clock::now());
