@@ -71,7 +71,8 @@ class Scheduler::State {
  public:
   struct Trial {
     TrialRecord rec;
-    int64_t leased_ms = 0;  // monotonic time of the current lease
+    int64_t leased_ms = 0;     // monotonic time of the current lease
+    int64_t confirmed_ms = 0;  // last time the holder listed it in a heartbeat (or leased it)
   };
 
   struct Search {
@@ -592,7 +593,7 @@ class Scheduler::State {
       t.rec.status = v1::TRIAL_STATUS_RUNNING;
       t.rec.attempts = attempt;
       t.rec.worker_id = w.rec.id;
-      t.leased_ms = Now();
+      t.leased_ms = t.confirmed_ms = Now();
       ++s->running;
       AddBusy(w, s->world_size);
       w.leases.insert(t.rec.id);
@@ -789,7 +790,7 @@ absl::Status Scheduler::Resume() {
           w->last_seen_ms = st.Now();
           st.AddBusy(*w, s->world_size);
           w->leases.insert(t->rec.id);
-          t->leased_ms = st.Now();
+          t->leased_ms = t->confirmed_ms = st.Now();
           ++s->running;
           ++kept;
         }
@@ -1125,6 +1126,8 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
     if (IsFinal(t->rec.status) ||
         (t->rec.status == v1::TRIAL_STATUS_RUNNING && t->rec.worker_id != w->rec.id)) {
       out.add_cancel_trial_ids(id);
+    } else if (t->rec.status == v1::TRIAL_STATUS_RUNNING) {
+      t->confirmed_ms = st.Now();
     } else if (t->rec.status == v1::TRIAL_STATUS_PENDING && s->world_size <= w->slots - w->busy) {
       // Requeued while this worker still ran it (e.g. a short partition): take it back.
       absl::Status leased = st.store_->LeaseTrial(id, std::max(1, t->rec.attempts), w->rec.id);
@@ -1134,21 +1137,21 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
       t->rec.status = v1::TRIAL_STATUS_RUNNING;
       t->rec.attempts = std::max(1, t->rec.attempts);
       t->rec.worker_id = w->rec.id;
-      t->leased_ms = st.Now();
+      t->leased_ms = t->confirmed_ms = st.Now();
       ++s->running;
       st.AddBusy(*w, s->world_size);
       w->leases.insert(id);
       st.log_->info("search={} trial={} re-adopted by worker={}", s->rec.id, id, w->rec.id);
     }
   }
-  // Leases this worker has stopped listing for a whole lease timeout are lost.
+  // Leases this worker has not listed for a whole lease timeout are lost.
   const int64_t now = st.Now();
   const auto timeout_ms = static_cast<int64_t>(st.opt_.lease_timeout_s * 1000);
   std::vector<std::string> lost;
   for (const std::string& id : w->leases) {
     if (running.count(id) != 0) continue;
     auto it = st.trial_index_.find(id);
-    if (it != st.trial_index_.end() && now - it->second.second->leased_ms > timeout_ms) {
+    if (it != st.trial_index_.end() && now - it->second.second->confirmed_ms > timeout_ms) {
       lost.push_back(id);
     }
   }

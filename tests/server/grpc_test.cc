@@ -330,6 +330,34 @@ TEST_F(GrpcTest, APortInUseIsAnError) {
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
 }
 
+TEST_F(GrpcTest, ServesTlsWhenGivenACertificate) {
+  TempDir dir;
+  const std::string cmd =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+      "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " + dir.path() + "/key.pem -out " +
+      dir.path() + "/cert.pem > /dev/null 2>&1";
+  if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "openssl cannot make a test certificate";
+  CoordinatorOptions o;
+  o.tls_cert_file = dir.path() + "/cert.pem";
+  o.tls_key_file = dir.path() + "/key.pem";
+  o.worker_tokens_file = dir.Write("workers", "worker-token\n");
+  Start(o);
+
+  // Plain text is refused by a TLS listener.
+  v1::RegisterResponse reg;
+  EXPECT_FALSE(workers_->Register(Ctx("worker-token", 3).get(), Worker(1), &reg).ok());
+
+  std::ifstream in(o.tls_cert_file);
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  auto channel = grpc::CreateChannel("localhost:" + std::to_string(coordinator_->port()),
+                                     grpc::SslCredentials(ssl));
+  auto workers = v1::WorkerService::NewStub(channel);
+  ASSERT_TRUE(workers->Register(Ctx("worker-token").get(), Worker(1), &reg).ok());
+  EXPECT_EQ(workers->Register(Ctx("wrong").get(), Worker(1), &reg).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+}
+
 TEST(CoordinatorOptionsTest, BadOptionsNameTheOption) {
   CoordinatorOptions o;
   o.db_path = ":memory:";
