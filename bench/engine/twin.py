@@ -14,6 +14,7 @@ prints one JSON line per policy (the keys of remat-bench-engine's lines).
 """
 
 import argparse
+import gc
 import json
 import math
 import statistics
@@ -148,6 +149,7 @@ class _DiscardFn(torch.autograd.Function):
         if pairs:
             torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])
         owner.replayed = None
+        owner.ctx = ctx.owner = None  # break the owner <-> ctx cycle now, not at the next GC
         return (None, None) + tuple(x.grad if x.requires_grad else None for x in leaves)
 
 
@@ -691,6 +693,7 @@ def run_trial(spec, policy_text, device):
     budget = int(search["memory_budget_gib"] * 1024 ** 3)
     result = {"policy": policy_text, "status": "ok", "message": ""}
     start = time.perf_counter()
+    gc.collect()  # nothing of the previous trial may count in this one's peaks
     if device.type == "cuda":
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(device).total_memory
