@@ -3,7 +3,7 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
-#include <map>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -29,30 +29,30 @@ void AppendField(std::string* key, const std::string& value) {
 }  // namespace
 
 std::string HardwareSignature(const v1::RegisterRequest& worker) {
-  std::map<std::pair<std::string, uint64_t>, int> counts;
-  for (const v1::Gpu& gpu : worker.gpus()) ++counts[{gpu.name(), gpu.memory_bytes()}];
+  // The kinds of slot, not how many: a trial of world size W measures the same on a node of 4
+  // or 8 such GPUs.
+  std::set<std::pair<std::string, uint64_t>> kinds;
+  for (const v1::Gpu& gpu : worker.gpus()) kinds.insert({gpu.name(), gpu.memory_bytes()});
   std::string out;
-  for (const auto& [gpu, n] : counts) {
+  for (const auto& [name, memory] : kinds) {
     if (!out.empty()) out += ",";
-    absl::StrAppend(&out, gpu.first, "/", gpu.second, "x", n);
+    absl::StrAppend(&out, name, "/", memory);
   }
   return out;
 }
 
 std::string ResultsCacheKey(const v1::SearchSpec& spec, const std::string& policy,
                             const v1::RegisterRequest& worker, const v1::ReplayEntry* replay) {
-  v1::SearchSpec measured;
-  *measured.mutable_model() = spec.model();
-  *measured.mutable_train() = spec.train();
-  *measured.mutable_parallel() = spec.parallel();
-  const v1::SearchOptions& in = spec.search();
-  v1::SearchOptions* out = measured.mutable_search();
-  if (in.has_memory_budget_gib()) out->set_memory_budget_gib(in.memory_budget_gib());
-  if (in.has_warmup_steps()) out->set_warmup_steps(in.warmup_steps());
-  if (in.has_measure_steps()) out->set_measure_steps(in.measure_steps());
-  if (in.has_backend()) out->set_backend(in.backend());
-  if (in.has_command_template()) out->set_command_template(in.command_template());
-  if (in.has_device()) out->set_device(in.device());
+  // Everything but the name and the options that cannot change a measurement, so an option
+  // added later is in the key by default (reusing too little is safe; too much is not).
+  v1::SearchSpec measured = spec;
+  measured.clear_name();
+  v1::SearchOptions* options = measured.mutable_search();
+  options->clear_strategy();
+  options->clear_max_trials();
+  options->clear_memory_metric();
+  options->clear_replay_table();
+  options->clear_trial_timeout_s();
 
   v1::RegisterRequest software;
   *software.mutable_versions() = worker.versions();

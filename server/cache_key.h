@@ -5,9 +5,10 @@
 //   - the model (every ModelSpec field, Megatron defaults resolved), the parallel layout and the
 //     train settings (micro batch, precision, distributed optimizer, seed);
 //   - the policy (canonical string);
-//   - search options that reach the trial: memory budget (a worker may cap memory at it),
-//     warmup_steps, measure_steps, backend, command_template, device;
-//   - the hardware of the worker that runs it: its slots' GPU names and memory sizes;
+//   - every search option except those listed below: memory budget (a worker may cap memory at
+//     it), warmup_steps, measure_steps, backend, command_template, device, depth proxies, and
+//     any option added later;
+//   - the hardware of the worker that runs it: the kinds of GPU it offers (name and memory);
 //   - the worker's software versions (remat, torch, cuda, nccl, driver, ... as registered);
 //   - with backend replay, the replay entry itself (two tables may disagree about a policy).
 // It leaves out what cannot change a measurement: the search name, strategy, max_trials,
@@ -27,7 +28,8 @@ namespace remat::server {
 std::string ResultsCacheKey(const v1::SearchSpec& spec, const std::string& policy,
                             const v1::RegisterRequest& worker, const v1::ReplayEntry* replay);
 
-// The worker's hardware as written into the key, e.g. "NVIDIA H200/150754820096x8".
+// The worker's hardware as written into the key: its distinct GPU kinds, e.g.
+// "NVIDIA H200/150754820096" (a plain CPU slot: "cpu-slot/0").
 std::string HardwareSignature(const v1::RegisterRequest& worker);
 
 }  // namespace remat::server

@@ -1237,8 +1237,8 @@ absl::StatusOr<v1::ReportTrialResponse> Scheduler::ReportTrial(
   result.mutable_policy()->set_canonical(t->rec.policy);
   result.set_reused(false);
   std::string cache_key;
-  if (w != nullptr && (result.status() == v1::TRIAL_STATUS_OK ||
-                       result.status() == v1::TRIAL_STATUS_OOM) && !result.predicted()) {
+  if (w != nullptr &&
+      (result.status() == v1::TRIAL_STATUS_OK || result.status() == v1::TRIAL_STATUS_OOM)) {
     const v1::ReplayEntry* replay = nullptr;
     if (s->spec.search.backend == search::Backend::kReplay) {
       auto r = s->rec.replay_table.trials().find(t->rec.policy);
