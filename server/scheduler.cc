@@ -803,6 +803,13 @@ absl::Status Scheduler::Resume() {
     }
     s->strategy->Restore(proposed, results);
     s->results = std::move(results);
+    if (s->rec.state == v1::SEARCH_STATE_QUEUED && (s->running > 0 || s->done > 0)) {
+      // Killed between a lease and recording the state change it caused.
+      s->rec.state = v1::SEARCH_STATE_RUNNING;
+      s->rec.updated_unix_ms = st.UnixNow();
+      REMAT_RETURN_IF_ERROR(st.store_->UpdateSearch(s->rec));
+      st.CountState(v1::SEARCH_STATE_QUEUED, v1::SEARCH_STATE_RUNNING);
+    }
     State::Search& ref = *s;
     st.active_.emplace(ref.rec.id, std::move(s));
     st.UpdateReady(ref);

@@ -70,6 +70,10 @@ class FaultyStore : public JobStore {
 
   // The next `count` calls of `method` fail with Unavailable.
   void FailNext(const std::string& method, int count = 1) { failures_[method] += count; }
+  // Every call after the first `n` (of any method) fails: the store as a process killed after
+  // its n-th call would have left it (a failed call writes nothing).
+  void FailAllAfter(int n) { fail_after_ = n; }
+  int total_calls() const { return total_; }
   int calls(const std::string& method) const {
     auto it = calls_.find(method);
     return it == calls_.end() ? 0 : it->second;
@@ -142,6 +146,10 @@ class FaultyStore : public JobStore {
  private:
   absl::Status Hit(const std::string& method) {
     ++calls_[method];
+    if (fail_after_ >= 0 && total_ >= fail_after_) {
+      return absl::UnavailableError("injected crash before " + method);
+    }
+    ++total_;
     auto it = failures_.find(method);
     if (it != failures_.end() && it->second > 0) {
       --it->second;
@@ -153,6 +161,8 @@ class FaultyStore : public JobStore {
   std::unique_ptr<JobStore> inner_;
   std::map<std::string, int> failures_;
   std::map<std::string, int> calls_;
+  int total_ = 0;
+  int fail_after_ = -1;
 };
 
 // A small valid dense spec (2 layers) with the replay backend.
