@@ -124,6 +124,28 @@ v1::ModelSpec ModelToProto(const search::ModelSpec& m) {
   return p;
 }
 
+search::RankResult RankFromProto(const v1::RankResult& pr) {
+  search::RankResult rr;
+  rr.rank = pr.rank();
+  rr.peak_allocated_bytes = pr.peak_allocated_bytes();
+  rr.peak_reserved_bytes = pr.peak_reserved_bytes();
+  rr.static_bytes = pr.static_bytes();
+  rr.alloc_retries = pr.alloc_retries();
+  rr.failing_request_bytes = pr.failing_request_bytes();
+  rr.step_time_s = pr.step_time_s();
+  return rr;
+}
+
+void RankToProto(const search::RankResult& rr, v1::RankResult* pr) {
+  pr->set_rank(rr.rank);
+  pr->set_peak_allocated_bytes(rr.peak_allocated_bytes);
+  pr->set_peak_reserved_bytes(rr.peak_reserved_bytes);
+  pr->set_static_bytes(rr.static_bytes);
+  pr->set_alloc_retries(rr.alloc_retries);
+  pr->set_failing_request_bytes(rr.failing_request_bytes);
+  pr->set_step_time_s(rr.step_time_s);
+}
+
 }  // namespace
 
 StatusOr<search::SearchSpec> FromProto(const v1::SearchSpec& msg) {
@@ -170,6 +192,7 @@ StatusOr<search::SearchSpec> FromProto(const v1::SearchSpec& msg) {
   REMAT_SEARCH_RETURN_IF_ERROR(ReadEnum(s.has_device(), s.device(), "search.device",
                                         search::ParseDevice, &so.device));
   if (s.has_trial_timeout_s()) so.trial_timeout_s = s.trial_timeout_s();
+  so.proxy_layers.assign(s.proxy_layers().begin(), s.proxy_layers().end());
   return spec;
 }
 
@@ -201,6 +224,7 @@ v1::SearchSpec ToProto(const search::SearchSpec& spec) {
   s->set_command_template(so.command_template);
   s->set_device(search::Name(so.device));
   s->set_trial_timeout_s(so.trial_timeout_s);
+  for (int d : so.proxy_layers) s->add_proxy_layers(d);
   return msg;
 }
 
@@ -239,16 +263,13 @@ StatusOr<search::TrialResult> FromProto(const v1::TrialResult& msg) {
                            " is not a final trial status");
   }
   r.status = *status;
-  for (const auto& pr : msg.ranks()) {
-    search::RankResult rr;
-    rr.rank = pr.rank();
-    rr.peak_allocated_bytes = pr.peak_allocated_bytes();
-    rr.peak_reserved_bytes = pr.peak_reserved_bytes();
-    rr.static_bytes = pr.static_bytes();
-    rr.alloc_retries = pr.alloc_retries();
-    rr.failing_request_bytes = pr.failing_request_bytes();
-    rr.step_time_s = pr.step_time_s();
-    r.ranks.push_back(rr);
+  for (const auto& pr : msg.ranks()) r.ranks.push_back(RankFromProto(pr));
+  for (const auto& pm : msg.proxies()) {
+    search::ProxyMeasurement m;
+    m.num_layers = pm.num_layers();
+    m.step_time_s = pm.step_time_s();
+    for (const auto& pr : pm.ranks()) m.ranks.push_back(RankFromProto(pr));
+    r.proxies.push_back(std::move(m));
   }
   r.step_time_s = msg.step_time_s();
   r.step_time_spread_s = msg.step_time_spread_s();
@@ -268,15 +289,12 @@ v1::TrialResult ToProto(const search::TrialResult& r) {
   v1::TrialResult msg;
   msg.mutable_policy()->set_canonical(r.policy.ToString());
   msg.set_status(ToProto(r.status));
-  for (const auto& rr : r.ranks) {
-    auto* pr = msg.add_ranks();
-    pr->set_rank(rr.rank);
-    pr->set_peak_allocated_bytes(rr.peak_allocated_bytes);
-    pr->set_peak_reserved_bytes(rr.peak_reserved_bytes);
-    pr->set_static_bytes(rr.static_bytes);
-    pr->set_alloc_retries(rr.alloc_retries);
-    pr->set_failing_request_bytes(rr.failing_request_bytes);
-    pr->set_step_time_s(rr.step_time_s);
+  for (const auto& rr : r.ranks) RankToProto(rr, msg.add_ranks());
+  for (const auto& m : r.proxies) {
+    auto* pm = msg.add_proxies();
+    pm->set_num_layers(m.num_layers);
+    pm->set_step_time_s(m.step_time_s);
+    for (const auto& rr : m.ranks) RankToProto(rr, pm->add_ranks());
   }
   msg.set_step_time_s(r.step_time_s);
   msg.set_step_time_spread_s(r.step_time_spread_s);

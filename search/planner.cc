@@ -96,7 +96,8 @@ std::vector<Candidate> FullRecomputePlan(const SearchSpec& spec) {
       break;
     }
   }
-  if (block_n < layers) {
+  if (block_n < layers &&
+      ValidatePolicy(spec, Policy::Full(RecomputeMethod::kBlock, block_n)).ok()) {
     out.push_back(MakeCandidate(
         spec, Policy::Full(RecomputeMethod::kBlock, block_n),
         "full recompute: block with the smallest N predicted to fit (" + std::to_string(block_n) +

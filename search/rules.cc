@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "search/depth_proxy.h"
+
 namespace remat::search {
 namespace {
 
@@ -99,6 +101,8 @@ Status ValidatePolicy(const SearchSpec& spec, const Policy& policy) {
           "full recompute cannot be used with overlap_moe_expert_parallel_comm (disable full "
           "recomputation when enabling expert-parallel overlap)");
     }
+    const std::string proxy = ProxyPolicyProblem(spec, policy);
+    if (!proxy.empty()) return InvalidArgument("search.proxy_layers: " + proxy);
     return OkStatus();
   }
   for (Label l : policy.labels) {

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "search/depth_proxy.h"
+
 namespace remat::search {
 namespace {
 
@@ -242,7 +244,8 @@ Status ValidateSpec(const SearchSpec& spec) {
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateModel(spec.model, spec.parallel));
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateParallel(spec.model, spec.parallel));
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateTrain(spec.train));
-  return ValidateSearch(spec.search);
+  REMAT_SEARCH_RETURN_IF_ERROR(ValidateSearch(spec.search));
+  return ValidateProxyDepths(spec);
 }
 
 const char* Name(Normalization v) { return kNormalization[static_cast<int>(v)]; }

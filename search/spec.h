@@ -123,6 +123,9 @@ struct SearchOptions {
   std::string command_template;  // with backend command: the operator-configured template's name
   Device device = Device::kAuto;
   double trial_timeout_s = 900;  // a trial still running after this is killed: status timeout
+  // Depth proxies (search/depth_proxy.h): when set, each trial runs the model cut to these two
+  // depths and predicts the full depth's figures. Empty: trials run the model as specified.
+  std::vector<int> proxy_layers;
 
   uint64_t MemoryBudgetBytes() const {
     return static_cast<uint64_t>(memory_budget_gib * 1024.0 * 1024.0 * 1024.0);

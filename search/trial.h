@@ -27,6 +27,13 @@ struct RankResult {
   double step_time_s = 0;            // this rank's median measured step
 };
 
+// What one proxy depth measured (depth proxies, search/depth_proxy.h).
+struct ProxyMeasurement {
+  int num_layers = 0;
+  std::vector<RankResult> ranks;
+  double step_time_s = 0;
+};
+
 struct TrialResult {
   Policy policy;
   TrialStatus status = TrialStatus::kFailed;
@@ -42,6 +49,7 @@ struct TrialResult {
   bool reused = false;            // taken from the results cache, not re-run
   bool predicted = false;         // a depth-proxy prediction, not a measurement
   std::string message;            // why it failed / what it says
+  std::vector<ProxyMeasurement> proxies;  // with predicted: the measurements behind it
 
   uint64_t PeakAllocatedBytes() const;  // max over ranks
   uint64_t PeakReservedBytes() const;   // max over ranks

@@ -271,6 +271,18 @@ Status ReadSearch(Section& s, search::SearchOptions* o) {
   REMAT_SEARCH_RETURN_IF_ERROR(
       s.Enum<search::Device>("device", search::ParseDevice, "auto, cuda, cpu", &o->device));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Double("trial_timeout_s", &o->trial_timeout_s));
+  YAML::Node proxy = s.Get("proxy_layers");
+  if (proxy && !proxy.IsNull()) {
+    if (!proxy.IsSequence()) {
+      return InvalidArgument(s.Key("proxy_layers") + ": must be a list of two depths, e.g. [2, 4]");
+    }
+    for (size_t i = 0; i < proxy.size(); ++i) {
+      int v = 0;
+      REMAT_SEARCH_RETURN_IF_ERROR(Section::ParseInt(
+          proxy[i], s.Key("proxy_layers") + "[" + std::to_string(i) + "]", &v));
+      o->proxy_layers.push_back(v);
+    }
+  }
   return s.RejectUnknown();
 }
 
