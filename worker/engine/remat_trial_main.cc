@@ -43,9 +43,9 @@ constexpr const char* kUsage =
     "                   [--collective-timeout SECONDS] [--json]\n"
     "       remat-trial --version\n";
 
-nlohmann::json ToJson(const remat::search::TrialResult& r) {
+nlohmann::json RanksJson(const std::vector<remat::search::RankResult>& in) {
   nlohmann::json ranks = nlohmann::json::array();
-  for (const auto& k : r.ranks) {
+  for (const auto& k : in) {
     ranks.push_back({{"rank", k.rank},
                      {"peak_allocated_bytes", k.peak_allocated_bytes},
                      {"peak_reserved_bytes", k.peak_reserved_bytes},
@@ -54,7 +54,19 @@ nlohmann::json ToJson(const remat::search::TrialResult& r) {
                      {"failing_request_bytes", k.failing_request_bytes},
                      {"step_time_s", k.step_time_s}});
   }
+  return ranks;
+}
+
+nlohmann::json ToJson(const remat::search::TrialResult& r) {
+  nlohmann::json ranks = RanksJson(r.ranks);
+  nlohmann::json proxies = nlohmann::json::array();
+  for (const auto& m : r.proxies) {
+    proxies.push_back(
+        {{"num_layers", m.num_layers}, {"step_time_s", m.step_time_s}, {"ranks", RanksJson(m.ranks)}});
+  }
   return {{"policy", r.policy.ToString()},
+          {"predicted", r.predicted},
+          {"proxies", proxies},
           {"status", remat::search::Name(r.status)},
           {"peak_allocated_bytes", r.PeakAllocatedBytes()},
           {"peak_reserved_bytes", r.PeakReservedBytes()},

@@ -12,9 +12,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <stdexcept>
 
+#include "search/depth_proxy.h"
 #include "search/rules.h"
 #include "worker/engine/collectives.h"
 #include "worker/engine/memory_tracker.h"
@@ -323,7 +325,40 @@ double Median(std::vector<double> v) {
 
 }  // namespace
 
+// Depth proxies: the same ranks run the model cut to the two proxy depths, one after the other
+// (each with its own rendezvous subfolder and no memory cap of its own), and predict the full
+// depth's figures from them.
+search::TrialResult RunDepthProxies(const TrialOptions& o) {
+  const auto& depths = o.spec.search.proxy_layers;
+  const search::Status valid = search::ValidatePolicy(o.spec, o.policy);
+  if (!valid.ok()) {
+    search::TrialResult r;
+    r.policy = o.policy;
+    r.status = TrialStatus::kInvalid;
+    r.message = valid.message();
+    return r;
+  }
+  std::vector<search::TrialResult> measured;
+  for (int layers : depths) {
+    TrialOptions cut = o;
+    cut.spec = search::AtDepth(o.spec, layers);
+    cut.spec.search.memory_budget_gib = 1 << 20;  // measure: the prediction decides what fits
+    if (!o.rendezvous_dir.empty()) {
+      cut.rendezvous_dir = o.rendezvous_dir + "/proxy-" + std::to_string(layers);
+      std::error_code ec;  // every rank may create it; a failure shows at the rendezvous
+      std::filesystem::create_directories(cut.rendezvous_dir, ec);
+    }
+    measured.push_back(RunTrial(cut));
+    if (measured.back().status != TrialStatus::kOk) break;
+  }
+  if (measured.size() < 2) measured.push_back(measured.front());
+  search::TrialResult r = search::PredictFullDepth(o.spec, measured[0], measured[1]);
+  for (auto& rank : r.ranks) rank.rank = o.rank;
+  return r;
+}
+
 search::TrialResult RunTrial(const TrialOptions& o) {
+  if (!o.spec.search.proxy_layers.empty()) return RunDepthProxies(o);
   const auto start = Clock::now();
   search::TrialResult result;
   result.policy = o.policy;
