@@ -23,7 +23,21 @@ std::string Format(const char* fmt, double v) {
   return buf;
 }
 
-std::string Gib(uint64_t bytes) { return Format("%.2f", bytes / kGiB); }
+// Memory is shown in GiB, or in MiB when everything is under 1 GiB (tiny CPU models).
+struct MemUnit {
+  double bytes;
+  const char* name;
+  std::string Of(uint64_t b) const { return Format("%.2f", b / bytes); }
+};
+MemUnit UnitFor(uint64_t max_bytes) {
+  if (max_bytes > 0 && max_bytes < (1ull << 30)) return MemUnit{1024.0 * 1024.0, "MiB"};
+  return MemUnit{kGiB, "GiB"};
+}
+// "61.20 GiB" or "12.34 MiB".
+std::string Memory(uint64_t bytes) {
+  const MemUnit u = UnitFor(bytes);
+  return u.Of(bytes) + " " + u.name;
+}
 
 std::string Tokens(double t) { return t >= 100 ? Format("%.0f", t) : Format("%.1f", t); }
 
@@ -177,13 +191,20 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
   out << "search " << s.id();
   if (!s.spec().name().empty()) out << " (" << s.spec().name() << ")";
   out << ": " << StateName(s.state()) << ", " << s.trials_done() << " of "
-      << std::max(s.trials_planned(), s.trials_done()) << " trials done, budget " << Gib(budget)
-      << " GiB per rank (" << metric << " memory)\n\n";
+      << std::max(s.trials_planned(), s.trials_done()) << " trials done, budget " << Memory(budget)
+      << " per rank (" << metric << " memory)\n\n";
 
   size_t policy_width = 6;
-  for (const auto& t : s.trials()) policy_width = std::max(policy_width, t.policy().canonical().size());
-  out << "    " << Pad("policy", policy_width) << "  " << Pad("status", 9) << Pad("alloc GiB", 10, true)
-      << Pad("resv GiB", 10, true) << Pad("step s", 10, true) << Pad("tokens/s", 12, true) << "\n";
+  uint64_t max_bytes = 0;
+  for (const auto& t : s.trials()) {
+    policy_width = std::max(policy_width, t.policy().canonical().size());
+    max_bytes = std::max({max_bytes, MaxAllocated(t.result()), MaxReserved(t.result())});
+  }
+  const MemUnit unit = UnitFor(max_bytes);
+  out << "    " << Pad("policy", policy_width) << "  " << Pad("status", 9)
+      << Pad(std::string("alloc ") + unit.name, 10, true)
+      << Pad(std::string("resv ") + unit.name, 10, true) << Pad("step s", 10, true)
+      << Pad("tokens/s", 12, true) << "\n";
   bool any_reused = false, any_predicted = false;
   std::vector<std::string> notes;
   for (const v1::Trial& t : s.trials()) {
@@ -194,8 +215,8 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
     const bool ok = status == v1::TRIAL_STATUS_OK;
     out << "  " << (on_frontier ? "* " : "  ") << Pad(t.policy().canonical(), policy_width) << "  "
         << Pad(TrialStatusName(status), 9)
-        << Pad(has_memory ? Gib(MaxAllocated(r)) : "-", 10, true)
-        << Pad(has_memory ? Gib(MaxReserved(r)) : "-", 10, true)
+        << Pad(has_memory ? unit.Of(MaxAllocated(r)) : "-", 10, true)
+        << Pad(has_memory ? unit.Of(MaxReserved(r)) : "-", 10, true)
         << Pad(ok ? StepTime(r.step_time_s()) : "-", 10, true)
         << Pad(ok ? Tokens(r.tokens_per_s()) : "-", 12, true);
     std::vector<std::string> marks;
@@ -237,7 +258,8 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
       out << "  " << Pad(p, policy_width);
       auto it = by_policy.find(p);
       if (it != by_policy.end()) {
-        out << "  " << Pad(Gib(MemoryOf(it->second->result(), metric)), 8, true) << " GiB  "
+        out << "  " << Pad(unit.Of(MemoryOf(it->second->result(), metric)), 8, true) << " "
+            << unit.name << "  "
             << Pad(Tokens(it->second->result().tokens_per_s()), 10, true) << " tokens/s";
       }
       out << "\n";
@@ -254,7 +276,7 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
     out << "recommendation: " << recommended;
     auto it = by_policy.find(recommended);
     if (it != by_policy.end()) {
-      out << "  (" << Gib(MemoryOf(it->second->result(), metric)) << " GiB " << metric
+      out << "  (" << Memory(MemoryOf(it->second->result(), metric)) << " " << metric
           << " peak per rank, " << Tokens(it->second->result().tokens_per_s()) << " tokens/s)";
     }
     out << "\n";
@@ -400,30 +422,43 @@ std::string TickLabel(double v, double step) {
 
 std::string ResultSvg(const v1::Search& s) {
   const std::string metric = MemoryMetric(s);
-  const double budget = BudgetBytes(s) / kGiB;
+  const uint64_t budget_bytes = BudgetBytes(s);
   const std::set<std::string> frontier(s.frontier().begin(), s.frontier().end());
   const std::string recommended = s.has_recommendation() ? s.recommendation() : "";
 
   struct Point {
     std::string policy;
-    double mem = 0, tps = 0;
+    double mem = 0, tps = 0;  // mem in bytes, then in the plot's unit
     bool ok = false, oom = false, on_frontier = false;
   };
   std::vector<Point> points;
+  double max_mem = 0;
   for (const v1::Trial& t : s.trials()) {
     const v1::TrialStatus st = StatusOf(t);
     Point p;
     p.policy = t.policy().canonical();
-    p.mem = MemoryOf(t.result(), metric) / kGiB;
+    p.mem = static_cast<double>(MemoryOf(t.result(), metric));
     p.tps = t.result().tokens_per_s();
     p.ok = st == v1::TRIAL_STATUS_OK && p.tps > 0;
     p.oom = st == v1::TRIAL_STATUS_OOM;
     p.on_frontier = frontier.count(p.policy) > 0;
-    if (p.oom && p.mem <= 0) p.mem = budget;  // an OOM without figures hit the budget
-    if (p.ok || p.oom) points.push_back(p);
+    if (p.oom && p.mem <= 0) p.mem = static_cast<double>(budget_bytes);  // hit the budget
+    if (p.ok || p.oom) {
+      points.push_back(p);
+      max_mem = std::max(max_mem, p.mem);
+    }
   }
+  // The budget is drawn when it is near the points; far beyond them (a tiny model under a big
+  // budget) it would squash every point into the left edge, so it is only named.
+  const bool budget_on_chart = points.empty() || budget_bytes <= 1.5 * max_mem;
+  const MemUnit unit =
+      UnitFor(static_cast<uint64_t>(budget_on_chart ? std::max<double>(max_mem, budget_bytes)
+                                                    : max_mem));
+  const double budget = budget_bytes / unit.bytes;
+  for (Point& p : points) p.mem /= unit.bytes;
 
-  double x_lo = budget, x_hi = budget, y_lo = 0, y_hi = 0;
+  double x_lo = budget_on_chart ? budget : max_mem / unit.bytes;
+  double x_hi = x_lo, y_lo = 0, y_hi = 0;
   bool any_ok = false;
   for (const Point& p : points) {
     x_lo = std::min(x_lo, p.mem);
@@ -480,19 +515,26 @@ std::string ResultSvg(const v1::Search& s) {
         << TickLabel(v, ya.step) << "</text>\n";
   }
   svg << "<text x=\"" << left + pw / 2 << "\" y=\"" << height - 22
-      << "\" text-anchor=\"middle\" font-size=\"13\">peak memory per rank (GiB, " << metric
+      << "\" text-anchor=\"middle\" font-size=\"13\">peak memory per rank (" << unit.name << ", "
+      << metric
       << ", max over ranks)</text>\n";
   svg << "<text transform=\"translate(22," << top + ph / 2
       << ") rotate(-90)\" text-anchor=\"middle\" font-size=\"13\">throughput (tokens/s)</text>\n";
   svg << "</g>\n";
 
   // The budget.
-  svg << "<line class=\"budget\" x1=\"" << Num(X(budget)) << "\" y1=\"" << top << "\" x2=\""
-      << Num(X(budget)) << "\" y2=\"" << top + ph
-      << "\" stroke=\"#c0392b\" stroke-width=\"1.5\" stroke-dasharray=\"6,4\"/>\n";
-  svg << "<text x=\"" << Num(X(budget) - 4) << "\" y=\"" << top + 14
-      << "\" text-anchor=\"end\" fill=\"#c0392b\">budget " << Format("%.4g", budget)
-      << " GiB</text>\n";
+  const std::string budget_text = "budget " + Format("%.4g", budget_bytes / kGiB) + " GiB";
+  if (budget_on_chart) {
+    svg << "<line class=\"budget\" x1=\"" << Num(X(budget)) << "\" y1=\"" << top << "\" x2=\""
+        << Num(X(budget)) << "\" y2=\"" << top + ph
+        << "\" stroke=\"#c0392b\" stroke-width=\"1.5\" stroke-dasharray=\"6,4\"/>\n";
+    svg << "<text x=\"" << Num(X(budget) - 4) << "\" y=\"" << top + 14
+        << "\" text-anchor=\"end\" fill=\"#c0392b\">" << budget_text << "</text>\n";
+  } else {
+    svg << "<text class=\"budget\" x=\"" << left + pw - 6 << "\" y=\"" << top + 14
+        << "\" text-anchor=\"end\" fill=\"#c0392b\">" << budget_text
+        << " (off the chart, to the right) \u2192</text>\n";
+  }
 
   // The frontier as a step line: between two frontier points the best throughput available is
   // the lower point's; the last step runs on to the budget.
@@ -507,7 +549,7 @@ std::string ResultSvg(const v1::Search& s) {
     for (size_t i = 1; i < fpts.size(); ++i) {
       d << " H" << Num(X(fpts[i].mem)) << " V" << Num(Y(fpts[i].tps));
     }
-    d << " H" << Num(X(std::max(budget, fpts.back().mem)));
+    d << " H" << Num(budget_on_chart ? X(std::max(budget, fpts.back().mem)) : left + pw);
     svg << "<path class=\"frontier\" d=\"" << d.str()
         << "\" fill=\"none\" stroke=\"#1f6fb2\" stroke-width=\"2\"/>\n";
   }
@@ -629,7 +671,7 @@ std::string ProgressLine(const v1::SearchProgress& p, bool tty) {
   std::string best;
   if (p.has_best_policy()) {
     best = p.best_policy() + " (" + Tokens(p.best_tokens_per_s()) + " tokens/s at " +
-           Gib(p.best_peak_bytes()) + " GiB)";
+           Memory(p.best_peak_bytes()) + ")";
   }
   const std::string eta = p.eta_s() > 0 ? Duration(p.eta_s()) : "?";
   if (tty) {
@@ -657,7 +699,7 @@ std::string TrialLine(const v1::Trial& t, const std::string& memory_metric) {
   const v1::TrialResult& r = t.result();
   std::string line = "trial " + t.policy().canonical() + ": " + TrialStatusName(status);
   if (r.ranks_size() > 0) {
-    line += ", " + Gib(MemoryOf(r, memory_metric)) + " GiB " + memory_metric;
+    line += ", " + Memory(MemoryOf(r, memory_metric)) + " " + memory_metric;
   }
   if (status == v1::TRIAL_STATUS_OK) line += ", " + Tokens(r.tokens_per_s()) + " tokens/s";
   if (r.reused()) line += " (reused)";

@@ -1,5 +1,6 @@
 // remat-worker: the worker daemon on a GPU node. Flags are read here and only here.
 #include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
     return Fail(2, e.what());
   }
 
+  spdlog::set_default_logger(spdlog::stderr_color_mt("remat-worker"));
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%n] %v");
 

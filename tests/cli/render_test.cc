@@ -244,6 +244,28 @@ TEST(Render, SvgPlotsTrialsFrontierOomAndBudget) {
   EXPECT_EQ(Count(svg, "<text"), Count(svg, "</text>"));
 }
 
+TEST(Render, TinyModelsAreShownInMiBWithTheBudgetOffTheChart) {
+  v1::Search s;
+  s.set_id("s-tiny");
+  s.set_state(v1::SEARCH_STATE_SUCCEEDED);
+  s.mutable_spec()->mutable_model()->set_seq_length(4096);
+  s.set_memory_budget_bytes(kGiB);
+  AddTrial(&s, "selective:[]", v1::TRIAL_STATUS_OK, {{7 << 20, 7 << 20}}, 2.0);
+  AddTrial(&s, "full:uniform:1", v1::TRIAL_STATUS_OK, {{(11 << 20) / 2, (11 << 20) / 2}}, 2.5);
+  s.add_frontier("full:uniform:1");
+  s.add_frontier("selective:[]");
+  s.set_recommendation("selective:[]");
+  std::ostringstream out;
+  RenderReport(s, out);
+  EXPECT_NE(out.str().find("alloc MiB"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("5.50 MiB"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("budget 1.00 GiB per rank"), std::string::npos) << out.str();
+  const std::string svg = ResultSvg(s);
+  EXPECT_NE(svg.find("peak memory per rank (MiB, reserved"), std::string::npos);
+  EXPECT_NE(svg.find("budget 1 GiB (off the chart, to the right)"), std::string::npos);
+  EXPECT_EQ(svg.find("<line class=\"budget\""), std::string::npos);
+}
+
 TEST(Render, SvgEscapesAndSurvivesAnEmptySearch) {
   v1::Search s;
   s.mutable_spec()->set_name("a<b & \"c\"");

@@ -233,6 +233,30 @@ TEST_F(ServiceTest, AuthRefusals) {
   ExpectCorrectFrontier(result, table);
 }
 
+TEST_F(ServiceTest, TlsForClientsAndWorkers) {
+  if (access("/usr/bin/openssl", X_OK) != 0) GTEST_SKIP() << "openssl not installed";
+  const std::string cert = cluster_.dir() + "/cert.pem", key = cluster_.dir() + "/key.pem";
+  worker::ChildSpec gen;
+  gen.argv = {"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+              "-out", cert, "-days", "1", "-subj", "/CN=localhost", "-addext",
+              "subjectAltName=IP:127.0.0.1,DNS:localhost"};
+  worker::GroupLimits limits;
+  limits.timeout_s = 60;
+  ASSERT_TRUE(worker::RunProcessGroup({gen}, limits, nullptr).children[0].ok());
+  cluster_.StartCoordinator({"--tls-cert", cert, "--tls-key", key});
+  cluster_.StartWorker(2, {"--tls-ca", cert});
+  // A plaintext client cannot talk to a TLS coordinator: one readable line, exit 1.
+  CommandResult plain = cluster_.Remat({"list"});
+  EXPECT_EQ(plain.exit_code, 1);
+  EXPECT_EQ(plain.err.rfind("error: ", 0), 0u) << plain.err;
+  json table = MakeReplayTable(/*seed=*/70, /*wall_s=*/0.02);
+  const std::string id =
+      cluster_.Submit(cluster_.WriteReplaySpec("tls", table), {"--tls-ca", cert});
+  json result = cluster_.WaitFinal(id, 60, {"--tls-ca", cert});
+  EXPECT_EQ(result["state"], "succeeded") << result.dump();
+  ExpectCorrectFrontier(result, table);
+}
+
 TEST_F(ServiceTest, PromtoolAcceptsTheMetricsPage) {
   if (access("/usr/bin/promtool", X_OK) != 0 && access("/usr/local/bin/promtool", X_OK) != 0) {
     GTEST_SKIP() << "promtool not installed (Debian package prometheus)";
