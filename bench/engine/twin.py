@@ -757,6 +757,8 @@ def main():
         spec = json.load(f)
     device = torch.device(args.device)
     if device.type == "cuda":
+        if device.index is None:  # set_device needs an index; "cuda" means the current one
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     for policy in [p for p in args.policies.split(";") if p]:
         print(json.dumps(run_trial(spec, policy, device)), flush=True)
