@@ -103,9 +103,17 @@ int RunSubmit(const std::string& spec_path, const ClientOptions& options) {
   return 0;
 }
 
-int RunGet(const std::string& id, bool json, const ClientOptions& options) {
+int RunGet(const std::string& id, bool json, const std::string& svg_path,
+           const ClientOptions& options) {
   auto search = RematClient::Connect(options)->Get(id);
   if (!search.ok()) return ClientError(search.status(), options);
+  if (!svg_path.empty()) {
+    std::ofstream svg(svg_path, std::ios::binary);
+    if (!(svg << ResultSvg(*search))) {
+      std::cerr << "error: --svg: cannot write " << svg_path << std::endl;
+      return 1;
+    }
+  }
   if (json) {
     std::cout << ResultJson(*search);
   } else {
@@ -212,6 +220,7 @@ int RunCli(int argc, char** argv) {
   CLI::App* get = app.add_subcommand("get", "show a search and its result");
   get->add_option("ID", id, "search id")->required();
   get->add_flag("--json", json, "the result JSON");
+  get->add_option("--svg", svg_path, "write the memory/throughput plot here");
   client.AddTo(get);
 
   CLI::App* watch = app.add_subcommand("watch", "follow a search's progress live");
@@ -265,7 +274,7 @@ int RunCli(int argc, char** argv) {
   ClientOptions options;
   if (int code = client.Resolve(&options); code != 0) return code;
   if (submit->parsed()) return RunSubmit(spec_path, options);
-  if (get->parsed()) return RunGet(id, json, options);
+  if (get->parsed()) return RunGet(id, json, svg_path, options);
   if (watch->parsed()) return RunWatch(id, options);
   if (cancel->parsed()) return RunCancel(id, options);
   if (list->parsed()) return RunList(limit, options);
