@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 
 #include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <time.h>
 #include <unistd.h>
@@ -259,6 +260,8 @@ int RunCli(int argc, char** argv) {
   if (plan->parsed()) return RunPlan(spec_path, json, std::cout, std::cerr);
   if (validate->parsed()) return RunValidate(spec_path, policy, std::cout, std::cerr);
   if (search->parsed()) {
+    // The embedded services log to stderr: stdout carries the progress and the result.
+    spdlog::set_default_logger(spdlog::stderr_color_mt("remat"));
     spdlog::set_level(spdlog::level::from_str(log_level));
     LocalSearchOptions options;
     options.spec_path = spec_path;
