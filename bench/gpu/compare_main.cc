@@ -1,0 +1,111 @@
+// remat-compare: search efficiency of a guided search against the exhaustive one (issue 5).
+//
+//   remat-compare GUIDED.json EXHAUSTIVE.json
+//
+// Reads two result JSONs (`remat get ID --json` / `remat search --json`) of the same model and
+// prints trials, GPU-seconds (the sum of trial wall times; a trial reused from the results cache
+// is charged what it cost when it ran) and the hypervolume of the guided frontier as a fraction
+// of the exhaustive one, per the contract: area within memory <= budget and throughput >= t_ref,
+// t_ref = 0.9 x the lowest throughput on the exhaustive frontier.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "search/frontier.h"
+#include "search/policy.h"
+
+namespace {
+
+using remat::search::TrialResult;
+
+struct Run {
+  std::vector<TrialResult> trials;
+  std::map<std::string, double> wall_s;  // by policy, for trials that ran (not reused)
+  std::vector<std::string> reused;
+  remat::search::MemoryMetric metric = remat::search::MemoryMetric::kReserved;
+  uint64_t budget = 0;
+};
+
+bool Load(const char* path, Run* run) {
+  std::ifstream in(path);
+  if (!in) return false;
+  nlohmann::json j = nlohmann::json::parse(in);
+  run->budget = j.at("memory_budget_bytes").get<uint64_t>();
+  if (j.value("memory_metric", "reserved") == "allocated") {
+    run->metric = remat::search::MemoryMetric::kAllocated;
+  }
+  for (const auto& t : j.at("trials")) {
+    auto policy = remat::search::ParsePolicy(t.at("policy").get<std::string>());
+    auto status = remat::search::ParseTrialStatus(t.at("status").get<std::string>());
+    if (!policy.ok() || !status) continue;  // pending or unparsable: not a measurement
+    TrialResult r;
+    r.policy = *policy;
+    r.status = *status;
+    r.tokens_per_s = t.value("tokens_per_s", 0.0);
+    for (const auto& rk : t.at("ranks")) {
+      remat::search::RankResult rr;
+      rr.rank = rk.value("rank", 0);
+      rr.peak_allocated_bytes = rk.value("peak_allocated_bytes", uint64_t{0});
+      rr.peak_reserved_bytes = rk.value("peak_reserved_bytes", uint64_t{0});
+      r.ranks.push_back(rr);
+    }
+    if (t.value("reused", false)) {
+      run->reused.push_back(r.policy.ToString());
+    } else {
+      run->wall_s[r.policy.ToString()] = t.value("wall_s", 0.0);
+    }
+    run->trials.push_back(std::move(r));
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::cerr << "usage: remat-compare GUIDED.json EXHAUSTIVE.json\n";
+    return 2;
+  }
+  Run guided, exhaustive;
+  for (auto [path, run] : {std::pair{argv[1], &guided}, std::pair{argv[2], &exhaustive}}) {
+    try {
+      if (!Load(path, run)) {
+        std::cerr << "error: cannot read " << path << "\n";
+        return 2;
+      }
+    } catch (const std::exception& e) {
+      std::cerr << "error: " << path << ": " << e.what() << "\n";
+      return 2;
+    }
+  }
+  // What a reused trial cost when it ran: its wall time in whichever run measured it.
+  auto cost = [&](const Run& run) {
+    double s = 0;
+    for (const auto& t : run.trials) {
+      const std::string p = t.policy.ToString();
+      auto it = run.wall_s.find(p);
+      if (it != run.wall_s.end()) s += it->second;
+      else if (guided.wall_s.count(p)) s += guided.wall_s.at(p);
+      else if (exhaustive.wall_s.count(p)) s += exhaustive.wall_s.at(p);
+    }
+    return s;
+  };
+  const auto fe = remat::search::ComputeFrontier(exhaustive.trials, exhaustive.metric, exhaustive.budget);
+  const auto fg = remat::search::ComputeFrontier(guided.trials, guided.metric, guided.budget);
+  double t_min = 0;
+  for (const auto& p : fe) t_min = t_min == 0 ? p.tokens_per_s : std::min(t_min, p.tokens_per_s);
+  const double t_ref = 0.9 * t_min;
+  const double hv_e = remat::search::Hypervolume(fe, exhaustive.budget, t_ref);
+  const double hv_g = remat::search::Hypervolume(fg, guided.budget, t_ref);
+  const double trial_ratio = exhaustive.trials.empty() ? 0 : double(guided.trials.size()) / exhaustive.trials.size();
+  std::printf("trials        guided %3zu   exhaustive %3zu   ratio %.3f (goal <= 0.25)\n",
+              guided.trials.size(), exhaustive.trials.size(), trial_ratio);
+  std::printf("GPU-seconds   guided %7.1f   exhaustive %7.1f   ratio %.3f\n", cost(guided),
+              cost(exhaustive), cost(exhaustive) > 0 ? cost(guided) / cost(exhaustive) : 0);
+  std::printf("frontier      guided %zu points, exhaustive %zu points\n", fg.size(), fe.size());
+  std::printf("hypervolume   guided/exhaustive %.4f (goal >= 0.95; t_ref %.1f tokens/s)\n",
+              hv_e > 0 ? hv_g / hv_e : 0, t_ref);
+  return 0;
+}
