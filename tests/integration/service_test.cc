@@ -69,7 +69,7 @@ TEST_F(ServiceTest, TwoWorkersRunThreeSearchesAtOnce) {
   std::vector<json> tables;
   std::vector<std::string> ids;
   for (int i = 0; i < 3; ++i) {
-    tables.push_back(MakeReplayTable(/*seed=*/i + 1, /*wall_s=*/0.1, /*missing=*/i));
+    tables.push_back(MakeReplayTable(/*seed=*/i + 1, /*wall_s=*/0.25, /*missing=*/i));
     ids.push_back(cluster_.Submit(cluster_.WriteReplaySpec("s" + std::to_string(i), tables[i])));
   }
   std::set<std::string> workers;
@@ -94,12 +94,12 @@ TEST_F(ServiceTest, CoordinatorKilledMidSearchResumesEverySearch) {
   std::vector<json> tables;
   std::vector<std::string> ids;
   for (int i = 0; i < 2; ++i) {
-    tables.push_back(MakeReplayTable(/*seed=*/10 + i, /*wall_s=*/0.3));
+    tables.push_back(MakeReplayTable(/*seed=*/10 + i, /*wall_s=*/0.8));
     ids.push_back(cluster_.Submit(cluster_.WriteReplaySpec("k" + std::to_string(i), tables[i])));
   }
   // Kill it once trials have been recorded but the searches are not done.
   json mid = cluster_.WaitFor(ids[0], [](const json& j) {
-    return j["trials_done"].get<int>() >= 3 && j["state"] == "running";
+    return j["trials_done"].get<int>() >= 2 && j["state"] == "running";
   });
   coordinator->Kill(SIGKILL);
   EXPECT_EQ(coordinator->Wait(10), 128 + SIGKILL);
@@ -116,12 +116,15 @@ TEST_F(ServiceTest, CoordinatorKilledMidSearchResumesEverySearch) {
 TEST_F(ServiceTest, TrialOfAKilledWorkerRunsAgainElsewhere) {
   cluster_.StartCoordinator();
   Daemon* first = cluster_.StartWorker(1);
-  json table = MakeReplayTable(/*seed=*/20, /*wall_s=*/0.4);
+  // The control takes 3 s, the rest a moment: the worker dies while running the control.
+  json table = MakeReplayTable(/*seed=*/20, /*wall_s=*/0.05);
+  table["trials"]["selective:[]"]["wall_s"] = 3.0;
   const std::string id = cluster_.Submit(cluster_.WriteReplaySpec("w", table));
   std::string victim_trial, victim_worker;
   cluster_.WaitFor(id, [&](const json& j) {
     for (const auto& t : j["trials"]) {
-      if (t["status"] == "running" && !t["worker_id"].get<std::string>().empty()) {
+      if (t["policy"] == "selective:[]" && t["status"] == "running" &&
+          !t["worker_id"].get<std::string>().empty()) {
         victim_trial = t["id"];
         victim_worker = t["worker_id"];
         return true;

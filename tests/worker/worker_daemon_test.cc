@@ -22,6 +22,7 @@ class FakeCoordinator {
  public:
   std::mutex mu;
   bool up = true;
+  bool reports_down = false;  // ReportTrial alone answers UNAVAILABLE
   bool refuse_credentials = false;
   int registrations = 0;
   std::string last_registered_id;
@@ -42,6 +43,10 @@ class FakeCoordinator {
   void SetUp(bool value) {
     std::lock_guard<std::mutex> lock(mu);
     up = value;
+  }
+  void SetReportsDown(bool value) {
+    std::lock_guard<std::mutex> lock(mu);
+    reports_down = value;
   }
 };
 
@@ -86,7 +91,7 @@ class FakeClient : public CoordinatorClient {
   }
   absl::StatusOr<v1::ReportTrialResponse> ReportTrial(const v1::ReportTrialRequest& req) override {
     std::lock_guard<std::mutex> lock(c_->mu);
-    if (!c_->up) return absl::UnavailableError("connection refused");
+    if (!c_->up || c_->reports_down) return absl::UnavailableError("connection refused");
     c_->reports.push_back(req);
     v1::ReportTrialResponse r;
     r.set_accepted(true);
@@ -172,13 +177,23 @@ TEST_F(DaemonTest, RegistersLeasesRunsAndReports) {
 
 TEST_F(DaemonTest, LeasesOnlyWhatFitsItsFreeSlots) {
   Start(2);
-  coordinator_.Push(Replay("t-1", 0.3, /*world=*/2));
+  coordinator_.Push(Replay("t-1", 600, /*world=*/2));
   ASSERT_TRUE(WaitUntil([&] { return daemon_->stats().running_trials == 1; }));
   EXPECT_EQ(daemon_->stats().free_slots, 0);
+  {
+    std::lock_guard<std::mutex> lock(coordinator_.mu);
+    coordinator_.lease_free_slots.clear();
+    coordinator_.cancel_ids.push_back("t-1");
+  }
   ASSERT_TRUE(WaitUntil([&] { return coordinator_.NumReports() == 1; }));
   ASSERT_TRUE(WaitUntil([&] { return daemon_->stats().free_slots == 2; }));
+  // Leasing resumes once slots are free, and never asks with none free.
+  ASSERT_TRUE(WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(coordinator_.mu);
+    return !coordinator_.lease_free_slots.empty();
+  }));
   std::lock_guard<std::mutex> lock(coordinator_.mu);
-  for (int free : coordinator_.lease_free_slots) EXPECT_GT(free, 0);  // never asks with none free
+  for (int free : coordinator_.lease_free_slots) EXPECT_GT(free, 0);
 }
 
 TEST_F(DaemonTest, UnknownBackendIsAFailedResultNotACrash) {
@@ -208,17 +223,21 @@ TEST_F(DaemonTest, HeartbeatCancelStopsTheTrial) {
 TEST_F(DaemonTest, SpoolsResultsWhileTheCoordinatorIsAwayAndRedeliversThem) {
   Start(1);
   ASSERT_TRUE(WaitUntil([&] { return daemon_->stats().registered; }));
-  coordinator_.Push(Replay("t-1", 0.3));
-  ASSERT_TRUE(WaitUntil([&] { return daemon_->stats().running_trials == 1; }));
-  coordinator_.SetUp(false);
+  coordinator_.SetReportsDown(true);
+  coordinator_.Push(Replay("t-1", 0.05));
   ASSERT_TRUE(WaitUntil([&] { return daemon_->stats().trials_finished == 1; }));
   EXPECT_EQ(coordinator_.NumReports(), 0u);
   EXPECT_EQ(daemon_->stats().spooled, 1);
+  // The coordinator goes away altogether: the worker notices and re-registers when it is back.
+  coordinator_.SetUp(false);
+  ASSERT_TRUE(WaitUntil([&] { return !daemon_->stats().registered; }));
+  coordinator_.SetReportsDown(false);
   coordinator_.SetUp(true);
   ASSERT_TRUE(WaitUntil([&] { return coordinator_.NumReports() == 1; }));
   ASSERT_TRUE(WaitUntil([&] { return daemon_->stats().spooled == 0; }));
   std::lock_guard<std::mutex> lock(coordinator_.mu);
   EXPECT_EQ(coordinator_.reports[0].trial_id(), "t-1");
+  EXPECT_EQ(coordinator_.reports[0].result().status(), v1::TRIAL_STATUS_OK);
   EXPECT_GE(coordinator_.registrations, 2);
   EXPECT_EQ(coordinator_.last_registered_id, "w-1");  // re-registers under its old id
 }
