@@ -104,17 +104,19 @@ int RunSubmit(const std::string& spec_path, const ClientOptions& options) {
   return 0;
 }
 
+// Writes the SVG plot when asked; returns an exit code.
+int WriteSvg(const v1::Search& search, const std::string& svg_path) {
+  if (svg_path.empty()) return 0;
+  std::ofstream svg(svg_path, std::ios::binary | std::ios::trunc);
+  if (!(svg << ResultSvg(search))) return Fail(1, "--svg: cannot write " + svg_path);
+  return 0;
+}
+
 int RunGet(const std::string& id, bool json, const std::string& svg_path,
            const ClientOptions& options) {
   auto search = RematClient::Connect(options)->Get(id);
   if (!search.ok()) return ClientError(search.status(), options);
-  if (!svg_path.empty()) {
-    std::ofstream svg(svg_path, std::ios::binary);
-    if (!(svg << ResultSvg(*search))) {
-      std::cerr << "error: --svg: cannot write " << svg_path << std::endl;
-      return 1;
-    }
-  }
+  if (int code = WriteSvg(*search, svg_path); code != 0) return code;
   if (json) {
     std::cout << ResultJson(*search);
   } else {
@@ -123,7 +125,7 @@ int RunGet(const std::string& id, bool json, const std::string& svg_path,
   return 0;
 }
 
-int RunWatch(const std::string& id, const ClientOptions& options) {
+int RunWatch(const std::string& id, const std::string& svg_path, const ClientOptions& options) {
   auto client = RematClient::Connect(options);
   auto search = client->Get(id);
   if (!search.ok()) return ClientError(search.status(), options);
@@ -138,6 +140,7 @@ int RunWatch(const std::string& id, const ClientOptions& options) {
   }
   std::cout << "\n";
   RenderReport(*search, std::cout);
+  if (int code = WriteSvg(*search, svg_path); code != 0) return code;
   return search->state() == v1::SEARCH_STATE_SUCCEEDED ? 0 : 1;
 }
 
@@ -226,6 +229,7 @@ int RunCli(int argc, char** argv) {
 
   CLI::App* watch = app.add_subcommand("watch", "follow a search's progress live");
   watch->add_option("ID", id, "search id")->required();
+  watch->add_option("--svg", svg_path, "when it ends, write the memory/throughput plot here");
   client.AddTo(watch);
 
   CLI::App* cancel = app.add_subcommand("cancel", "cancel a search");
@@ -278,7 +282,7 @@ int RunCli(int argc, char** argv) {
   if (int code = client.Resolve(&options); code != 0) return code;
   if (submit->parsed()) return RunSubmit(spec_path, options);
   if (get->parsed()) return RunGet(id, json, svg_path, options);
-  if (watch->parsed()) return RunWatch(id, options);
+  if (watch->parsed()) return RunWatch(id, svg_path, options);
   if (cancel->parsed()) return RunCancel(id, options);
   if (list->parsed()) return RunList(limit, options);
   return Fail(2, "no command given (remat --help lists them)");

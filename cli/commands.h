@@ -4,7 +4,7 @@
 //   validate SPEC --policy POLICY      exit 0 valid, 2 invalid with the reason
 //   search SPEC [--json F] [--svg F]   embedded coordinator + local worker (cli/local_search.h)
 //   submit SPEC                        prints the search id as its last line
-//   get ID [--json] | watch ID | cancel ID | list
+//   get ID [--json] [--svg F] | watch ID [--svg F] | cancel ID | list
 // Client commands take --coordinator HOST:PORT (or env REMAT_COORDINATOR), --token-file F (or
 // env REMAT_TOKEN), --tls / --tls-ca F and --timeout S (deadline of each call).
 //

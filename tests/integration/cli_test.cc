@@ -104,9 +104,14 @@ TEST_F(CliTest, SubmitWatchGetList) {
   EXPECT_NE(watch.out.find("search " + id), std::string::npos) << watch.out;
   EXPECT_NE(watch.out.find("recommendation: "), std::string::npos) << watch.out;
 
-  CommandResult get = cluster_.Remat({"get", id});
+  const std::string svg_path = cluster_.dir() + "/get.svg";
+  CommandResult get = cluster_.Remat({"get", id, "--svg", svg_path});
   EXPECT_EQ(get.exit_code, 0);
   EXPECT_NE(get.out.find("succeeded"), std::string::npos) << get.out;
+  std::ifstream svg(svg_path);
+  std::string head;
+  std::getline(svg, head);
+  EXPECT_EQ(head.rfind("<svg", 0), 0u);
   CommandResult list = cluster_.Remat({"list"});
   EXPECT_EQ(list.exit_code, 0);
   EXPECT_NE(list.out.find(id), std::string::npos) << list.out;
