@@ -225,7 +225,12 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
       any_reused = true;
     }
     if (r.predicted()) {
-      marks.push_back("predicted");
+      std::string mark = "predicted";
+      for (int i = 0; i < r.proxies_size(); ++i) {
+        mark += (i == 0 ? " from " : " and ") + std::to_string(r.proxies(i).num_layers());
+      }
+      if (r.proxies_size() > 0) mark += " layers";
+      marks.push_back(mark);
       any_predicted = true;
     }
     if (ok && has_memory && MemoryOf(r, metric) > budget) marks.push_back("over budget");
@@ -353,6 +358,23 @@ std::string ResultJson(const v1::Search& s) {
     tj["predicted"] = r.predicted();
     tj["attempts"] = t.attempts();
     tj["worker_id"] = t.worker_id();
+    if (r.proxies_size() > 0) {
+      ordered_json proxies = ordered_json::array();
+      for (const v1::ProxyMeasurement& p : r.proxies()) {
+        ordered_json pj;
+        pj["num_layers"] = p.num_layers();
+        pj["step_time_s"] = p.step_time_s();
+        ordered_json pranks = ordered_json::array();
+        for (const auto& rr : p.ranks()) {
+          pranks.push_back({{"rank", rr.rank()},
+                            {"peak_allocated_bytes", rr.peak_allocated_bytes()},
+                            {"peak_reserved_bytes", rr.peak_reserved_bytes()}});
+        }
+        pj["ranks"] = std::move(pranks);
+        proxies.push_back(std::move(pj));
+      }
+      tj["proxies"] = std::move(proxies);
+    }
     trials.push_back(std::move(tj));
   }
   j["trials"] = std::move(trials);

@@ -73,6 +73,8 @@ v1::TrialResult CombineRankResults(const v1::TrialAssignment& assignment,
 
   v1::TrialStatus status = v1::TRIAL_STATUS_OK;
   std::map<int, v1::RankResult> ranks;
+  std::map<int, v1::ProxyMeasurement> proxies;  // by depth: every rank's figures at that depth
+  bool predicted = false;
   std::string message;
   double step = 0, spread = 0, setup = 0;
   double tflops = std::numeric_limits<double>::infinity();
@@ -97,6 +99,13 @@ v1::TrialResult CombineRankResults(const v1::TrialAssignment& assignment,
       }
       message += r.message();
     }
+    predicted = predicted || r.predicted();
+    for (const v1::ProxyMeasurement& p : r.proxies()) {
+      v1::ProxyMeasurement& merged = proxies[p.num_layers()];
+      merged.set_num_layers(p.num_layers());
+      merged.set_step_time_s(std::max(merged.step_time_s(), p.step_time_s()));
+      for (const v1::RankResult& rr : p.ranks()) *merged.add_ranks() = rr;
+    }
     step = std::max(step, r.step_time_s());
     spread = std::max(spread, r.step_time_spread_s());
     setup = std::max(setup, r.setup_s());
@@ -114,6 +123,12 @@ v1::TrialResult CombineRankResults(const v1::TrialAssignment& assignment,
                " ranks reported a result";
   }
   for (auto& [rank, rr] : ranks) *out.add_ranks() = rr;
+  out.set_predicted(predicted);
+  for (auto& [depth, p] : proxies) {
+    std::sort(p.mutable_ranks()->begin(), p.mutable_ranks()->end(),
+              [](const v1::RankResult& a, const v1::RankResult& b) { return a.rank() < b.rank(); });
+    *out.add_proxies() = p;
+  }
   out.set_status(status);
   out.set_message(message);
   out.set_setup_s(setup);

@@ -11,7 +11,9 @@
 //     oom outranks failed because a rank that OOMs usually takes its peers down with it (their
 //     collectives fail): the OOM is the cause, their failure the consequence. A trial is ok only
 //     when all W ranks reported ok.
-//   - message: the ranks' messages, "rank N: ..." joined with "; ".
+//   - message: the ranks' messages, "rank N: ..." joined with "; ";
+//   - predicted (depth proxies): when any rank says so; proxies: per depth, every rank's figures
+//     (sorted by rank) and the slowest rank's step time.
 // Thread-safety: pure functions.
 #pragma once
 

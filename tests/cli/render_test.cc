@@ -61,8 +61,17 @@ v1::Search FixedSearch() {
            4.096 / 0.8)
       ->mutable_result()
       ->set_reused(true);
-  AddTrial(&s, "full:uniform:1", v1::TRIAL_STATUS_OK,
-           {{7 * kGiB / 2, 4 * kGiB}, {7 * kGiB / 2, 4 * kGiB}}, 4.096 / 0.7);
+  v1::TrialResult* predicted =
+      AddTrial(&s, "full:uniform:1", v1::TRIAL_STATUS_OK,
+               {{7 * kGiB / 2, 4 * kGiB}, {7 * kGiB / 2, 4 * kGiB}}, 4.096 / 0.7)
+          ->mutable_result();
+  predicted->set_predicted(true);
+  for (int depth : {2, 4}) {
+    v1::ProxyMeasurement* p = predicted->add_proxies();
+    p->set_num_layers(depth);
+    p->set_step_time_s(depth * 0.5);
+    p->add_ranks()->set_peak_reserved_bytes(depth * kGiB / 4);
+  }
   AddTrial(&s, "full:block:1", v1::TRIAL_STATUS_OOM,
            {{10 * kGiB + kGiB / 2, 10 * kGiB + kGiB / 2}}, 0, "rank 0: CUDA out of memory");
   AddTrial(&s, "selective:[layernorm]", v1::TRIAL_STATUS_FAILED, {}, 0,
@@ -136,6 +145,12 @@ TEST(Render, JsonHasTheContractKeys) {
             "model.recompute_granularity=selective model.recompute_modules=[]");
   EXPECT_EQ(j["apply"]["megatron_lm"], "");
   EXPECT_EQ(j["fragmentation"].size(), 1u);
+  const auto& proxied = j["trials"][3];
+  EXPECT_EQ(proxied["predicted"], true);
+  ASSERT_EQ(proxied["proxies"].size(), 2u);
+  EXPECT_EQ(proxied["proxies"][1]["num_layers"], 4);
+  EXPECT_EQ(proxied["proxies"][1]["ranks"][0]["peak_reserved_bytes"].get<uint64_t>(), kGiB);
+  EXPECT_FALSE(control.contains("proxies"));
 }
 
 TEST(Render, JsonWhenNothingFits) {
@@ -186,6 +201,7 @@ TEST(Render, ReportShowsTableFrontierRecommendationAndFindings) {
   has("* selective:[core_attn]");
   has("  selective:[mlp]  ");
   has("reused");
+  has("predicted from 2 and 4 layers");
   has("<- recommended");
   has("9.00");  // the control's reserved peak, max over ranks
   has("4.0960");  // its step time

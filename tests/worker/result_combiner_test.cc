@@ -80,6 +80,32 @@ TEST(ResultCombiner, NonFinalRankStatusCountsAsFailed) {
   EXPECT_EQ(c.status(), v1::TRIAL_STATUS_FAILED);
 }
 
+TEST(ResultCombiner, MergesDepthProxiesOfAllRanks) {
+  std::vector<v1::TrialResult> per_rank;
+  for (int rank : {1, 0}) {
+    v1::TrialResult r = Rank(rank, v1::TRIAL_STATUS_OK, 0.5 + rank, 100 * (rank + 1));
+    r.set_predicted(true);
+    for (int depth : {2, 4}) {
+      v1::ProxyMeasurement* p = r.add_proxies();
+      p->set_num_layers(depth);
+      p->set_step_time_s(0.1 * depth + rank);
+      v1::RankResult* rr = p->add_ranks();
+      rr->set_rank(rank);
+      rr->set_peak_allocated_bytes(depth * 10 + rank);
+    }
+    per_rank.push_back(r);
+  }
+  v1::TrialResult c = CombineRankResults(Assignment(2), per_rank);
+  EXPECT_TRUE(c.predicted());
+  ASSERT_EQ(c.proxies_size(), 2);
+  EXPECT_EQ(c.proxies(0).num_layers(), 2);
+  EXPECT_EQ(c.proxies(1).num_layers(), 4);
+  ASSERT_EQ(c.proxies(1).ranks_size(), 2);
+  EXPECT_EQ(c.proxies(1).ranks(0).rank(), 0);
+  EXPECT_EQ(c.proxies(1).ranks(1).peak_allocated_bytes(), 41u);
+  EXPECT_DOUBLE_EQ(c.proxies(1).step_time_s(), 1.4);  // the slower rank
+}
+
 TEST(ResultCombiner, TokensPerSecondFollowsTheContract) {
   v1::SearchSpec spec;
   spec.mutable_model()->set_seq_length(4096);
