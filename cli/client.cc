@@ -137,8 +137,9 @@ class GrpcRematClient : public RematClient {
  private:
   void Prepare(grpc::ClientContext* context, bool deadline) {
     if (deadline) {
-      context->set_deadline(std::chrono::system_clock::now() +
-                            std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_s * 1000)));
+      context->set_deadline(
+          std::chrono::system_clock::now() +
+          std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_s * 1000)));
     }
     if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
   }
@@ -167,11 +168,12 @@ std::string DescribeError(const absl::Status& status, const ClientOptions& optio
       return "cannot reach coordinator at " + options.coordinator + ": no answer within " +
              std::to_string(static_cast<int>(options.timeout_s)) + " s (--timeout)";
     case absl::StatusCode::kUnauthenticated:
-      return "coordinator at " + options.coordinator + " refused the request: unauthenticated: " +
-             msg + " (give a user token with --token-file or REMAT_TOKEN)";
+      return "coordinator at " + options.coordinator +
+             " refused the request: unauthenticated: " + msg +
+             " (give a user token with --token-file or REMAT_TOKEN)";
     case absl::StatusCode::kPermissionDenied:
-      return "coordinator at " + options.coordinator + " refused the request: permission denied: " +
-             msg;
+      return "coordinator at " + options.coordinator +
+             " refused the request: permission denied: " + msg;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kNotFound:
     case absl::StatusCode::kFailedPrecondition:

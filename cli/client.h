@@ -24,7 +24,7 @@ struct ClientOptions {
   std::string token;        // user bearer token ("authorization: Bearer <token>"); "" none
   bool tls = false;         // TLS; tls_ca_pem "" means the system's roots
   std::string tls_ca_pem;
-  double timeout_s = 30;    // deadline of each unary call
+  double timeout_s = 30;  // deadline of each unary call
 };
 
 class RematClient {

@@ -184,8 +184,9 @@ int RunSearchWithSignals(LocalSearchOptions options) {
 }  // namespace
 
 int RunCli(int argc, char** argv) {
-  CLI::App app{"remat: finds the best activation-recompute policy for a Megatron job by "
-               "measuring it"};
+  CLI::App app{
+      "remat: finds the best activation-recompute policy for a Megatron job by "
+      "measuring it"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("remat ") + REMAT_VERSION);
 

@@ -163,8 +163,8 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
 
   auto interrupted = [&] { return options.interrupted && options.interrupted->load(); };
   ProgressPrinter printer(out, options.tty, search::Name(spec->search.memory_metric));
-  absl::Status watched =
-      client->Watch(*id, [&](const v1::SearchProgress& p) { printer.Update(p); }, interrupted);
+  absl::Status watched = client->Watch(
+      *id, [&](const v1::SearchProgress& p) { printer.Update(p); }, interrupted);
   printer.Finish();
   // Should the stream fail, poll until the search is final.
   absl::StatusOr<v1::Search> result = client->Get(*id);

@@ -122,12 +122,23 @@ std::string XmlEscape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -137,26 +148,41 @@ std::string XmlEscape(const std::string& s) {
 
 const char* StateName(v1::SearchState state) {
   switch (state) {
-    case v1::SEARCH_STATE_QUEUED: return "queued";
-    case v1::SEARCH_STATE_RUNNING: return "running";
-    case v1::SEARCH_STATE_SUCCEEDED: return "succeeded";
-    case v1::SEARCH_STATE_FAILED: return "failed";
-    case v1::SEARCH_STATE_CANCELLED: return "cancelled";
-    default: return "unknown";
+    case v1::SEARCH_STATE_QUEUED:
+      return "queued";
+    case v1::SEARCH_STATE_RUNNING:
+      return "running";
+    case v1::SEARCH_STATE_SUCCEEDED:
+      return "succeeded";
+    case v1::SEARCH_STATE_FAILED:
+      return "failed";
+    case v1::SEARCH_STATE_CANCELLED:
+      return "cancelled";
+    default:
+      return "unknown";
   }
 }
 
 const char* TrialStatusName(v1::TrialStatus status) {
   switch (status) {
-    case v1::TRIAL_STATUS_OK: return "ok";
-    case v1::TRIAL_STATUS_OOM: return "oom";
-    case v1::TRIAL_STATUS_FAILED: return "failed";
-    case v1::TRIAL_STATUS_TIMEOUT: return "timeout";
-    case v1::TRIAL_STATUS_INVALID: return "invalid";
-    case v1::TRIAL_STATUS_CANCELLED: return "cancelled";
-    case v1::TRIAL_STATUS_PENDING: return "pending";
-    case v1::TRIAL_STATUS_RUNNING: return "running";
-    default: return "pending";
+    case v1::TRIAL_STATUS_OK:
+      return "ok";
+    case v1::TRIAL_STATUS_OOM:
+      return "oom";
+    case v1::TRIAL_STATUS_FAILED:
+      return "failed";
+    case v1::TRIAL_STATUS_TIMEOUT:
+      return "timeout";
+    case v1::TRIAL_STATUS_INVALID:
+      return "invalid";
+    case v1::TRIAL_STATUS_CANCELLED:
+      return "cancelled";
+    case v1::TRIAL_STATUS_PENDING:
+      return "pending";
+    case v1::TRIAL_STATUS_RUNNING:
+      return "running";
+    default:
+      return "pending";
   }
 }
 
@@ -264,8 +290,8 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
       auto it = by_policy.find(p);
       if (it != by_policy.end()) {
         out << "  " << Pad(unit.Of(MemoryOf(it->second->result(), metric)), 8, true) << " "
-            << unit.name << "  "
-            << Pad(Tokens(it->second->result().tokens_per_s()), 10, true) << " tokens/s";
+            << unit.name << "  " << Pad(Tokens(it->second->result().tokens_per_s()), 10, true)
+            << " tokens/s";
       }
       out << "\n";
     }
@@ -390,10 +416,10 @@ std::string ResultJson(const v1::Search& s) {
   }
   std::string message = s.message();
   if (message.empty() && !s.has_recommendation() && s.state() == v1::SEARCH_STATE_SUCCEEDED) {
-    message = search::NothingFitsMessage(DomainResults(s),
-                                         metric == "allocated" ? search::MemoryMetric::kAllocated
-                                                               : search::MemoryMetric::kReserved,
-                                         BudgetBytes(s));
+    message = search::NothingFitsMessage(
+        DomainResults(s),
+        metric == "allocated" ? search::MemoryMetric::kAllocated : search::MemoryMetric::kReserved,
+        BudgetBytes(s));
   }
   j["message"] = message;
   j["trials_done"] = s.trials_done();
@@ -473,9 +499,8 @@ std::string ResultSvg(const v1::Search& s) {
   // The budget is drawn when it is near the points; far beyond them (a tiny model under a big
   // budget) it would squash every point into the left edge, so it is only named.
   const bool budget_on_chart = points.empty() || budget_bytes <= 1.5 * max_mem;
-  const MemUnit unit =
-      UnitFor(static_cast<uint64_t>(budget_on_chart ? std::max<double>(max_mem, budget_bytes)
-                                                    : max_mem));
+  const MemUnit unit = UnitFor(
+      static_cast<uint64_t>(budget_on_chart ? std::max<double>(max_mem, budget_bytes) : max_mem));
   const double budget = budget_bytes / unit.bytes;
   for (Point& p : points) p.mem /= unit.bytes;
 
@@ -521,16 +546,16 @@ std::string ResultSvg(const v1::Search& s) {
         << top + ph << "\"/>\n";
   }
   for (double v = ya.lo; v <= ya.hi + ya.step / 2; v += ya.step) {
-    svg << "<line x1=\"" << left << "\" y1=\"" << Num(Y(v)) << "\" x2=\"" << left + pw
-        << "\" y2=\"" << Num(Y(v)) << "\"/>\n";
+    svg << "<line x1=\"" << left << "\" y1=\"" << Num(Y(v)) << "\" x2=\"" << left + pw << "\" y2=\""
+        << Num(Y(v)) << "\"/>\n";
   }
   svg << "</g>\n";
   svg << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << pw << "\" height=\"" << ph
       << "\" fill=\"none\" stroke=\"#333\"/>\n";
   svg << "<g fill=\"#333\">\n";
   for (double v = xa.lo; v <= xa.hi + xa.step / 2; v += xa.step) {
-    svg << "<text x=\"" << Num(X(v)) << "\" y=\"" << top + ph + 18
-        << "\" text-anchor=\"middle\">" << TickLabel(v, xa.step) << "</text>\n";
+    svg << "<text x=\"" << Num(X(v)) << "\" y=\"" << top + ph + 18 << "\" text-anchor=\"middle\">"
+        << TickLabel(v, xa.step) << "</text>\n";
   }
   for (double v = ya.lo; v <= ya.hi + ya.step / 2; v += ya.step) {
     svg << "<text x=\"" << left - 8 << "\" y=\"" << Num(Y(v) + 4) << "\" text-anchor=\"end\">"
@@ -538,8 +563,7 @@ std::string ResultSvg(const v1::Search& s) {
   }
   svg << "<text x=\"" << left + pw / 2 << "\" y=\"" << height - 22
       << "\" text-anchor=\"middle\" font-size=\"13\">peak memory per rank (" << unit.name << ", "
-      << metric
-      << ", max over ranks)</text>\n";
+      << metric << ", max over ranks)</text>\n";
   svg << "<text transform=\"translate(22," << top + ph / 2
       << ") rotate(-90)\" text-anchor=\"middle\" font-size=\"13\">throughput (tokens/s)</text>\n";
   svg << "</g>\n";
@@ -584,8 +608,8 @@ std::string ResultSvg(const v1::Search& s) {
   std::vector<Box> placed;
   auto place_label = [&](double x, double y, const std::string& text) {
     const double w = 6.6 * text.size(), h = 13;
-    const double spots[4][2] = {{x + 9, y - 8}, {x + 9, y + 17}, {x - 9 - w, y - 8},
-                                {x - 9 - w, y + 17}};
+    const double spots[4][2] = {
+        {x + 9, y - 8}, {x + 9, y + 17}, {x - 9 - w, y - 8}, {x - 9 - w, y + 17}};
     for (const auto& spot : spots) {
       Box b{spot[0], spot[1] - h + 2, spot[0] + w, spot[1] + 2};
       bool clash = b.x1 > width - 2 || b.x0 < left + 2 || b.y0 < top;
@@ -603,17 +627,16 @@ std::string ResultSvg(const v1::Search& s) {
   std::vector<const Point*> order;
   for (const Point& p : points) order.push_back(&p);
   // Frontier points label first: they matter most.
-  std::stable_sort(order.begin(), order.end(), [](const Point* a, const Point* b) {
-    return a->on_frontier > b->on_frontier;
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Point* a, const Point* b) { return a->on_frontier > b->on_frontier; });
   for (const Point* pp : order) {
     const Point& p = *pp;
     if (p.oom) {
       const double x = X(p.mem), y = Y(ya.lo) - 10;
       svg << "<g class=\"oom\" stroke=\"#d62728\" stroke-width=\"2.5\"><line x1=\"" << Num(x - 6)
           << "\" y1=\"" << Num(y - 6) << "\" x2=\"" << Num(x + 6) << "\" y2=\"" << Num(y + 6)
-          << "\"/><line x1=\"" << Num(x - 6) << "\" y1=\"" << Num(y + 6) << "\" x2=\""
-          << Num(x + 6) << "\" y2=\"" << Num(y - 6) << "\"/></g>\n";
+          << "\"/><line x1=\"" << Num(x - 6) << "\" y1=\"" << Num(y + 6) << "\" x2=\"" << Num(x + 6)
+          << "\" y2=\"" << Num(y - 6) << "\"/></g>\n";
       const std::string text = p.policy + " (oom)";
       auto [lx, ly] = place_label(x, y - 12, text);
       svg << "<text x=\"" << Num(lx) << "\" y=\"" << Num(ly) << "\" fill=\"#d62728\">"
@@ -633,8 +656,8 @@ std::string ResultSvg(const v1::Search& s) {
     }
     const std::string text = p.policy + (p.policy == recommended ? " (recommended)" : "");
     auto [lx, ly] = place_label(x, y, text);
-    svg << "<text x=\"" << Num(lx) << "\" y=\"" << Num(ly) << "\" fill=\"#222\">"
-        << XmlEscape(text) << "</text>\n";
+    svg << "<text x=\"" << Num(lx) << "\" y=\"" << Num(ly) << "\" fill=\"#222\">" << XmlEscape(text)
+        << "</text>\n";
   }
 
   // Legend, in one row above the plot.
@@ -642,8 +665,8 @@ std::string ResultSvg(const v1::Search& s) {
   double lx = left;
   svg << "<g font-size=\"11\" fill=\"#333\">\n"
       << "<circle cx=\"" << lx + 5 << "\" cy=\"" << ly - 4
-      << "\" r=\"5\" fill=\"#1f6fb2\" stroke=\"#1f6fb2\"/><text x=\"" << lx + 15 << "\" y=\""
-      << ly << "\">on the frontier (step line)</text>\n";
+      << "\" r=\"5\" fill=\"#1f6fb2\" stroke=\"#1f6fb2\"/><text x=\"" << lx + 15 << "\" y=\"" << ly
+      << "\">on the frontier (step line)</text>\n";
   lx += 175;
   svg << "<circle cx=\"" << lx + 5 << "\" cy=\"" << ly - 4
       << "\" r=\"5\" fill=\"white\" stroke=\"#1f6fb2\" stroke-width=\"2\"/><text x=\"" << lx + 15
@@ -654,8 +677,8 @@ std::string ResultSvg(const v1::Search& s) {
       << "\" y=\"" << ly << "\">over budget</text>\n";
   lx += 95;
   svg << "<text x=\"" << lx << "\" y=\"" << ly + 1
-      << "\" fill=\"#d62728\" font-weight=\"bold\" font-size=\"14\">\u00d7</text><text x=\"" << lx + 15
-      << "\" y=\"" << ly << "\">out of memory (at its peak)</text>\n";
+      << "\" fill=\"#d62728\" font-weight=\"bold\" font-size=\"14\">\u00d7</text><text x=\""
+      << lx + 15 << "\" y=\"" << ly << "\">out of memory (at its peak)</text>\n";
   lx += 190;
   svg << "<circle cx=\"" << lx + 5 << "\" cy=\"" << ly - 4
       << "\" r=\"7\" fill=\"none\" stroke=\"#2ca02c\" stroke-width=\"2\"/><text x=\"" << lx + 17
@@ -700,18 +723,16 @@ std::string ProgressLine(const v1::SearchProgress& p, bool tty) {
     constexpr int kWidth = 24;
     const int filled = planned > 0 ? kWidth * p.trials_done() / planned : 0;
     std::string bar = "[" + std::string(filled, '#') + std::string(kWidth - filled, '-') + "]";
-    std::string line = bar + " " + std::to_string(p.trials_done()) + "/" +
-                       std::to_string(planned) + " trials, " +
-                       std::to_string(p.trials_running()) + " running, " +
+    std::string line = bar + " " + std::to_string(p.trials_done()) + "/" + std::to_string(planned) +
+                       " trials, " + std::to_string(p.trials_running()) + " running, " +
                        Duration(p.elapsed_s()) + " elapsed, ETA " + eta;
     if (!best.empty()) line += ", best " + best;
     return line;
   }
   std::string line = "progress: " + std::to_string(p.trials_done()) + "/" +
                      std::to_string(planned) + " trials done, " +
-                     std::to_string(p.trials_running()) + " running, " +
-                     Duration(p.elapsed_s()) + " elapsed, ETA " + eta + ", state " +
-                     StateName(p.state());
+                     std::to_string(p.trials_running()) + " running, " + Duration(p.elapsed_s()) +
+                     " elapsed, ETA " + eta + ", state " + StateName(p.state());
   line += best.empty() ? "; no point fits yet" : "; best so far: " + best;
   return line;
 }

@@ -54,8 +54,7 @@ class BuiltinExecutor : public TrialExecutor {
       {
         std::ofstream out(request_path, std::ios::binary | std::ios::trunc);
         if (!out || !request.SerializeToOstream(&out)) {
-          return StatusResult(a, v1::TRIAL_STATUS_FAILED,
-                              "cannot write " + request_path.string());
+          return StatusResult(a, v1::TRIAL_STATUS_FAILED, "cannot write " + request_path.string());
         }
       }
       ChildSpec child;

@@ -72,10 +72,9 @@ class CommandExecutor : public TrialExecutor {
         {"warmup_steps", std::to_string(warmup)},
         {"measure_steps", std::to_string(measure)},
         {"train_iters", std::to_string(warmup + measure)},
-        {"micro_batch_size",
-         std::to_string(a.spec().train().has_micro_batch_size()
-                            ? a.spec().train().micro_batch_size()
-                            : 1)},
+        {"micro_batch_size", std::to_string(a.spec().train().has_micro_batch_size()
+                                                ? a.spec().train().micro_batch_size()
+                                                : 1)},
         {"seq_length", std::to_string(a.spec().model().seq_length())},
     };
     auto command = ExpandCommand(templ.command, values);

@@ -37,9 +37,9 @@ bool Known(const std::string& name) {
 
 const std::vector<std::string>& CommandPlaceholders() {
   static const std::vector<std::string> kAll = {
-      "overrides", "megatron_lm_flags", "metrics_file",  "nproc",
-      "gpus",      "policy",            "trial_id",      "warmup_steps",
-      "measure_steps", "train_iters",   "micro_batch_size", "seq_length"};
+      "overrides",        "megatron_lm_flags", "metrics_file", "nproc",         "gpus",
+      "policy",           "trial_id",          "warmup_steps", "measure_steps", "train_iters",
+      "micro_batch_size", "seq_length"};
   return kAll;
 }
 

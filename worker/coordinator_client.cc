@@ -47,19 +47,18 @@ class GrpcCoordinatorClient : public CoordinatorClient {
       return stub_->Heartbeat(c, request, r);
     });
   }
-  absl::StatusOr<v1::LeaseTrialResponse> LeaseTrial(
-      const v1::LeaseTrialRequest& request) override {
-    return Call<v1::LeaseTrialResponse>(
-        request.wait_s(), [&](grpc::ClientContext* c, v1::LeaseTrialResponse* r) {
-          return stub_->LeaseTrial(c, request, r);
-        });
+  absl::StatusOr<v1::LeaseTrialResponse> LeaseTrial(const v1::LeaseTrialRequest& request) override {
+    return Call<v1::LeaseTrialResponse>(request.wait_s(),
+                                        [&](grpc::ClientContext* c, v1::LeaseTrialResponse* r) {
+                                          return stub_->LeaseTrial(c, request, r);
+                                        });
   }
   absl::StatusOr<v1::ReportTrialResponse> ReportTrial(
       const v1::ReportTrialRequest& request) override {
-    return Call<v1::ReportTrialResponse>(
-        0, [&](grpc::ClientContext* c, v1::ReportTrialResponse* r) {
-          return stub_->ReportTrial(c, request, r);
-        });
+    return Call<v1::ReportTrialResponse>(0,
+                                         [&](grpc::ClientContext* c, v1::ReportTrialResponse* r) {
+                                           return stub_->ReportTrial(c, request, r);
+                                         });
   }
 
   void Shutdown() override {

@@ -85,19 +85,19 @@ absl::StatusOr<JobMetrics> ParseMetricsJson(const std::string& json_text) {
         }
         m.rank = r["rank"].get<int>();
       }
-      for (auto [key, field] : {std::pair<const char*, uint64_t*>{"peak_allocated_bytes",
-                                                                   &m.peak_allocated_bytes},
-                                {"peak_reserved_bytes", &m.peak_reserved_bytes},
-                                {"static_bytes", &m.static_bytes},
-                                {"alloc_retries", &m.alloc_retries},
-                                {"failing_request_bytes", &m.failing_request_bytes}}) {
+      for (auto [key, field] :
+           {std::pair<const char*, uint64_t*>{"peak_allocated_bytes", &m.peak_allocated_bytes},
+            {"peak_reserved_bytes", &m.peak_reserved_bytes},
+            {"static_bytes", &m.static_bytes},
+            {"alloc_retries", &m.alloc_retries},
+            {"failing_request_bytes", &m.failing_request_bytes}}) {
         absl::Status s = ReadU64(r, key, where, field);
         if (!s.ok()) return s;
       }
-      for (auto [key, field] : {std::pair<const char*, std::vector<double>*>{"step_times_s",
-                                                                              &m.step_times_s},
-                                {"losses", &m.losses},
-                                {"grad_norms", &m.grad_norms}}) {
+      for (auto [key, field] :
+           {std::pair<const char*, std::vector<double>*>{"step_times_s", &m.step_times_s},
+            {"losses", &m.losses},
+            {"grad_norms", &m.grad_norms}}) {
         absl::Status s = ReadList(r, key, where, field);
         if (!s.ok()) return s;
       }
@@ -187,8 +187,8 @@ v1::TrialResult MetricsToResult(const v1::TrialAssignment& assignment, const Job
       if (r.status == "ok") {
         failed = true;
         notes.push_back("rank " + std::to_string(r.rank) + ": metrics have " +
-                        std::to_string(r.step_times_s.size()) +
-                        " step times; warmup_steps is " + std::to_string(warmup));
+                        std::to_string(r.step_times_s.size()) + " step times; warmup_steps is " +
+                        std::to_string(warmup));
       }
       continue;
     }

@@ -90,8 +90,8 @@ ChildExit Spawn(const ChildSpec& spec, pid_t pgid, pid_t* pid_out) {
   posix_spawnattr_setsigmask(&attr, &empty);
   posix_spawnattr_setsigdefault(&attr, &all_default);
   posix_spawnattr_setpgroup(&attr, pgid);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-                                      POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
 
   std::vector<std::string> argv = spec.argv;
   std::vector<std::string> envv = BuildEnvironment(spec.env);
@@ -99,9 +99,8 @@ ChildExit Spawn(const ChildSpec& spec, pid_t pgid, pid_t* pid_out) {
   std::vector<char*> c_env = CStrings(envv);
   pid_t pid = -1;
   const bool search_path = spec.argv[0].find('/') == std::string::npos;
-  int rc = search_path
-               ? posix_spawnp(&pid, c_argv[0], &actions, &attr, c_argv.data(), c_env.data())
-               : posix_spawn(&pid, c_argv[0], &actions, &attr, c_argv.data(), c_env.data());
+  int rc = search_path ? posix_spawnp(&pid, c_argv[0], &actions, &attr, c_argv.data(), c_env.data())
+                       : posix_spawn(&pid, c_argv[0], &actions, &attr, c_argv.data(), c_env.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {
@@ -153,7 +152,8 @@ std::string ChildExit::Describe() const {
   if (exited) return "exited with status " + std::to_string(exit_code);
   if (signal != 0) {
     const char* name = strsignal(signal);
-    return "killed by signal " + std::to_string(signal) + (name ? std::string(" (") + name + ")" : "");
+    return "killed by signal " + std::to_string(signal) +
+           (name ? std::string(" (") + name + ")" : "");
   }
   return "ended for an unknown reason";
 }

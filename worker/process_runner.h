@@ -22,15 +22,16 @@ namespace remat::worker {
 struct ChildSpec {
   std::vector<std::string> argv;  // argv[0]: the program; searched in PATH when it has no '/'
   std::vector<std::pair<std::string, std::string>> env;  // set over the inherited environment
-  std::string stdout_path;  // "" -> /dev/null
-  std::string stderr_path;  // "" -> /dev/null
-  std::string cwd;          // "" -> the daemon's working directory
+  std::string stdout_path;                               // "" -> /dev/null
+  std::string stderr_path;                               // "" -> /dev/null
+  std::string cwd;                                       // "" -> the daemon's working directory
 };
 
 struct GroupLimits {
-  double timeout_s = 0;            // 0: none. Past it the group gets SIGTERM, then SIGKILL.
-  double kill_grace_s = 5;         // SIGTERM -> SIGKILL delay
-  double peer_failure_grace_s = 30;  // a child failed: the others get this long, then the group dies
+  double timeout_s = 0;     // 0: none. Past it the group gets SIGTERM, then SIGKILL.
+  double kill_grace_s = 5;  // SIGTERM -> SIGKILL delay
+  double peer_failure_grace_s =
+      30;  // a child failed: the others get this long, then the group dies
   double poll_interval_s = 0.02;
 };
 
@@ -39,7 +40,7 @@ struct ChildExit {
   std::string spawn_error;  // why it did not start
   bool exited = false;      // exited normally, with exit_code
   int exit_code = -1;
-  int signal = 0;           // killed by this signal
+  int signal = 0;  // killed by this signal
   bool ok() const { return started && exited && exit_code == 0; }
   // "exited with status 3", "killed by signal 9 (Killed)", "did not start: ..."
   std::string Describe() const;

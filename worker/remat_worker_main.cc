@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
     std::string token;
     if (!ReadFile(token_file, &token)) return Fail(2, "--token-file: cannot read " + token_file);
     options.connection.token = std::string(absl::StripAsciiWhitespace(token));
-    if (options.connection.token.empty()) return Fail(2, "--token-file: " + token_file + " is empty");
+    if (options.connection.token.empty())
+      return Fail(2, "--token-file: " + token_file + " is empty");
   } else if (const char* env = getenv("REMAT_WORKER_TOKEN")) {
     options.connection.token = std::string(absl::StripAsciiWhitespace(env));
   }

@@ -93,8 +93,7 @@ v1::TrialResult CombineRankResults(const v1::TrialAssignment& assignment,
     }
     if (!r.message().empty()) {
       if (!message.empty()) message += "; ";
-      if (first_rank != std::numeric_limits<int>::max() &&
-          r.message().rfind("rank ", 0) != 0) {
+      if (first_rank != std::numeric_limits<int>::max() && r.message().rfind("rank ", 0) != 0) {
         message += "rank " + std::to_string(first_rank) + ": ";
       }
       message += r.message();
@@ -119,8 +118,8 @@ v1::TrialResult CombineRankResults(const v1::TrialAssignment& assignment,
   if (status == v1::TRIAL_STATUS_OK && static_cast<int>(ranks.size()) < world) {
     status = v1::TRIAL_STATUS_FAILED;
     if (!message.empty()) message += "; ";
-    message += std::to_string(ranks.size()) + " of " + std::to_string(world) +
-               " ranks reported a result";
+    message +=
+        std::to_string(ranks.size()) + " of " + std::to_string(world) + " ranks reported a result";
   }
   for (auto& [rank, rr] : ranks) *out.add_ranks() = rr;
   out.set_predicted(predicted);

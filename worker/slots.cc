@@ -4,10 +4,10 @@
 #include <sstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
 #include "worker/process_runner.h"
 
 namespace remat::worker {
@@ -40,9 +40,9 @@ absl::StatusOr<std::vector<Slot>> ParseNvidiaSmiCsv(const std::string& text) {
 
 std::vector<Slot> DiscoverGpus() {
   std::string out;
-  if (!CaptureOutput({"nvidia-smi", "--query-gpu=index,name,memory.total",
-                      "--format=csv,noheader,nounits"},
-                     30, &out)) {
+  if (!CaptureOutput(
+          {"nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"},
+          30, &out)) {
     return {};
   }
   auto parsed = ParseNvidiaSmiCsv(out);

@@ -27,8 +27,8 @@ namespace v1 = ::remat::v1;
 
 struct TrialContext {
   const v1::TrialAssignment* assignment = nullptr;
-  std::vector<Slot> slots;    // world_size slots, rank r runs on slots[r]
-  std::string trial_dir;      // an empty folder of this attempt's own (requests, results, logs)
+  std::vector<Slot> slots;  // world_size slots, rank r runs on slots[r]
+  std::string trial_dir;    // an empty folder of this attempt's own (requests, results, logs)
   const CancelToken* cancel = nullptr;
 };
 

@@ -2,6 +2,7 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,7 +12,6 @@
 #include <mutex>
 #include <random>
 #include <thread>
-#include <unistd.h>
 
 #include "worker/result_combiner.h"
 #include "worker/result_spool.h"

@@ -44,10 +44,10 @@ struct WorkerDaemonOptions {
   double collective_timeout_s = 300;  // handed to remat-trial ranks
   std::string hostname;               // reported to the coordinator
   std::map<std::string, std::string> versions;  // software versions reported (remat, torch, ...)
-  double lease_wait_s = 2;            // LeaseTrial long-poll wait
-  double backoff_initial_s = 0.1;     // reconnect backoff: initial, doubled up to max
+  double lease_wait_s = 2;                      // LeaseTrial long-poll wait
+  double backoff_initial_s = 0.1;               // reconnect backoff: initial, doubled up to max
   double backoff_max_s = 5;
-  bool keep_trial_dirs = false;       // keep each trial's folder (requests, logs) for debugging
+  bool keep_trial_dirs = false;  // keep each trial's folder (requests, logs) for debugging
 };
 
 // What tests and `remat search` may replace. Left empty, Create builds the real ones.
@@ -61,9 +61,9 @@ struct WorkerStats {
   std::string worker_id;
   int running_trials = 0;
   int free_slots = 0;
-  int trials_finished = 0;   // trials that ended (any status)
-  int reports_delivered = 0; // reports the coordinator answered
-  int spooled = 0;           // reports waiting on disk
+  int trials_finished = 0;    // trials that ended (any status)
+  int reports_delivered = 0;  // reports the coordinator answered
+  int spooled = 0;            // reports waiting on disk
 };
 
 class WorkerDaemon {

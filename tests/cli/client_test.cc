@@ -1,5 +1,7 @@
 // The CLI's client side without a coordinator: reading specs into requests, error messages and
 // exit codes, and the one-line error when the coordinator is unreachable.
+#include "cli/client.h"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -8,7 +10,6 @@
 #include <iostream>
 #include <sstream>
 
-#include "cli/client.h"
 #include "cli/commands.h"
 #include "cli/submit_request.h"
 

@@ -57,8 +57,7 @@ v1::Search FixedSearch() {
   AddTrial(&s, "selective:[core_attn]", v1::TRIAL_STATUS_OK,
            {{11 * kGiB / 2, 6 * kGiB}, {5 * kGiB, 5 * kGiB}}, 4.096 / 0.9);
   AddTrial(&s, "selective:[mlp]", v1::TRIAL_STATUS_OK,
-           {{13 * kGiB / 2, 7 * kGiB}, {13 * kGiB / 2, 7 * kGiB}},
-           4.096 / 0.8)
+           {{13 * kGiB / 2, 7 * kGiB}, {13 * kGiB / 2, 7 * kGiB}}, 4.096 / 0.8)
       ->mutable_result()
       ->set_reused(true);
   v1::TrialResult* predicted =
@@ -72,8 +71,8 @@ v1::Search FixedSearch() {
     p->set_step_time_s(depth * 0.5);
     p->add_ranks()->set_peak_reserved_bytes(depth * kGiB / 4);
   }
-  AddTrial(&s, "full:block:1", v1::TRIAL_STATUS_OOM,
-           {{10 * kGiB + kGiB / 2, 10 * kGiB + kGiB / 2}}, 0, "rank 0: CUDA out of memory");
+  AddTrial(&s, "full:block:1", v1::TRIAL_STATUS_OOM, {{10 * kGiB + kGiB / 2, 10 * kGiB + kGiB / 2}},
+           0, "rank 0: CUDA out of memory");
   AddTrial(&s, "selective:[layernorm]", v1::TRIAL_STATUS_FAILED, {}, 0,
            "rank 1: remat-trial killed by signal 11 (Segmentation fault)");
   // Reserved far above allocated: a fragmentation finding.
@@ -116,9 +115,9 @@ TEST(Render, JsonHasTheContractKeys) {
   EXPECT_EQ(j["memory_budget_bytes"].get<uint64_t>(), 10 * kGiB);
   ASSERT_EQ(j["trials"].size(), 7u);
   for (const auto& t : j["trials"]) {
-    for (const char* key : {"policy", "status", "peak_allocated_bytes", "peak_reserved_bytes",
-                            "ranks", "step_time_s", "tokens_per_s", "loss", "grad_norm",
-                            "message"}) {
+    for (const char* key :
+         {"policy", "status", "peak_allocated_bytes", "peak_reserved_bytes", "ranks", "step_time_s",
+          "tokens_per_s", "loss", "grad_norm", "message"}) {
       EXPECT_TRUE(t.contains(key)) << key;
     }
     for (const auto& r : t["ranks"]) {
@@ -137,7 +136,8 @@ TEST(Render, JsonHasTheContractKeys) {
   EXPECT_DOUBLE_EQ(control["loss"].get<double>(), 10.5);
   EXPECT_EQ(j["trials"][4]["status"], "oom");
   EXPECT_EQ(j["trials"][5]["status"], "failed");
-  EXPECT_EQ(j["trials"][5]["message"], "rank 1: remat-trial killed by signal 11 (Segmentation fault)");
+  EXPECT_EQ(j["trials"][5]["message"],
+            "rank 1: remat-trial killed by signal 11 (Segmentation fault)");
   EXPECT_EQ(j["frontier"],
             nlohmann::json({"full:uniform:1", "selective:[core_attn]", "selective:[]"}));
   EXPECT_EQ(j["recommendation"], "selective:[]");
@@ -203,13 +203,14 @@ TEST(Render, ReportShowsTableFrontierRecommendationAndFindings) {
   has("reused");
   has("predicted from 2 and 4 layers");
   has("<- recommended");
-  has("9.00");  // the control's reserved peak, max over ranks
+  has("9.00");    // the control's reserved peak, max over ranks
   has("4.0960");  // its step time
   has("1000");
   has("full:block:1 (oom): rank 0: CUDA out of memory");
   has("frontier (reserved memory ascending):");
   has("recommendation: selective:[]");
-  has("apply with Megatron Bridge:  model.recompute_granularity=selective model.recompute_modules=[]");
+  has("apply with Megatron Bridge:  model.recompute_granularity=selective "
+      "model.recompute_modules=[]");
   has("fragmentation:");
   has("selective:[core_attn,mlp]: rank 0 reserved");
   // The frontier section lists memory ascending.

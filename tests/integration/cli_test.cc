@@ -38,9 +38,9 @@ class CliTest : public ::testing::Test {
 TEST_F(CliTest, SearchRunsTheReplayExampleEndToEnd) {
   const std::string json_path = cluster_.dir() + "/out.json";
   const std::string svg_path = cluster_.dir() + "/out.svg";
-  CommandResult r = cluster_.Remat({"search", Example("replay/llama3-8b-h100.yaml"), "--json",
-                                    json_path, "--svg", svg_path},
-                                   /*with_coordinator=*/false);
+  CommandResult r = cluster_.Remat(
+      {"search", Example("replay/llama3-8b-h100.yaml"), "--json", json_path, "--svg", svg_path},
+      /*with_coordinator=*/false);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("frontier ("), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("recommendation: "), std::string::npos) << r.out;
@@ -64,8 +64,8 @@ TEST_F(CliTest, SearchRunsTheReplayExampleEndToEnd) {
     ran.push_back(r);
   }
   std::vector<std::string> expected;
-  for (const auto& p : search::ComputeFrontier(ran, spec->search.memory_metric,
-                                               spec->search.MemoryBudgetBytes())) {
+  for (const auto& p :
+       search::ComputeFrontier(ran, spec->search.memory_metric, spec->search.MemoryBudgetBytes())) {
     expected.push_back(p.policy.ToString());
   }
   ASSERT_FALSE(expected.empty());

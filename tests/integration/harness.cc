@@ -102,8 +102,7 @@ void Daemon::Kill(int sig) {
 }
 
 int Daemon::Wait(double timeout_s) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   while (running()) {
     if (std::chrono::steady_clock::now() > deadline) return -1;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -130,9 +129,10 @@ Cluster::~Cluster() {
 }
 
 Daemon* Cluster::StartCoordinator(std::vector<std::string> extra_args) {
-  std::vector<std::string> argv = {REMATD_BIN,    "--listen",     address(),
-                                   "--db",        dir_ + "/remat.db", "--log-level", "info",
-                                   "--lease-timeout", "1",        "--heartbeat-interval", "0.2"};
+  std::vector<std::string> argv = {
+      REMATD_BIN,    "--listen", address(),         "--db", dir_ + "/remat.db",
+      "--log-level", "info",     "--lease-timeout", "1",    "--heartbeat-interval",
+      "0.2"};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   const std::string name = "rematd-" + std::to_string(next_id_++);
   daemons_.push_back(std::make_unique<Daemon>(name, argv, dir_ + "/" + name + ".log"));
@@ -150,10 +150,9 @@ Daemon* Cluster::StartCoordinator(std::vector<std::string> extra_args) {
 
 Daemon* Cluster::StartWorker(int slots, std::vector<std::string> extra_args) {
   const std::string name = "worker-" + std::to_string(next_id_++);
-  std::vector<std::string> argv = {REMAT_WORKER_BIN, "--coordinator", address(),
-                                   "--plain-slots",  std::to_string(slots),
-                                   "--work-dir",     dir_ + "/" + name,
-                                   "--log-level",    "info"};
+  std::vector<std::string> argv = {REMAT_WORKER_BIN,  "--coordinator",       address(),
+                                   "--plain-slots",   std::to_string(slots), "--work-dir",
+                                   dir_ + "/" + name, "--log-level",         "info"};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   daemons_.push_back(std::make_unique<Daemon>(name, argv, dir_ + "/" + name + ".log"));
   return daemons_.back().get();
@@ -197,7 +196,8 @@ model:
 train:
   micro_batch_size: 1
 search:
-  memory_budget_gib: )" << budget_gib << R"(
+  memory_budget_gib: )" << budget_gib
+                           << R"(
   strategy: )" << strategy << R"(
   max_trials: 40
   backend: replay
@@ -227,8 +227,7 @@ nlohmann::json Cluster::Get(const std::string& id, std::vector<std::string> extr
 nlohmann::json Cluster::WaitFor(const std::string& id,
                                 const std::function<bool(const nlohmann::json&)>& pred,
                                 double timeout_s, std::vector<std::string> extra_args) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   nlohmann::json j;
   while (std::chrono::steady_clock::now() < deadline) {
     j = Get(id, extra_args);
@@ -315,9 +314,9 @@ std::vector<std::string> ExpectedFrontier(const nlohmann::json& table,
     results.push_back(r);
   }
   std::vector<std::string> out;
-  for (const auto& p : search::ComputeFrontier(
-           results, search::MemoryMetric::kReserved,
-           static_cast<uint64_t>(budget_gib * 1024.0 * 1024.0 * 1024.0))) {
+  for (const auto& p :
+       search::ComputeFrontier(results, search::MemoryMetric::kReserved,
+                               static_cast<uint64_t>(budget_gib * 1024.0 * 1024.0 * 1024.0))) {
     out.push_back(p.policy.ToString());
   }
   return out;

@@ -23,7 +23,7 @@ class Daemon {
   Daemon(std::string name, std::vector<std::string> argv, std::string log_path);
   ~Daemon();  // SIGKILLs the group if still running
   bool running();
-  void Kill(int sig);        // signal the whole group
+  void Kill(int sig);          // signal the whole group
   int Wait(double timeout_s);  // exit code, 128+signal, or -1 on timeout
   pid_t pid() const { return pid_; }
   const std::string& name() const { return name_; }

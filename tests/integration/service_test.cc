@@ -240,8 +240,21 @@ TEST_F(ServiceTest, TlsForClientsAndWorkers) {
   if (access("/usr/bin/openssl", X_OK) != 0) GTEST_SKIP() << "openssl not installed";
   const std::string cert = cluster_.dir() + "/cert.pem", key = cluster_.dir() + "/key.pem";
   worker::ChildSpec gen;
-  gen.argv = {"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
-              "-out", cert, "-days", "1", "-subj", "/CN=localhost", "-addext",
+  gen.argv = {"/usr/bin/openssl",
+              "req",
+              "-x509",
+              "-newkey",
+              "rsa:2048",
+              "-nodes",
+              "-keyout",
+              key,
+              "-out",
+              cert,
+              "-days",
+              "1",
+              "-subj",
+              "/CN=localhost",
+              "-addext",
               "subjectAltName=IP:127.0.0.1,DNS:localhost"};
   worker::GroupLimits limits;
   limits.timeout_s = 60;

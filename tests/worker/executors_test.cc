@@ -106,8 +106,7 @@ TEST_F(BuiltinTest, CrashIsFailedWithTheSignalAndStderrTail) {
   EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
   EXPECT_NE(r.message().find("rank 0: remat-trial killed by signal 6"), std::string::npos)
       << r.message();
-  EXPECT_NE(r.message().find("fatal: something broke in rank 0"), std::string::npos)
-      << r.message();
+  EXPECT_NE(r.message().find("fatal: something broke in rank 0"), std::string::npos) << r.message();
 }
 
 TEST_F(BuiltinTest, NonzeroExitIsFailedWithStatusAndStderrTail) {
@@ -268,10 +267,10 @@ EOT
 }
 
 TEST_F(CommandTest, OomInTheMetricsOrTheLogIsOom) {
-  v1::TrialResult r = Run(
-      "job: >-\n  echo '{\"status\": \"oom\", \"ranks\": [{\"rank\": 0, \"status\": \"oom\","
-      " \"peak_allocated_bytes\": 5}]}' > {metrics_file}; exit 1\n",
-      Assignment("cmd", 1));
+  v1::TrialResult r =
+      Run("job: >-\n  echo '{\"status\": \"oom\", \"ranks\": [{\"rank\": 0, \"status\": \"oom\","
+          " \"peak_allocated_bytes\": 5}]}' > {metrics_file}; exit 1\n",
+          Assignment("cmd", 1));
   EXPECT_EQ(r.status(), v1::TRIAL_STATUS_OOM) << r.message();
   r = Run("job: |-\n  echo 'torch.OutOfMemoryError: CUDA out of memory.' >&2; exit 1\n",
           Assignment("cmd", 1));
@@ -279,8 +278,8 @@ TEST_F(CommandTest, OomInTheMetricsOrTheLogIsOom) {
 }
 
 TEST_F(CommandTest, FailuresAndTimeouts) {
-  v1::TrialResult r = Run("job: |-\n  echo 'ImportError: no module' >&2; exit 7\n",
-                          Assignment("cmd", 1));
+  v1::TrialResult r =
+      Run("job: |-\n  echo 'ImportError: no module' >&2; exit 7\n", Assignment("cmd", 1));
   EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
   EXPECT_EQ(r.message(), "command exited with status 7: ImportError: no module");
   r = Run("job: 'true'\n", Assignment("cmd", 1));
@@ -312,17 +311,19 @@ TEST_F(CommandTest, OnlyConfiguredTemplatesRun) {
 TEST_F(CommandTest, MegatronBridgeCallbackWritesWhatTheWorkerReads) {
   if (access("/usr/bin/python3", X_OK) != 0) GTEST_SKIP() << "python3 not installed";
   const std::string script = dir_ / "train.py";
-  WriteText(script, "import sys\n"
-                    "sys.path.insert(0, '" REMAT_SOURCE_DIR "/worker/megatron_bridge')\n"
-                    "from remat_metrics_callback import RematMetricsCallback\n"
-                    "cb = RematMetricsCallback()\n"
-                    "cb.on_train_start()\n"
-                    "for i in range(int(sys.argv[1])):\n"
-                    "    cb.on_train_step_start()\n"
-                    "    cb.on_train_step_end(type('Ctx', (), {'loss_dict': {'lm loss': 3.0 - i}})())\n"
-                    "if sys.argv[2] == 'oom':\n"
-                    "    raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
-                    "cb.on_train_end()\n");
+  WriteText(script,
+            "import sys\n"
+            "sys.path.insert(0, '" REMAT_SOURCE_DIR
+            "/worker/megatron_bridge')\n"
+            "from remat_metrics_callback import RematMetricsCallback\n"
+            "cb = RematMetricsCallback()\n"
+            "cb.on_train_start()\n"
+            "for i in range(int(sys.argv[1])):\n"
+            "    cb.on_train_step_start()\n"
+            "    cb.on_train_step_end(type('Ctx', (), {'loss_dict': {'lm loss': 3.0 - i}})())\n"
+            "if sys.argv[2] == 'oom':\n"
+            "    raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
+            "cb.on_train_end()\n");
   v1::TrialResult r = Run("job: python3 " + script + " {train_iters} ok\n", Assignment("cmd", 1));
   ASSERT_EQ(r.status(), v1::TRIAL_STATUS_OK) << r.message();
   ASSERT_EQ(r.ranks_size(), 1);
@@ -361,7 +362,8 @@ TEST(MetricsFile, RefusesMalformedDocumentsNamingTheKey) {
   EXPECT_FALSE(ParseMetricsJson("not json").ok());
   auto bad = ParseMetricsJson(R"({"ranks": [{"rank": 0, "step_times_s": "fast"}]})");
   ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().message(), "metrics file: ranks[0].step_times_s: must be a list of numbers");
+  EXPECT_EQ(bad.status().message(),
+            "metrics file: ranks[0].step_times_s: must be a list of numbers");
   bad = ParseMetricsJson(R"({"ranks": [{"peak_allocated_bytes": -1}]})");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("peak_allocated_bytes"), std::string::npos);

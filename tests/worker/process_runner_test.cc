@@ -25,8 +25,8 @@ ChildSpec Shell(const std::string& script, const std::string& dir) {
 
 TEST(ProcessRunner, ReportsExitCodeAndStderr) {
   TempDir dir;
-  GroupOutcome o = RunProcessGroup({Shell("echo first >&2; echo 'last words' >&2; exit 3", dir.path())},
-                                   GroupLimits{}, nullptr);
+  GroupOutcome o = RunProcessGroup(
+      {Shell("echo first >&2; echo 'last words' >&2; exit 3", dir.path())}, GroupLimits{}, nullptr);
   ASSERT_EQ(o.children.size(), 1u);
   EXPECT_TRUE(o.children[0].started);
   EXPECT_TRUE(o.children[0].exited);
@@ -109,8 +109,8 @@ TEST(ProcessRunner, PeersOfAFailedChildAreKilledAfterTheGrace) {
   GroupLimits limits;
   limits.peer_failure_grace_s = 0.2;
   limits.kill_grace_s = 0.2;
-  GroupOutcome o = RunProcessGroup(
-      {Shell("exit 4", dir.path()), Shell("sleep 1000", dir.path())}, limits, nullptr);
+  GroupOutcome o = RunProcessGroup({Shell("exit 4", dir.path()), Shell("sleep 1000", dir.path())},
+                                   limits, nullptr);
   EXPECT_TRUE(o.peer_failure_kill);
   EXPECT_EQ(o.children[0].exit_code, 4);
   EXPECT_EQ(o.children[1].signal, SIGTERM);
@@ -118,9 +118,10 @@ TEST(ProcessRunner, PeersOfAFailedChildAreKilledAfterTheGrace) {
 
 TEST(ProcessRunner, AllChildrenShareOneProcessGroup) {
   TempDir dir;
-  GroupOutcome o = RunProcessGroup({Shell("cut -d' ' -f5 /proc/$$/stat > a.pgid", dir.path()),
-                                    Shell("sleep 0.2; cut -d' ' -f5 /proc/$$/stat > b.pgid", dir.path())},
-                                   GroupLimits{}, nullptr);
+  GroupOutcome o =
+      RunProcessGroup({Shell("cut -d' ' -f5 /proc/$$/stat > a.pgid", dir.path()),
+                       Shell("sleep 0.2; cut -d' ' -f5 /proc/$$/stat > b.pgid", dir.path())},
+                      GroupLimits{}, nullptr);
   ASSERT_TRUE(o.children[0].ok());
   ASSERT_TRUE(o.children[1].ok());
   std::string a = ReadText(dir / "a.pgid"), b = ReadText(dir / "b.pgid");

@@ -32,8 +32,8 @@ v1::TrialResult Rank(int rank, v1::TrialStatus status, double step, uint64_t all
 }
 
 TEST(ResultCombiner, SortsRanksTakesTheSlowestStepAndRecomputesThroughput) {
-  v1::TrialResult c = CombineRankResults(
-      Assignment(2), {Rank(1, v1::TRIAL_STATUS_OK, 0.5, 300), Rank(0, v1::TRIAL_STATUS_OK, 0.4, 200)});
+  v1::TrialResult c = CombineRankResults(Assignment(2), {Rank(1, v1::TRIAL_STATUS_OK, 0.5, 300),
+                                                         Rank(0, v1::TRIAL_STATUS_OK, 0.4, 200)});
   EXPECT_EQ(c.status(), v1::TRIAL_STATUS_OK);
   ASSERT_EQ(c.ranks_size(), 2);
   EXPECT_EQ(c.ranks(0).rank(), 0);
