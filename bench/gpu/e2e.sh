@@ -7,6 +7,8 @@
 #
 #   bench/gpu/pack_service.sh build .carry       # where gRPC exists (this repo's dev machine)
 #   bench/gpu/e2e.sh OUT_DIR [.carry] [MODELS]   # on the GPU node; MODELS default "dense moe mla"
+# REMAT_E2E_EXTRAS=0 skips the depth proxy and the overhead trial; REMAT_E2E_EXHAUSTIVE=0 runs
+# the guided searches only.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -33,6 +35,7 @@ run_search() {  # NAME SPEC
   echo "== $name ($id)"; sed -n '/^frontier/,$p' "$OUT/$name.txt"
 }
 
+if [ "${REMAT_E2E_EXTRAS:-1}" = 1 ]; then
 echo "== depth proxy: 8 layers predicted from 2 and 4, against 8 measured"
 for p in 'selective:[]' 'selective:[core_attn]' 'selective:[mlp]' 'full:uniform:1' 'full:block:1'; do
   build-gpu/bin/remat-trial --spec examples/gpu/proxy.yaml --policy "$p" --json >> "$OUT/proxy.jsonl"
@@ -61,9 +64,11 @@ busy = steps * t["step_time_s"]
 print(f"{t['policy']}: lease-to-result {t['wall_s']:.2f} s, set-up {t['setup_s']:.2f} s, "
       f"{steps} steps x {t['step_time_s']:.3f} s = {busy:.2f} s, ratio {t['wall_s']/busy:.3f} (goal <= 1.25)")
 PY
+fi
 
 for m in $MODELS; do
   run_search "$m-guided" "examples/gpu/$m.yaml"
+  [ "${REMAT_E2E_EXHAUSTIVE:-1}" = 1 ] || continue
   sed 's/strategy: guided/strategy: exhaustive/' "examples/gpu/$m.yaml" > "/tmp/$m-exhaustive.yaml"
   run_search "$m-exhaustive" "/tmp/$m-exhaustive.yaml" > /dev/null
   echo "== $m: guided vs exhaustive"
