@@ -89,9 +89,25 @@ class NcclCollectives final : public Collectives {
 
   void Init() {
     const auto deadline = Clock::now() + Duration(options_.timeout_s);
+    comms_[0] = InitComm("nccl-id", options_.world_size, options_.rank, deadline,
+                         "NCCL communicator initialisation (are all ranks running?)");
+    CheckCuda(cudaGetDevice(&device_), "cudaGetDevice");
+    CheckCuda(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
+    watchdog_ = std::thread([this] { Watch(); });
+    Barrier(World());
+    Synchronize();
+  }
+
+  // A non-blocking communicator of `nranks` ranks; the unique id travels through the file
+  // `name` in the rendezvous folder, written by the group's rank 0. (Each group gets its own
+  // communicator this way rather than by ncclCommSplit, which NCCL 2.28 refused on a
+  // non-blocking parent here: "Attempt to use communicator before the previous operation
+  // returned ncclSuccess".)
+  ncclComm_t InitComm(const std::string& name, int nranks, int rank, Clock::time_point deadline,
+                      const char* what) {
     ncclUniqueId id;
-    const std::string path = options_.rendezvous_dir + "/nccl-id";
-    if (options_.rank == 0) {
+    const std::string path = options_.rendezvous_dir + "/" + name;
+    if (rank == 0) {
       CheckNccl(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId");
       const std::string tmp = path + ".tmp";
       {
@@ -109,7 +125,7 @@ class NcclCollectives final : public Collectives {
         if (Clock::now() > deadline) {
           throw CollectiveError("rank " + std::to_string(options_.rank) + " found no NCCL id at " +
                                 path + " within " + std::to_string(options_.timeout_s) +
-                                " s (rank 0 did not start)");
+                                " s (its group's first rank did not start)");
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
@@ -117,14 +133,14 @@ class NcclCollectives final : public Collectives {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t comm = nullptr;
-    ncclResult_t r = ncclCommInitRankConfig(&comm, options_.world_size, id, options_.rank, &config);
-    comms_[0] = comm;
-    WaitReady(comm, r, deadline, "NCCL communicator initialisation (are all ranks running?)");
-    CheckCuda(cudaGetDevice(&device_), "cudaGetDevice");
-    CheckCuda(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
-    watchdog_ = std::thread([this] { Watch(); });
-    Barrier(World());
-    Synchronize();
+    ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, id, rank, &config);
+    try {
+      WaitReady(comm, r, deadline, what);
+    } catch (...) {
+      if (comm != nullptr) ncclCommAbort(comm);  // a half-made communicator must not linger
+      throw;
+    }
+    return comm;
   }
 
   int rank() const override { return options_.rank; }
@@ -146,18 +162,14 @@ class NcclCollectives final : public Collectives {
     }
     next_group_id_ += static_cast<int>(partition.size());
     if (color < 0) throw CollectiveError("CreateGroup: this rank is in no group");
-    // ncclCommSplit is collective over the world: every rank calls it, even for groups of one.
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    ncclComm_t comm = nullptr;
     ThrowIfFailed();
-    ncclResult_t r = ncclCommSplit(comms_[0], color, options_.rank, &comm, &config);
+    ncclComm_t comm = InitComm("nccl-id-g" + std::to_string(g.id), static_cast<int>(g.ranks.size()),
+                               g.rank, Clock::now() + Duration(options_.timeout_s),
+                               "NCCL group communicator initialisation");
     {
       std::lock_guard<std::mutex> lock(abort_mu_);
       comms_[g.id] = comm;
     }
-    WaitReady(comm != nullptr ? comm : comms_[0], r, Clock::now() + Duration(options_.timeout_s),
-              "ncclCommSplit");
     return g;
   }
 
