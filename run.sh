@@ -13,7 +13,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev prometheus-cpp-dev libsqlite3-dev libyaml-cpp-dev libcli11-dev
-  nlohmann-json3-dev libgtest-dev libgmock-dev libtorch-dev prometheus procps
+  nlohmann-json3-dev libgtest-dev libgmock-dev libtorch-dev prometheus procps openssl python3
 )
 BUILD_DIR=${REMAT_BUILD_DIR:-build}
 

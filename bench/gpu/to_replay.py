@@ -1,0 +1,32 @@
+#!/usr/bin/env python3
+"""Turns a search result JSON (`remat get ID --json`) into a replay table (contract: "Replay
+tables"), so a measured search can be replayed without a GPU: e.g. the exhaustive H200 searches
+in docs/results/ let the guided strategy be evaluated on real measurements on any machine.
+
+Usage: to_replay.py RESULT.json [WALL_S] > TABLE.json
+"""
+import json
+import sys
+
+
+def main():
+    result = json.load(open(sys.argv[1]))
+    wall = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+    trials = {}
+    for t in result["trials"]:
+        if t["status"] not in ("ok", "oom", "failed", "timeout", "invalid"):
+            continue
+        entry = {"status": t["status"], "step_time_s": t.get("step_time_s", 0.0),
+                 "ranks": [{k: r[k] for k in ("rank", "peak_allocated_bytes", "peak_reserved_bytes")}
+                           for r in t.get("ranks", [])]}
+        if wall > 0:
+            entry["wall_s"] = wall
+        if t.get("message"):
+            entry["message"] = t["message"]
+        trials[t["policy"]] = entry
+    json.dump({"trials": trials}, sys.stdout, indent=1, sort_keys=True)
+    print()
+
+
+if __name__ == "__main__":
+    main()
