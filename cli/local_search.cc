@@ -96,6 +96,7 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
 
   std::string trial_binary = options.trial_binary;
   if (trial_binary.empty()) trial_binary = (fs::path(SelfDir()) / "remat-trial").string();
+  trial_binary = fs::absolute(trial_binary).string();  // trials start in their own folders
   const bool builtin = spec->search.backend == search::Backend::kBuiltin;
   if (builtin && access(trial_binary.c_str(), X_OK) != 0) {
     return fail(1, "remat-trial not found at " + trial_binary +

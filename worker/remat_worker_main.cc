@@ -128,6 +128,8 @@ int main(int argc, char** argv) {
     }
   } else if (access(trial_binary.c_str(), X_OK) != 0) {
     return Fail(2, "--trial-binary: " + trial_binary + " is not an executable file");
+  } else {
+    trial_binary = fs::absolute(trial_binary).string();  // trials start in their own folders
   }
   options.trial_binary = trial_binary;
   options.versions = remat::worker::ProbeVersions(trial_binary);
