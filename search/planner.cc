@@ -17,6 +17,9 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // predicted peak cannot move the frontier: it is not proposed as a neighbour.
 constexpr double kMinUsefulSavingFraction = 0.002;
 
+// A neighbour predicted to add less than this fraction of the frontier's hypervolume is not tried.
+constexpr double kMinHypervolumeGain = 0.001;
+
 std::string Fmt(const char* fmt, double a) {
   char buf[128];
   std::snprintf(buf, sizeof(buf), fmt, a);
@@ -196,65 +199,113 @@ class GuidedStrategy : public Strategy {
                          "(between " + std::to_string(lo) + " and " + std::to_string(hi) + ")");
   }
 
-  // One label changed at a time from the selective points on the frontier so far.
+  // One change at a time from the points on the frontier so far: a label added or dropped on a
+  // selective point, N one up or down on a full:block:N point. Each neighbour's memory and
+  // throughput are predicted from its measured anchor (the analytic model's ratio between the
+  // two, applied to the measurement), and the neighbour whose predicted point would add the most
+  // hypervolume to the measured frontier goes first. When no neighbour is predicted to add at
+  // least kMinHypervolumeGain of the frontier's hypervolume, nothing left could improve it: done.
   std::optional<Candidate> NextNeighbour() const {
-    auto frontier = ComputeFrontier(Results(), spec_.search.memory_metric,
-                                    spec_.search.MemoryBudgetBytes());
-    std::vector<Policy> anchors;
-    for (const auto& f : frontier) {
-      if (!f.policy.IsFull()) anchors.push_back(f.policy);
-    }
-    // Nothing fits yet: grow from the lowest-memory selective point measured so far.
+    const auto results = Results();
+    const MemoryMetric metric = spec_.search.memory_metric;
+    const uint64_t budget = spec_.search.MemoryBudgetBytes();
+    const auto frontier = ComputeFrontier(results, metric, budget);
+    std::vector<const TrialResult*> anchors;
+    for (const auto& f : frontier) anchors.push_back(&results_.at(f.policy.ToString()));
     if (anchors.empty()) {
+      // Nothing fits yet: grow from the lowest-memory selective point measured so far.
       const TrialResult* lowest = nullptr;
       for (const auto& [k, r] : results_) {
         if (r.policy.IsFull() || r.ranks.empty()) continue;
-        if (!lowest || r.PeakBytes(spec_.search.memory_metric) <
-                           lowest->PeakBytes(spec_.search.memory_metric)) {
-          lowest = &r;
+        if (!lowest || r.PeakBytes(metric) < lowest->PeakBytes(metric)) lowest = &r;
+      }
+      if (lowest) anchors.push_back(lowest);
+    }
+    double t_min = 0;
+    for (const auto& f : frontier) t_min = t_min == 0 ? f.tokens_per_s : std::min(t_min, f.tokens_per_s);
+    const double t_ref = 0.9 * t_min;
+    const double base_hv = frontier.empty() ? 0 : Hypervolume(frontier, budget, t_ref);
+    const double model_flops = std::max(ModelFlopsPerStep(spec_), 1.0);
+
+    std::optional<Candidate> best;
+    double best_gain = -1;
+    int best_preference = 3;
+    auto consider = [&](const TrialResult& anchor, const Policy& p, int preference,
+                        const std::string& change) {
+      if (tried_.count(p.ToString()) || Redundant(p) || !ValidatePolicy(spec_, p).ok()) return;
+      const MemoryEstimate ea = EstimateMemory(spec_, anchor.policy);
+      const MemoryEstimate ep = EstimateMemory(spec_, p);
+      if (ea.peak_bytes <= 0) return;
+      const double mem = anchor.PeakBytes(metric) * (ep.peak_bytes / ea.peak_bytes);
+      // A point predicted well over the budget cannot join the frontier (2% for model error).
+      if (mem > 1.02 * static_cast<double>(budget)) return;
+      const double tps = anchor.tokens_per_s * StepCost(anchor.policy, ea, model_flops) /
+                         StepCost(p, ep, model_flops);
+      double gain = 0;
+      if (anchor.status == TrialStatus::kOk && !frontier.empty()) {
+        auto with = frontier;
+        with.push_back({p, static_cast<uint64_t>(std::min(mem, static_cast<double>(budget))), tps});
+        gain = Hypervolume(ParetoFrontier(with), budget, t_ref) - base_hv;
+        if (gain < kMinHypervolumeGain * base_hv) return;
+      } else if (ea.peak_bytes - ep.peak_bytes < kMinUsefulSavingFraction * ea.peak_bytes) {
+        return;  // growing towards the budget: only changes that save memory
+      }
+      if (preference < best_preference ||
+          (preference == best_preference && gain > best_gain)) {
+        best_preference = preference;
+        best_gain = gain;
+        best = MakeCandidate(spec_, p,
+                             "one change from " + anchor.policy.ToString() + ": " + change +
+                                 Fmt(" (predicted %.2f GiB", mem / kGiB) +
+                                 Fmt(", %.0f tokens/s)", tps));
+      }
+    };
+    const std::vector<Label> valid = ValidLabels(spec_);
+    const int layers = LayersPerStage(spec_);
+    // full:block:N is a one-dimensional family that maps the low-memory end: every measured
+    // block point that fits is an anchor, on the frontier or not.
+    for (const auto& [k, r] : results_) {
+      if (r.policy.IsFull() && r.policy.method == RecomputeMethod::kBlock &&
+          r.status == TrialStatus::kOk && r.PeakBytes(metric) <= budget &&
+          std::find(anchors.begin(), anchors.end(), &r) == anchors.end()) {
+        anchors.push_back(&r);
+      }
+    }
+    for (const TrialResult* a : anchors) {
+      const Policy& anchor = a->policy;
+      if (anchor.IsFull()) {
+        if (anchor.method != RecomputeMethod::kBlock) continue;
+        for (int n : {anchor.num_layers - 1, anchor.num_layers + 1}) {
+          if (n >= 1 && n < layers) {
+            consider(*a, Policy::Full(RecomputeMethod::kBlock, n), 2,
+                     "block N " + std::to_string(anchor.num_layers) + " -> " + std::to_string(n));
+          }
+        }
+        continue;
+      }
+      // With nothing fitting yet, follow the guide's order of follow-up labels first.
+      const bool growing = frontier.empty();
+      for (Label l : valid) {
+        if (!anchor.Has(l)) {
+          consider(*a, anchor.With(l), growing ? GuidePreference(spec_, anchor, l) : 2,
+                   std::string("adds ") + LabelName(l));
         }
       }
-      if (lowest) anchors.push_back(lowest->policy);
-    }
-    const std::vector<Label> valid = ValidLabels(spec_);
-    struct Option {
-      int preference;
-      double score;
-      Candidate candidate;
-    };
-    std::vector<Option> options;
-    for (const Policy& anchor : anchors) {
-      const MemoryEstimate base = EstimateMemory(spec_, anchor);
-      for (Label l : valid) {
-        if (anchor.Has(l)) continue;
-        Policy p = anchor.With(l);
-        if (tried_.count(p.ToString()) || Redundant(p) || !ValidatePolicy(spec_, p).ok()) continue;
-        const MemoryEstimate e = EstimateMemory(spec_, p);
-        if (base.peak_bytes - e.peak_bytes < kMinUsefulSavingFraction * base.peak_bytes) continue;
-        options.push_back(
-            {GuidePreference(spec_, anchor, l), SavingPerCost(spec_, base, p),
-             MakeCandidate(spec_, p,
-                           "one label changed from frontier point " + anchor.ToString() +
-                               ": adds " + LabelName(l) +
-                               Fmt(" (predicted %.2f GiB less)",
-                                   (base.peak_bytes - e.peak_bytes) / kGiB))});
-      }
       for (Label l : anchor.labels) {
-        Policy p = anchor.Without(l);
-        if (tried_.count(p.ToString())) continue;
-        options.push_back({1, 0,
-                           MakeCandidate(spec_, p,
-                                         "one label changed from frontier point " +
-                                             anchor.ToString() + ": drops " + LabelName(l) +
-                                             " (less replay)")});
+        consider(*a, anchor.Without(l), 2, std::string("drops ") + LabelName(l));
       }
     }
-    if (options.empty()) return std::nullopt;
-    std::stable_sort(options.begin(), options.end(), [](const Option& a, const Option& b) {
-      if (a.preference != b.preference) return a.preference < b.preference;
-      return a.score > b.score;
-    });
-    return options.front().candidate;
+    return best;
+  }
+
+  // Relative time of a step under `p`: model FLOPs plus replayed FLOPs, plus a small charge for
+  // output-discarding labels whose replay is elementwise (memory-bound, so FLOPs understate it).
+  static double StepCost(const Policy& p, const MemoryEstimate& e, double model_flops) {
+    double elementwise = 0;
+    for (Label l : p.labels) {
+      if (l == Label::kLayernorm || l == Label::kMoeAct) elementwise += 0.01;
+    }
+    return 1.0 + e.recompute_flops / model_flops + elementwise;
   }
 
   SearchSpec spec_;
