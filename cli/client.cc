@@ -6,32 +6,22 @@
 #include <chrono>
 #include <thread>
 
+#include "proto/services/channel.h"
 #include "remat/v1/remat.grpc.pb.h"
 
 namespace remat::cli {
 namespace {
 
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
+using proto::FromGrpc;
 
 class GrpcRematClient : public RematClient {
  public:
   explicit GrpcRematClient(const ClientOptions& options) : options_(options) {
-    std::shared_ptr<grpc::ChannelCredentials> creds;
-    if (options.tls) {
-      grpc::SslCredentialsOptions ssl;
-      ssl.pem_root_certs = options.tls_ca_pem;
-      creds = grpc::SslCredentials(ssl);
-    } else {
-      creds = grpc::InsecureChannelCredentials();
-    }
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(256 << 20);
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-    stub_ = v1::RematService::NewStub(grpc::CreateCustomChannel(options.coordinator, creds, args));
+    proto::ChannelOptions channel;
+    channel.target = options.coordinator;
+    channel.tls = options.tls;
+    channel.ca_pem = options.tls_ca_pem;
+    stub_ = v1::RematService::NewStub(proto::MakeChannel(channel));
   }
 
   absl::StatusOr<std::string> Submit(const v1::SubmitSearchRequest& request) override {

@@ -163,29 +163,6 @@ const char* StateName(v1::SearchState state) {
   }
 }
 
-const char* TrialStatusName(v1::TrialStatus status) {
-  switch (status) {
-    case v1::TRIAL_STATUS_OK:
-      return "ok";
-    case v1::TRIAL_STATUS_OOM:
-      return "oom";
-    case v1::TRIAL_STATUS_FAILED:
-      return "failed";
-    case v1::TRIAL_STATUS_TIMEOUT:
-      return "timeout";
-    case v1::TRIAL_STATUS_INVALID:
-      return "invalid";
-    case v1::TRIAL_STATUS_CANCELLED:
-      return "cancelled";
-    case v1::TRIAL_STATUS_PENDING:
-      return "pending";
-    case v1::TRIAL_STATUS_RUNNING:
-      return "running";
-    default:
-      return "pending";
-  }
-}
-
 v1::Apply ApplyFor(const v1::Search& search) {
   if (!search.has_recommendation()) return v1::Apply();
   if (!search.apply().megatron_bridge().empty()) return search.apply();

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "proto/convert.h"
 #include "remat/v1/remat.pb.h"
 
 namespace remat::cli {
@@ -18,7 +19,7 @@ namespace v1 = ::remat::v1;
 // "queued", "running", "succeeded", "failed", "cancelled".
 const char* StateName(v1::SearchState state);
 // "ok", "oom", ..., "pending", "running".
-const char* TrialStatusName(v1::TrialStatus status);
+using proto::TrialStatusName;  // the contract's word for a status
 
 // The settings that apply the recommendation: the coordinator's when it sent them, otherwise
 // derived from the recommended policy. Empty when there is no recommendation.

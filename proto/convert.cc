@@ -240,6 +240,11 @@ v1::TrialStatus ToProto(search::TrialStatus status) {
   return v1::TRIAL_STATUS_UNSPECIFIED;
 }
 
+const char* TrialStatusName(v1::TrialStatus status) {
+  if (auto final_status = FromProto(status)) return search::Name(*final_status);
+  return status == v1::TRIAL_STATUS_RUNNING ? "running" : "pending";
+}
+
 std::optional<search::TrialStatus> FromProto(v1::TrialStatus status) {
   switch (status) {
     case v1::TRIAL_STATUS_OK: return search::TrialStatus::kOk;

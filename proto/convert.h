@@ -24,4 +24,7 @@ v1::TrialStatus ToProto(search::TrialStatus status);
 // nullopt for UNSPECIFIED / PENDING / RUNNING (not final).
 std::optional<search::TrialStatus> FromProto(v1::TrialStatus status);
 
+// The contract's word for a status ("ok", "oom", ...; "pending" / "running" before it is final).
+const char* TrialStatusName(v1::TrialStatus status);
+
 }  // namespace remat::proto

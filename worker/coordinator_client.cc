@@ -6,34 +6,25 @@
 #include <mutex>
 #include <set>
 
+#include "proto/services/channel.h"
 #include "remat/v1/remat.grpc.pb.h"
 
 namespace remat::worker {
 namespace {
 
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
+using proto::FromGrpc;
 
 class GrpcCoordinatorClient : public CoordinatorClient {
  public:
   explicit GrpcCoordinatorClient(const ConnectionOptions& options) : options_(options) {
-    std::shared_ptr<grpc::ChannelCredentials> creds;
-    if (options.tls) {
-      grpc::SslCredentialsOptions ssl;
-      ssl.pem_root_certs = options.tls_ca_pem;
-      creds = grpc::SslCredentials(ssl);
-    } else {
-      creds = grpc::InsecureChannelCredentials();
-    }
-    grpc::ChannelArguments args;
+    proto::ChannelOptions channel;
+    channel.target = options.target;
+    channel.tls = options.tls;
+    channel.ca_pem = options.tls_ca_pem;
     // Reconnect quickly when the coordinator comes back (the daemon does its own backoff).
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-    args.SetMaxReceiveMessageSize(64 << 20);
-    channel_ = grpc::CreateCustomChannel(options.target, creds, args);
+    channel.initial_backoff_ms = 100;
+    channel.max_receive_bytes = 64 << 20;
+    channel_ = proto::MakeChannel(channel);
     stub_ = v1::WorkerService::NewStub(channel_);
   }
 

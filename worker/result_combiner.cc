@@ -4,30 +4,10 @@
 #include <limits>
 #include <map>
 
-namespace remat::worker {
+#include "proto/convert.h"
+#include "search/trial.h"
 
-const char* StatusName(v1::TrialStatus status) {
-  switch (status) {
-    case v1::TRIAL_STATUS_OK:
-      return "ok";
-    case v1::TRIAL_STATUS_OOM:
-      return "oom";
-    case v1::TRIAL_STATUS_FAILED:
-      return "failed";
-    case v1::TRIAL_STATUS_TIMEOUT:
-      return "timeout";
-    case v1::TRIAL_STATUS_INVALID:
-      return "invalid";
-    case v1::TRIAL_STATUS_CANCELLED:
-      return "cancelled";
-    case v1::TRIAL_STATUS_PENDING:
-      return "pending";
-    case v1::TRIAL_STATUS_RUNNING:
-      return "running";
-    default:
-      return "unspecified";
-  }
-}
+namespace remat::worker {
 
 int StatusSeverity(v1::TrialStatus status) {
   switch (status) {
@@ -49,11 +29,8 @@ int StatusSeverity(v1::TrialStatus status) {
 }
 
 double TokensPerSecond(const v1::SearchSpec& spec, double step_time_s) {
-  if (step_time_s <= 0) return 0;
-  const double mbs = spec.train().has_micro_batch_size() ? spec.train().micro_batch_size() : 1;
-  const double dp =
-      spec.parallel().has_data_parallel_size() ? spec.parallel().data_parallel_size() : 1;
-  return mbs * static_cast<double>(spec.model().seq_length()) * dp / step_time_s;
+  auto domain = proto::FromProto(spec);  // the contract's formula lives in search/trial.h
+  return domain.ok() ? search::TokensPerSecond(*domain, step_time_s) : 0;
 }
 
 v1::TrialResult StatusResult(const v1::TrialAssignment& assignment, v1::TrialStatus status,

@@ -26,8 +26,6 @@ namespace remat::worker {
 
 namespace v1 = ::remat::v1;
 
-// "ok", "oom", "failed", "timeout", "invalid", "cancelled", "pending", "running", "unspecified".
-const char* StatusName(v1::TrialStatus status);
 
 // Precedence of a final status for combining (higher is worse).
 int StatusSeverity(v1::TrialStatus status);

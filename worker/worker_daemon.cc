@@ -13,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "proto/convert.h"
 #include "worker/result_combiner.h"
 #include "worker/result_spool.h"
 
@@ -350,7 +351,7 @@ class WorkerDaemon::Impl {
     }
     if (report) {
       Log()->info("{} {} finished: {} in {:.2f} s{}{}", Tag(a), a.policy().canonical(),
-                  StatusName(result.status()), result.wall_s(),
+                  proto::TrialStatusName(result.status()), result.wall_s(),
                   result.message().empty() ? "" : ": ", result.message());
       Deliver(MakeReport(a, result));
     } else {
