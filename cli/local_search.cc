@@ -185,7 +185,12 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
 
   out << "\n";
   RenderReport(*result, out);
-  int code = result->state() == v1::SEARCH_STATE_SUCCEEDED ? 0 : 1;
+  // The contract: exit 0 whenever the search completes, even when nothing fits or no trial could
+  // measure anything (the report and the JSON say why); 1 when it did not complete.
+  int code = result->state() == v1::SEARCH_STATE_SUCCEEDED ||
+                     result->state() == v1::SEARCH_STATE_FAILED
+                 ? 0
+                 : 1;
   if (!options.json_path.empty()) {
     if (WriteFile(options.json_path, ResultJson(*result))) {
       out << "\nwrote " << options.json_path << "\n";
@@ -205,9 +210,9 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
   out << std::flush;
   stop_all();
   if (interrupted()) return 1;
-  if (result->state() == v1::SEARCH_STATE_FAILED) {
-    err << "error: search " << *id << " failed"
-        << (result->message().empty() ? "" : ": " + result->message()) << std::endl;
+  if (code != 0) {
+    err << "error: search " << *id << " did not complete (" << StateName(result->state()) << ")"
+        << std::endl;
   }
   return code;
 }
