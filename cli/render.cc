@@ -1,6 +1,7 @@
 #include "cli/render.h"
 
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -578,12 +579,15 @@ std::string ResultSvg(const v1::Search& s) {
   }
 
   // Trials. Labels try four spots around their point and take the first that overlaps no
-  // label placed before (a crude but dependable way to keep close points readable).
+  // label placed before (a crude but dependable way to keep close points readable). A frontier
+  // point is always labelled; any other point only where a free spot is left, so an exhaustive
+  // search's cloud of points stays legible (its policies are in the table and the JSON).
   struct Box {
     double x0, y0, x1, y1;
   };
   std::vector<Box> placed;
-  auto place_label = [&](double x, double y, const std::string& text) {
+  auto place_label = [&](double x, double y, const std::string& text,
+                         bool must) -> std::optional<std::pair<double, double>> {
     const double w = 6.6 * text.size(), h = 13;
     const double spots[4][2] = {
         {x + 9, y - 8}, {x + 9, y + 17}, {x - 9 - w, y - 8}, {x - 9 - w, y + 17}};
@@ -598,6 +602,7 @@ std::string ResultSvg(const v1::Search& s) {
         return std::pair<double, double>(spot[0], spot[1]);
       }
     }
+    if (!must) return std::nullopt;
     placed.push_back(Box{x + 9, y - 19, x + 9 + w, y - 6});
     return std::pair<double, double>(x + 9, y - 8);
   };
@@ -615,9 +620,10 @@ std::string ResultSvg(const v1::Search& s) {
           << "\"/><line x1=\"" << Num(x - 6) << "\" y1=\"" << Num(y + 6) << "\" x2=\"" << Num(x + 6)
           << "\" y2=\"" << Num(y - 6) << "\"/></g>\n";
       const std::string text = p.policy + " (oom)";
-      auto [lx, ly] = place_label(x, y - 12, text);
-      svg << "<text x=\"" << Num(lx) << "\" y=\"" << Num(ly) << "\" fill=\"#d62728\">"
-          << XmlEscape(text) << "</text>\n";
+      if (auto spot = place_label(x, y - 12, text, false)) {
+        svg << "<text x=\"" << Num(spot->first) << "\" y=\"" << Num(spot->second)
+            << "\" fill=\"#d62728\">" << XmlEscape(text) << "</text>\n";
+      }
       continue;
     }
     const double x = X(p.mem), y = Y(p.tps);
@@ -632,9 +638,10 @@ std::string ResultSvg(const v1::Search& s) {
           << "\" r=\"11\" fill=\"none\" stroke=\"#2ca02c\" stroke-width=\"2\"/>\n";
     }
     const std::string text = p.policy + (p.policy == recommended ? " (recommended)" : "");
-    auto [lx, ly] = place_label(x, y, text);
-    svg << "<text x=\"" << Num(lx) << "\" y=\"" << Num(ly) << "\" fill=\"#222\">" << XmlEscape(text)
-        << "</text>\n";
+    if (auto spot = place_label(x, y, text, p.on_frontier || p.policy == recommended)) {
+      svg << "<text x=\"" << Num(spot->first) << "\" y=\"" << Num(spot->second)
+          << "\" fill=\"#222\">" << XmlEscape(text) << "</text>\n";
+    }
   }
 
   // Legend, in one row above the plot.
