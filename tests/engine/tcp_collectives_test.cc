@@ -95,6 +95,60 @@ TEST(TcpCollectivesTest, Bfloat16SumsAndSubgroups) {
   for (const auto& e : errors) EXPECT_EQ(e, "");
 }
 
+TEST(TcpCollectivesTest, AllToAllWithUnevenAndZeroCounts) {
+  // Member i sends (i + j) % 3 elements to member j, each valued 100 * i + j; then the same
+  // exchange within the subgroups {0, 2} and {1} (a group of one copies).
+  const int world = 3;
+  auto errors = RunRanks(world, 20, [](int r, Collectives& c) {
+    std::vector<size_t> send(world), recv(world);
+    std::vector<float> in;
+    for (int j = 0; j < world; ++j) {
+      send[j] = static_cast<size_t>((r + j) % 3);
+      recv[j] = static_cast<size_t>((j + r) % 3);
+      for (size_t k = 0; k < send[j]; ++k) in.push_back(float(100 * r + j));
+    }
+    std::vector<float> out(3, -1.0f);  // each rank receives 0 + 1 + 2 elements
+    c.AllToAll(c.World(), in.data(), send, out.data(), recv, DataType::kFloat32);
+    std::vector<float> want;
+    for (int j = 0; j < world; ++j) {
+      for (size_t k = 0; k < recv[j]; ++k) want.push_back(float(100 * j + r));
+    }
+    EXPECT_EQ(out, want) << "rank " << r;
+
+    Group g = c.CreateGroup({{0, 2}, {1}});
+    if (g.size() == 2) {
+      // Rank 0 sends nothing at all; rank 2 sends two values to 0 and one to itself.
+      std::vector<int64_t> mine = r == 0 ? std::vector<int64_t>{} : std::vector<int64_t>{7, 8, 9};
+      std::vector<size_t> s = r == 0 ? std::vector<size_t>{0, 0} : std::vector<size_t>{2, 1};
+      std::vector<size_t> rc = r == 0 ? std::vector<size_t>{0, 2} : std::vector<size_t>{0, 1};
+      std::vector<int64_t> got(r == 0 ? 2 : 1);
+      c.AllToAll(g, mine.data(), s, got.data(), rc, DataType::kInt64);
+      EXPECT_EQ(got, r == 0 ? (std::vector<int64_t>{7, 8}) : (std::vector<int64_t>{9}));
+    } else {
+      std::vector<float> one = {5, 6}, back(2);
+      c.AllToAll(g, one.data(), {2}, back.data(), {2}, DataType::kFloat32);
+      EXPECT_EQ(back, one);
+    }
+    c.Synchronize();
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(TcpCollectivesTest, AllToAllWithAMissingPeerTimesOut) {
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = RunRanks(2, 1.5, [](int r, Collectives& c) {
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(4));  // never joins the exchange in time
+      return;
+    }
+    float v = 1, w = 0;
+    c.AllToAll(c.World(), &v, {0, 1}, &w, {0, 1}, DataType::kFloat32);
+  });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(took, 15.0);
+  EXPECT_NE(errors[0].find("all-to-all"), std::string::npos) << errors[0];
+}
+
 TEST(TcpCollectivesTest, MissingRankTimesOutInsteadOfHanging) {
   const auto start = std::chrono::steady_clock::now();
   auto errors = RunRanks(3, 1.5, [](int, Collectives&) {}, /*absent=*/{2});

@@ -60,6 +60,12 @@ class Collectives {
   // `in` holds count_per_rank * group size elements; member i receives the sum of chunk i.
   virtual void ReduceScatter(const Group& g, const void* in, void* out, size_t count_per_rank,
                              DataType type) = 0;
+  // Personalised exchange with per-peer counts (elements): member i sends send_counts[j] elements
+  // of `in` (packed in member order) to member j and receives recv_counts[j] elements from member
+  // j into `out` (packed in member order). Both vectors hold group-size entries; member i's
+  // send_counts[j] must equal member j's recv_counts[i]. Counts may be zero.
+  virtual void AllToAll(const Group& g, const void* in, const std::vector<size_t>& send_counts,
+                        void* out, const std::vector<size_t>& recv_counts, DataType type) = 0;
   virtual void Barrier(const Group& g) = 0;
 
   // Waits until every collective issued so far has completed (NCCL enqueues asynchronously) and

@@ -60,9 +60,24 @@ std::string UnsupportedReason(const search::SearchSpec& spec, const search::Poli
   if (par.pipeline_model_parallel_size > 1) {
     return "parallel.pipeline_model_parallel_size > 1 is not supported by the builtin engine";
   }
-  if (par.expert_model_parallel_size > 1) {
-    return "parallel.expert_model_parallel_size > 1 (expert all-to-all) is not supported by the "
-           "builtin engine";
+  const int ep = par.expert_model_parallel_size;
+  if (ep > 1) {
+    if (!m.IsMoe()) {
+      return "parallel.expert_model_parallel_size > 1 needs a mixture-of-experts model "
+             "(model.num_moe_experts)";
+    }
+    if (tp > 1) {
+      return "parallel.expert_model_parallel_size > 1 with tensor_model_parallel_size > 1 is not "
+             "supported by the builtin engine (expert parallelism is carved out of data "
+             "parallelism with TP = 1 only)";
+    }
+    if (par.data_parallel_size % ep != 0) {
+      return "parallel.expert_model_parallel_size must divide parallel.data_parallel_size (the "
+             "builtin engine carves expert parallelism out of data parallelism)";
+    }
+    if (*m.num_moe_experts % ep != 0) {
+      return "model.num_moe_experts must be divisible by parallel.expert_model_parallel_size";
+    }
   }
   if (m.IsMoe() && tp > 1) {
     return "mixture-of-experts layers with tensor_model_parallel_size > 1 are not supported by "
@@ -107,6 +122,7 @@ struct GptModel::Impl {
   std::vector<ParamInfo> params;
 
   int tp, tp_rank, heads, groups, kv_channels, hidden, seq, ffn, vocab_padded;
+  int ep, ep_rank, local_experts;
   bool sp;
   at::Tensor causal_mask;    // [s, s] bool, true above the diagonal (masked)
   at::Tensor score_buffer;   // Megatron's persistent baddbmm input: [b*heads, s, s]
@@ -142,6 +158,9 @@ struct GptModel::Impl {
     ffn = m.EffectiveFfnHiddenSize();
     vocab_padded = static_cast<int>(PaddedVocabSize(spec));
     sp = spec.parallel.sequence_parallel && tp > 1;
+    ep = rt.ep_size();
+    ep_rank = rt.ep_rank();
+    local_experts = m.IsMoe() ? *m.num_moe_experts / ep : 0;
     Declare();
   }
 
@@ -161,6 +180,21 @@ struct GptModel::Impl {
     p.sequence_parallel_grad = sp_grad && sp;
     params.push_back(std::move(p));
     return static_cast<int>(params.size()) - 1;
+  }
+
+  // An expert weight: held whole (`owner` < 0: split into EP flat chunks, one per rank) or only
+  // by the EP rank `owner`.
+  int AddExpert(std::string name, std::vector<int64_t> full, std::vector<int64_t> local,
+                double std_dev, int owner = -1) {
+    const int index = Add(std::move(name), std::move(full), -1, std_dev);
+    ParamInfo& p = params[index];
+    p.expert = true;
+    if (owner < 0 && ep > 1) {
+      p.expert_shards = ep;
+      p.shape = std::move(local);
+    }
+    p.absent = owner >= 0 && owner != ep_rank;
+    return index;
   }
 
   void AddNorm(const std::string& name, int64_t size, int* w, int* b) {
@@ -221,17 +255,32 @@ struct GptModel::Impl {
         const int64_t experts = *m.num_moe_experts;
         const int64_t f = m.EffectiveMoeFfnHiddenSize();
         lp.router = Add(pre + "mlp.router.weight", {experts, hidden}, -1, std_dev, 0, 1, true);
+        const int64_t local = local_experts;
         if (m.moe_grouped_gemm) {
-          lp.w1 = Add(pre + "mlp.experts.weight1", {hidden, experts * glu * f}, -1, std_dev);
-          lp.w2 = Add(pre + "mlp.experts.weight2", {experts * f, hidden}, -1, out_std);
+          lp.w1 = AddExpert(pre + "mlp.experts.weight1", {hidden, experts * glu * f},
+                            {hidden, local * glu * f}, std_dev);
+          lp.w2 = AddExpert(pre + "mlp.experts.weight2", {experts * f, hidden},
+                            {local * f, hidden}, out_std);
         } else {
+          // Every expert is declared (the same initialisation on every EP rank); this rank keeps
+          // the indices of its own, local expert i being global expert ep_rank * local + i.
           for (int e = 0; e < experts; ++e) {
-            const std::string ep = pre + "mlp.experts.local_experts." + std::to_string(e) + ".";
-            lp.e_fc1_w.push_back(Add(ep + "linear_fc1.weight", {glu * f, hidden}, -1, std_dev));
-            lp.e_fc2_w.push_back(Add(ep + "linear_fc2.weight", {hidden, f}, -1, out_std));
+            const std::string pe = pre + "mlp.experts.local_experts." + std::to_string(e) + ".";
+            const int owner = ep > 1 ? static_cast<int>(e / local) : -1;
+            const bool mine = owner < 0 || owner == ep_rank;
+            const int fc1 = AddExpert(pe + "linear_fc1.weight", {glu * f, hidden}, {}, std_dev, owner);
+            const int fc2 = AddExpert(pe + "linear_fc2.weight", {hidden, f}, {}, out_std, owner);
+            if (mine) {
+              lp.e_fc1_w.push_back(fc1);
+              lp.e_fc2_w.push_back(fc2);
+            }
             if (bias) {
-              lp.e_fc1_b.push_back(Add(ep + "linear_fc1.bias", {glu * f}, -1, 0));
-              lp.e_fc2_b.push_back(Add(ep + "linear_fc2.bias", {hidden}, -1, 0));
+              const int b1 = AddExpert(pe + "linear_fc1.bias", {glu * f}, {}, 0, owner);
+              const int b2 = AddExpert(pe + "linear_fc2.bias", {hidden}, {}, 0, owner);
+              if (mine) {
+                lp.e_fc1_b.push_back(b1);
+                lp.e_fc2_b.push_back(b2);
+              }
             }
           }
         }
@@ -457,7 +506,7 @@ struct GptModel::Impl {
   // Megatron's GroupedMLP (moe_grouped_gemm) or SequentialMLP.
   at::Tensor Experts(const LayerParams& lp, const at::Tensor& tokens,
                      const std::vector<int64_t>& counts, const at::Tensor& probs) {
-    const int64_t experts = *m.num_moe_experts;
+    const int64_t experts = static_cast<int64_t>(counts.size());  // this rank's experts
     if (m.moe_grouped_gemm) {
       at::Tensor w1 = P(lp.w1).view({experts, hidden, -1});
       at::Tensor w2 = P(lp.w2).view({experts, -1, hidden});
@@ -488,8 +537,52 @@ struct GptModel::Impl {
     return at::cat(outs, 0);
   }
 
-  // Megatron's MoELayer (allgather dispatcher, EP = TP = 1): shared experts, top-k softmax router,
-  // token permutation, experts, unpermutation.
+  // Megatron's MoEAlltoAllTokenDispatcher (TP = 1): `permuted` holds this rank's routed tokens
+  // sorted by global expert (`counts` per expert). Exchange the counts, send each EP rank the
+  // tokens (and probabilities) of its experts, regroup the received chunks from source-major to
+  // local-expert-major, run the local experts, undo the regrouping and send the outputs back.
+  // Returns the outputs in the order of `permuted`.
+  at::Tensor DispatchToExperts(const LayerParams& lp, const at::Tensor& permuted,
+                               const std::vector<int64_t>& counts, const at::Tensor& probs) {
+    const int64_t local = local_experts;
+    std::vector<int64_t> send(ep, 0), recv(ep, 0);
+    for (int64_t e = 0; e < static_cast<int64_t>(counts.size()); ++e) send[e / local] += counts[e];
+    // received[src * local + i]: tokens that rank src routes to local expert i.
+    const std::vector<int64_t> received = AllToAllCounts(rt, counts, local);
+    std::vector<int64_t> local_counts(local, 0), chunk_start(received.size(), 0);
+    int64_t offset = 0;
+    for (int src = 0; src < ep; ++src) {
+      for (int64_t i = 0; i < local; ++i) {
+        const int64_t n = received[src * local + i];
+        recv[src] += n;
+        local_counts[i] += n;
+        chunk_start[src * local + i] = offset;
+        offset += n;
+      }
+    }
+    at::Tensor tokens = AllToAllRows(rt, permuted, send, recv);
+    at::Tensor token_probs = AllToAllRows(rt, probs.unsqueeze(-1), send, recv).squeeze(-1);
+    // Source-major -> expert-major (Megatron's sort_chunks_by_idxs) and its inverse.
+    std::vector<int64_t> order;
+    order.reserve(offset);
+    for (int64_t i = 0; i < local; ++i) {
+      for (int src = 0; src < ep; ++src) {
+        const int64_t start = chunk_start[src * local + i];
+        for (int64_t k = 0; k < received[src * local + i]; ++k) order.push_back(start + k);
+      }
+    }
+    std::vector<int64_t> inverse(order.size());
+    for (size_t k = 0; k < order.size(); ++k) inverse[order[k]] = static_cast<int64_t>(k);
+    auto index_opts = at::TensorOptions().dtype(at::kLong).device(permuted.device());
+    at::Tensor by_expert = at::tensor(order, at::TensorOptions().dtype(at::kLong)).to(index_opts);
+    at::Tensor by_source = at::tensor(inverse, at::TensorOptions().dtype(at::kLong)).to(index_opts);
+    at::Tensor out = Experts(lp, tokens.index_select(0, by_expert), local_counts,
+                             token_probs.index_select(0, by_expert));
+    return AllToAllRows(rt, out.index_select(0, by_source), recv, send);
+  }
+
+  // Megatron's MoELayer (allgather dispatcher with EP = 1, all-to-all dispatcher with EP > 1;
+  // TP = 1): shared experts, top-k softmax router, token permutation, experts, unpermutation.
   at::Tensor MoeCore(const LayerParams& lp, const at::Tensor& x) {
     at::Tensor shared;
     if (lp.sh_fc1_w >= 0) shared = SharedExperts(lp, x);
@@ -512,7 +605,8 @@ struct GptModel::Impl {
     at::Tensor sorted = token_idx.masked_select(map_t);
     at::Tensor permuted_probs = routing_probs.t().contiguous().masked_select(map_t);
     at::Tensor permuted = hs.index_select(0, sorted);
-    at::Tensor expert_out = Experts(lp, permuted, counts, permuted_probs);
+    at::Tensor expert_out = ep > 1 ? DispatchToExperts(lp, permuted, counts, permuted_probs)
+                                   : Experts(lp, permuted, counts, permuted_probs);
     at::Tensor out = at::zeros({num_tokens, hidden}, expert_out.options())
                          .scatter_add(0, sorted.unsqueeze(1).expand({-1, hidden}), expert_out);
     out = out.view(x.sizes());

@@ -31,6 +31,13 @@ struct ParamInfo {
   double init_std = 0;              // normal(0, init_std); 0: filled with init_value
   double init_value = 0;
   bool sequence_parallel_grad = false;  // replicated, but its gradient is partial under SP
+  // Expert parallel: an expert weight has its gradient reduced over the expert-data-parallel
+  // group. With expert_shards > 1 this rank holds the flat chunk ep_rank of the full tensor
+  // (grouped experts: its local experts). An absent parameter is another EP rank's expert
+  // (sequential experts): declared so every rank initialises in the same order, never held.
+  bool expert = false;
+  int expert_shards = 1;
+  bool absent = false;
   at::Tensor value;                     // set by the trial runner
   bool tp_duplicate() const { return shard_dim < 0; }
 };

@@ -206,6 +206,47 @@ class NcclCollectives final : public Collectives {
     });
   }
 
+  // Grouped point-to-point calls (ncclSend/ncclRecv to every peer, zero counts skipped), as
+  // nccl-tests' alltoall. On a non-blocking communicator ncclGroupEnd may return ncclInProgress;
+  // Enqueue waits for it as for the other calls.
+  void AllToAll(const Group& g, const void* in, const std::vector<size_t>& send_counts, void* out,
+                const std::vector<size_t>& recv_counts, DataType type) override {
+    const size_t n = static_cast<size_t>(g.size());
+    if (send_counts.size() != n || recv_counts.size() != n) {
+      throw CollectiveError("all-to-all: counts must have one entry per group member");
+    }
+    const size_t elem = DataTypeSize(type);
+    if (n == 1) {
+      if (send_counts[0] != recv_counts[0]) {
+        throw CollectiveError("all-to-all: send and receive counts differ");
+      }
+      if (in != out && send_counts[0] > 0) CopyDevice(out, in, send_counts[0] * elem);
+      return;
+    }
+    ncclComm_t comm = Comm(g);
+    Enqueue(comm, "all-to-all", [&](cudaStream_t s) {
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      const char* send = static_cast<const char*>(in);
+      char* recv = static_cast<char*>(out);
+      size_t send_off = 0, recv_off = 0;
+      for (size_t peer = 0; peer < n && (r == ncclSuccess || r == ncclInProgress); ++peer) {
+        if (send_counts[peer] > 0) {
+          r = ncclSend(send + send_off * elem, send_counts[peer], NcclType(type),
+                       static_cast<int>(peer), comm, s);
+        }
+        if ((r == ncclSuccess || r == ncclInProgress) && recv_counts[peer] > 0) {
+          r = ncclRecv(recv + recv_off * elem, recv_counts[peer], NcclType(type),
+                       static_cast<int>(peer), comm, s);
+        }
+        send_off += send_counts[peer];
+        recv_off += recv_counts[peer];
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return (r == ncclSuccess || r == ncclInProgress) ? end : r;
+    });
+  }
+
   void Barrier(const Group& g) override {
     if (g.size() == 1) return;
     ncclComm_t comm = Comm(g);

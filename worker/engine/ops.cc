@@ -487,7 +487,64 @@ struct GroupedGemmFunction : public torch::autograd::Function<GroupedGemmFunctio
   }
 };
 
+// Megatron's _AllToAll (variable splits): the backward sends the gradient back the way the
+// tokens came.
+at::Tensor ExchangeRows(const Runtime& rt, const at::Tensor& x, const std::vector<int64_t>& send,
+                        const std::vector<int64_t>& recv) {
+  at::Tensor in = x.contiguous();
+  int64_t rows = 0;
+  for (int64_t r : recv) rows += r;
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape[0] = rows;
+  at::Tensor out = at::empty(shape, in.options());
+  int64_t row_elems = 1;
+  for (size_t d = 1; d < shape.size(); ++d) row_elems *= shape[d];
+  std::vector<size_t> send_counts, recv_counts;
+  for (int64_t r : send) send_counts.push_back(static_cast<size_t>(r * row_elems));
+  for (int64_t r : recv) recv_counts.push_back(static_cast<size_t>(r * row_elems));
+  rt.comm->AllToAll(rt.ep, in.data_ptr(), send_counts, out.data_ptr(), recv_counts,
+                    ToDataType(in.scalar_type()));
+  return out;
+}
+
+struct AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const std::vector<int64_t>& send, const std::vector<int64_t>& recv,
+                            int64_t rt_addr) {
+    ctx->saved_data["rt"] = rt_addr;
+    ctx->saved_data["send"] = send;
+    ctx->saved_data["recv"] = recv;
+    return ExchangeRows(*reinterpret_cast<const Runtime*>(rt_addr), x, send, recv);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const std::vector<int64_t> send = ctx->saved_data["send"].toIntVector();
+    const std::vector<int64_t> recv = ctx->saved_data["recv"].toIntVector();
+    return {ExchangeRows(*RuntimeOf(ctx), grads[0], recv, send), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor AllToAllRows(const Runtime& rt, const at::Tensor& x, const std::vector<int64_t>& send_rows,
+                        const std::vector<int64_t>& recv_rows) {
+  if (static_cast<int>(send_rows.size()) != rt.ep_size() ||
+      static_cast<int>(recv_rows.size()) != rt.ep_size()) {
+    throw std::invalid_argument("all-to-all: one row count per expert-parallel rank expected");
+  }
+  return AllToAllFunction::apply(x, send_rows, recv_rows, Address(rt));
+}
+
+std::vector<int64_t> AllToAllCounts(const Runtime& rt, const std::vector<int64_t>& counts,
+                                    int64_t per_peer) {
+  const int n = rt.ep_size();
+  at::Tensor in = at::tensor(counts, at::TensorOptions().dtype(at::kLong)).to(rt.device);
+  at::Tensor out = at::empty({per_peer * n}, in.options());
+  std::vector<size_t> each(n, static_cast<size_t>(per_peer));
+  rt.comm->AllToAll(rt.ep, in.data_ptr(), each, out.data_ptr(), each, DataType::kInt64);
+  at::Tensor host = out.to(at::kCPU);
+  return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+}
 
 at::Tensor Linear(const Runtime& rt, const at::Tensor& x, const at::Tensor& weight,
                   const at::Tensor& bias, LinearMode mode) {

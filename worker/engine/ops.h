@@ -30,11 +30,17 @@ struct Runtime {
   Collectives* comm = nullptr;
   Group tp;  // tensor-parallel group of this rank
   Group dp;  // data-parallel group of this rank
+  // Expert parallel (carved out of DP): the ranks that split the experts among them, and the
+  // ranks holding the same experts (expert gradients are reduced over the latter).
+  Group ep;
+  Group expert_dp;
   bool sequence_parallel = false;
   at::Device device = at::kCPU;
 
   int tp_size() const { return tp.size(); }
   int tp_rank() const { return tp.rank; }
+  int ep_size() const { return ep.size() > 0 ? ep.size() : 1; }
+  int ep_rank() const { return ep.size() > 0 ? ep.rank : 0; }
 };
 
 // ---- RNG: Megatron restores the forward's RNG state when it replays a region.
@@ -102,6 +108,16 @@ at::Tensor CopyToTensorParallel(const Runtime& rt, const at::Tensor& x);
 // x [tokens, k] sorted by expert, weight [experts, k, n], tokens_per_expert sums to tokens.
 at::Tensor GroupedGemm(const at::Tensor& x, const at::Tensor& weight,
                        const std::vector<int64_t>& tokens_per_expert);
+
+// Expert parallel token exchange over rt.ep: rows of x (dim 0) packed by destination member,
+// send_rows[j] of them to member j; returns the received rows packed by source member. Backward
+// is the reverse exchange of the gradient.
+at::Tensor AllToAllRows(const Runtime& rt, const at::Tensor& x, const std::vector<int64_t>& send_rows,
+                        const std::vector<int64_t>& recv_rows);
+// Exchange of counts over rt.ep without autograd: `counts` holds per_peer entries for each member
+// (in member order); returns per_peer entries from each member (in member order), on the host.
+std::vector<int64_t> AllToAllCounts(const Runtime& rt, const std::vector<int64_t>& counts,
+                                    int64_t per_peer);
 
 // In-place all-reduce of a contiguous tensor over `group`.
 void AllReduceTensor(const Runtime& rt, const Group& group, at::Tensor& t, ReduceOp op);

@@ -46,6 +46,7 @@ enum Op : uint32_t {
   kBye = 6,
   kReply = 7,
   kError = 8,
+  kAllToAll = 9,
 };
 
 const char* OpName(uint32_t op) {
@@ -54,6 +55,7 @@ const char* OpName(uint32_t op) {
     case kAllGather: return "all-gather";
     case kReduceScatter: return "reduce-scatter";
     case kBarrier: return "barrier";
+    case kAllToAll: return "all-to-all";
     default: return "collective";
   }
 }
@@ -364,6 +366,9 @@ class Hub {
         const auto& in = p.by_rank.at(rank).payload;
         result.insert(result.end(), in.begin(), in.end());
       }
+    } else if (h.op == kAllToAll) {
+      CompleteAllToAll(p, members);
+      return;
     }
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(timeout_s_));
@@ -381,6 +386,47 @@ class Hub {
       reply.payload_bytes = bytes;
       const int fd = fds_[members[i]];
       if (fd >= 0) SendMessage(fd, reply, {}, data, deadline);
+    }
+  }
+
+  // All-to-all: each member's payload is its send counts in bytes (one uint64 per member), then
+  // the data packed in member order; member i receives every member's chunk for i, in order.
+  void CompleteAllToAll(Pending& p, const std::vector<uint32_t>& members) {
+    const size_t n = members.size();
+    std::vector<std::vector<uint64_t>> offsets(n, std::vector<uint64_t>(n + 1, 0));
+    for (size_t j = 0; j < n; ++j) {
+      const auto& in = p.by_rank.at(members[j]).payload;
+      if (in.size() < n * sizeof(uint64_t)) {
+        BroadcastError("all-to-all: malformed request");
+        return;
+      }
+      uint64_t off = n * sizeof(uint64_t);
+      for (size_t i = 0; i < n; ++i) {
+        uint64_t bytes;
+        std::memcpy(&bytes, in.data() + i * sizeof(uint64_t), sizeof(bytes));
+        offsets[j][i] = off;
+        off += bytes;
+      }
+      offsets[j][n] = off;
+      if (off != in.size()) {
+        BroadcastError("all-to-all: send counts do not match the payload");
+        return;
+      }
+    }
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(timeout_s_));
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<char> out;
+      for (size_t j = 0; j < n; ++j) {
+        const auto& in = p.by_rank.at(members[j]).payload;
+        out.insert(out.end(), in.begin() + static_cast<std::ptrdiff_t>(offsets[j][i]),
+                   in.begin() + static_cast<std::ptrdiff_t>(offsets[j][i + 1]));
+      }
+      Header reply = p.by_rank.at(members[i]).header;
+      reply.op = kReply;
+      reply.payload_bytes = out.size();
+      const int fd = fds_[members[i]];
+      if (fd >= 0) SendMessage(fd, reply, {}, out.data(), deadline);
     }
   }
 
@@ -530,6 +576,32 @@ class TcpCollectives final : public Collectives {
     std::memcpy(out, reply.payload.data(), bytes);
   }
 
+  void AllToAll(const Group& g, const void* in, const std::vector<size_t>& send_counts, void* out,
+                const std::vector<size_t>& recv_counts, DataType type) override {
+    const size_t n = static_cast<size_t>(g.size());
+    if (send_counts.size() != n || recv_counts.size() != n) {
+      Fail("all-to-all: counts must have one entry per group member");
+    }
+    const size_t elem = DataTypeSize(type);
+    size_t send_total = 0, recv_total = 0;
+    for (size_t c : send_counts) send_total += c;
+    for (size_t c : recv_counts) recv_total += c;
+    if (n == 1) {
+      if (send_total != recv_total) Fail("all-to-all: send and receive counts differ");
+      if (in != out && send_total > 0) std::memmove(out, in, send_total * elem);
+      return;
+    }
+    std::vector<char> payload(n * sizeof(uint64_t) + send_total * elem);
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t bytes = send_counts[i] * elem;
+      std::memcpy(payload.data() + i * sizeof(uint64_t), &bytes, sizeof(bytes));
+    }
+    if (send_total > 0) std::memcpy(payload.data() + n * sizeof(uint64_t), in, send_total * elem);
+    Message reply = Exchange(kAllToAll, g, payload.data(), payload.size(), type, ReduceOp::kSum);
+    Expect(reply, recv_total * elem);
+    if (recv_total > 0) std::memcpy(out, reply.payload.data(), recv_total * elem);
+  }
+
   void Barrier(const Group& g) override {
     if (g.size() == 1) return;
     Exchange(kBarrier, g, nullptr, 0, DataType::kFloat32, ReduceOp::kSum);
@@ -632,6 +704,14 @@ class SingleRankCollectives final : public Collectives {
   }
   void ReduceScatter(const Group&, const void* in, void* out, size_t count, DataType t) override {
     if (in != out) std::memmove(out, in, count * DataTypeSize(t));
+  }
+  void AllToAll(const Group&, const void* in, const std::vector<size_t>& send_counts, void* out,
+                const std::vector<size_t>& recv_counts, DataType t) override {
+    size_t sent = 0, received = 0;
+    for (size_t c : send_counts) sent += c;
+    for (size_t c : recv_counts) received += c;
+    if (sent != received) throw CollectiveError("all-to-all: send and receive counts differ");
+    if (in != out && sent > 0) std::memmove(out, in, sent * DataTypeSize(t));
   }
   void Barrier(const Group&) override {}
   void Synchronize() override {}

@@ -109,23 +109,29 @@ class Optimizer {
   Optimizer(const Runtime& rt, std::vector<ParamInfo>& params, at::ScalarType dtype,
             uint64_t seed)
       : rt_(rt), params_(params), dtype_(dtype) {
-    // TP-split parameters first, then TP-duplicated ones: the gradient norm counts the latter on
-    // TP rank 0 only.
+    // TP-split parameters first, then TP-duplicated ones (the gradient norm counts those on TP
+    // rank 0 only), then expert weights (reduced over the expert-data-parallel group). Another
+    // EP rank's experts get no storage.
     std::vector<size_t> order;
     for (size_t i = 0; i < params.size(); ++i) {
-      if (!params[i].tp_duplicate()) order.push_back(i);
+      if (!params[i].absent && !params[i].expert && !params[i].tp_duplicate()) order.push_back(i);
     }
     for (size_t i = 0; i < params.size(); ++i) {
-      if (params[i].tp_duplicate()) order.push_back(i);
+      if (!params[i].absent && !params[i].expert && params[i].tp_duplicate()) order.push_back(i);
     }
-    std::vector<int64_t> offset(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].absent && params[i].expert) order.push_back(i);
+    }
+    std::vector<int64_t> offset(params.size(), -1);
     for (size_t i : order) {
+      if (params[i].expert && expert_begin_ < 0) expert_begin_ = numel_;
       offset[i] = numel_;
       int64_t n = 1;
       for (int64_t d : params[i].shape) n *= d;
       numel_ += n;
-      if (!params[i].tp_duplicate()) split_numel_ = numel_;
+      if (!params[i].expert && !params[i].tp_duplicate()) split_numel_ = numel_;
     }
+    if (expert_begin_ < 0) expert_begin_ = numel_;
     auto opts = at::TensorOptions().device(rt.device);
     param_buffer_ = at::empty({numel_}, opts.dtype(dtype));
     {
@@ -142,6 +148,7 @@ class Optimizer {
         } else {
           full.fill_(p.init_value);
         }
+        if (p.absent) continue;  // drawn all the same: every rank's stream stays aligned
         at::Tensor shard = Shard(full, p);
         at::Tensor view = param_buffer_.narrow(0, offset[i], shard.numel()).view(p.shape);
         view.copy_(shard);
@@ -149,6 +156,7 @@ class Optimizer {
     }
     for (size_t i = 0; i < params.size(); ++i) {
       ParamInfo& p = params[i];
+      if (p.absent) continue;
       // A leaf parameter whose data is a view of the buffer (Megatron: param.data = buffer view).
       p.value = at::empty({0}, opts.dtype(dtype));
       p.value.set_data(param_buffer_.narrow(0, offset[i], Numel(p)).view(p.shape));
@@ -158,6 +166,7 @@ class Optimizer {
     grad_buffer_ = at::zeros({numel_}, opts.dtype(at::kFloat));
     for (size_t i = 0; i < params.size(); ++i) {
       ParamInfo& p = params[i];
+      if (p.absent) continue;
       at::Tensor main_grad = grad_buffer_.narrow(0, offset[i], Numel(p)).view(p.shape);
       std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(p.value);
       acc->add_post_hook(std::make_unique<MainGradHook>(p.value, main_grad));
@@ -203,16 +212,30 @@ class Optimizer {
         off += g.numel();
       }
     }
-    if (rt_.dp.size() > 1) {
-      grad_buffer_.mul_(1.0 / rt_.dp.size());
+    // Megatron's DDP: every gradient is scaled by 1 / DP; dense ones are summed over DP, expert
+    // ones over the expert-data-parallel group (their tokens came from every EP rank already).
+    const int64_t experts = numel_ - expert_begin_;
+    const Group& edp = rt_.expert_dp.size() > 0 ? rt_.expert_dp : rt_.dp;
+    if (rt_.dp.size() > 1) grad_buffer_.mul_(1.0 / rt_.dp.size());
+    if (edp.ranks == rt_.dp.ranks) {
       AllReduceTensor(rt_, rt_.dp, grad_buffer_, ReduceOp::kSum);
+    } else {
+      at::Tensor dense = grad_buffer_.narrow(0, 0, expert_begin_);
+      at::Tensor expert = grad_buffer_.narrow(0, expert_begin_, experts);
+      if (expert_begin_ > 0) AllReduceTensor(rt_, rt_.dp, dense, ReduceOp::kSum);
+      if (experts > 0) AllReduceTensor(rt_, edp, expert, ReduceOp::kSum);
     }
     at::Tensor sq = grad_buffer_.narrow(0, 0, split_numel_).norm().pow(2);
-    if (rt_.tp_rank() == 0 && numel_ > split_numel_) {
-      sq = sq + grad_buffer_.narrow(0, split_numel_, numel_ - split_numel_).norm().pow(2);
+    if (rt_.tp_rank() == 0 && expert_begin_ > split_numel_) {
+      sq = sq + grad_buffer_.narrow(0, split_numel_, expert_begin_ - split_numel_).norm().pow(2);
     }
     sq = sq.reshape({1}).contiguous();
     AllReduceTensor(rt_, rt_.tp, sq, ReduceOp::kSum);
+    if (experts > 0) {  // each EP rank holds a share of the experts: sum the shares
+      at::Tensor esq = grad_buffer_.narrow(0, expert_begin_, experts).norm().pow(2).reshape({1});
+      if (rt_.ep.size() > 1) AllReduceTensor(rt_, rt_.ep, esq, ReduceOp::kSum);
+      sq = sq + esq;
+    }
     at::Tensor norm = sq.sqrt();
     at::Tensor coef = (kMaxGradNorm / (norm + 1e-6)).clamp_max(1.0);
     grad_buffer_.mul_(coef);
@@ -246,8 +269,12 @@ class Optimizer {
     return n;
   }
 
-  // This TP rank's slice of a full parameter (block-wise for fused [gate; up] weights).
+  // This TP rank's slice of a full parameter (block-wise for fused [gate; up] weights), or this
+  // EP rank's flat chunk of an expert weight.
   at::Tensor Shard(const at::Tensor& full, const ParamInfo& p) const {
+    if (p.expert_shards > 1) {
+      return full.reshape({-1}).chunk(p.expert_shards)[rt_.ep_rank()].reshape(p.shape).contiguous();
+    }
     if (p.shard_dim < 0) return full;
     const int64_t tp = rt_.tp_size(), rank = rt_.tp_rank();
     std::vector<at::Tensor> blocks = full.chunk(p.shard_blocks, p.shard_dim);
@@ -262,7 +289,7 @@ class Optimizer {
   const Runtime& rt_;
   std::vector<ParamInfo>& params_;
   at::ScalarType dtype_;
-  int64_t numel_ = 0, split_numel_ = 0;
+  int64_t numel_ = 0, split_numel_ = 0, expert_begin_ = -1;
   at::Tensor param_buffer_, grad_buffer_, master_, exp_avg_, exp_avg_sq_;
   std::vector<at::Tensor> sp_grads_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
@@ -424,6 +451,23 @@ search::TrialResult RunTrial(const TrialOptions& o) {
     }
     rt.tp = comm->CreateGroup(tp_groups);
     rt.dp = comm->CreateGroup(dp_groups);
+    // Expert parallel, carved out of DP (UnsupportedReason: TP = 1 then): EP groups are blocks of
+    // `ep` consecutive DP ranks; the expert-data-parallel groups hold the same experts.
+    const int ep = spec.parallel.expert_model_parallel_size;
+    if (ep > 1) {
+      std::vector<std::vector<int>> ep_groups(o.world_size / ep), edp_groups(ep);
+      for (int r = 0; r < o.world_size; ++r) {
+        ep_groups[r / ep].push_back(r);
+        edp_groups[r % ep].push_back(r);
+      }
+      rt.ep = comm->CreateGroup(ep_groups);
+      rt.expert_dp = comm->CreateGroup(edp_groups);
+    } else {
+      rt.ep.id = -1;  // a group of one: never reaches the transport
+      rt.ep.ranks = {o.rank};
+      rt.ep.rank = 0;
+      rt.expert_dp = rt.dp;
+    }
     rt.sequence_parallel = spec.parallel.sequence_parallel && tp > 1;
 
     const at::ScalarType dtype =
