@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/engine/test_process.h"
 #include "proto/convert.h"
 #include "tests/engine/test_models.h"
 
@@ -24,32 +25,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path TempDir() {
-  static int counter = 0;
-  fs::path d = fs::temp_directory_path() /
-               ("remat-trial-cli-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-struct Output {
-  int exit_code = -1;
-  std::string out;
-};
-
-// Runs a shell command; stdout captured (stderr folded in with 2>&1 by the caller when wanted).
-Output Sh(const std::string& command) {
-  Output o;
-  FILE* p = ::popen(command.c_str(), "r");
-  if (p == nullptr) return o;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) o.out.append(buf, n);
-  const int status = ::pclose(p);
-  o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return o;
-}
+using testing::Output;
+using testing::Sh;
+fs::path TempDir() { return testing::TempDir("remat-trial-cli"); }
 
 const std::string kTrial = REMAT_TRIAL_PATH;
 
