@@ -350,7 +350,8 @@ TEST_F(GrpcTest, ServesTlsWhenGivenACertificate) {
   std::ifstream in(o.tls_cert_file);
   grpc::SslCredentialsOptions ssl;
   ssl.pem_root_certs.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  auto channel = grpc::CreateChannel("localhost:" + std::to_string(coordinator_->port()),
+  // The certificate names IP 127.0.0.1 too: no name lookup (a machine may lack /etc/hosts).
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_->port()),
                                      grpc::SslCredentials(ssl));
   auto workers = v1::WorkerService::NewStub(channel);
   ASSERT_TRUE(workers->Register(Ctx("worker-token").get(), Worker(1), &reg).ok());
