@@ -3,34 +3,17 @@
 #include <gtest/gtest.h>
 
 #include "search/depth_proxy.h"
+#include "tests/engine/test_models.h"
 #include "worker/engine/trial_runner.h"
 
 namespace remat::engine {
 namespace {
 
+// The tiny dense model at 8 layers: deep enough for proxies at 2 and 4.
 search::SearchSpec Spec() {
-  search::SearchSpec s;
+  search::SearchSpec s = testing::TinyDense();
   s.name = "proxy";
-  auto& m = s.model;
-  m.num_layers = 8;
-  m.hidden_size = 64;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.ffn_hidden_size = 172;
-  m.gated_linear_unit = true;
-  m.normalization = search::Normalization::kRMSNorm;
-  m.seq_length = 128;
-  m.vocab_size = 512;
-  m.attention_dropout = 0;
-  m.hidden_dropout = 0;
-  m.add_bias_linear = false;
-  m.position_embedding_type = search::PositionEmbedding::kRope;
-  s.train.micro_batch_size = 2;
-  s.train.precision = search::Precision::kFp32;
-  s.search.memory_budget_gib = 1;
-  s.search.warmup_steps = 1;
-  s.search.measure_steps = 1;
-  s.search.device = search::Device::kCpu;
+  s.model.num_layers = 8;
   return s;
 }
 

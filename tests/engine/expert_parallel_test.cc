@@ -25,7 +25,9 @@ namespace {
 namespace fs = std::filesystem;
 
 using testing::Output;
+using testing::RelDiff;
 using testing::Sh;
+using testing::WriteSpec;
 fs::path TempDir() { return testing::TempDir("remat-ep-test"); }
 
 const std::string kTrial = REMAT_TRIAL_PATH;
@@ -63,35 +65,12 @@ search:
 )";
 }
 
-fs::path WriteSpec(const fs::path& dir, const std::string& name, const std::string& yaml) {
-  fs::path p = dir / name;
-  std::ofstream(p) << yaml;
-  return p;
+
+std::vector<nlohmann::json> RunRanks(const fs::path& spec, const std::string& policy, int world,
+                                     double timeout_s = 60) {
+  return testing::RunRanks(kTrial, spec, policy, world, timeout_s);
 }
 
-std::vector<nlohmann::json> RunRanks(const fs::path& spec, const std::string& policy, int world) {
-  const fs::path rendezvous = TempDir();
-  std::vector<std::thread> threads;
-  std::vector<Output> outs(world);
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      std::ostringstream cmd;
-      cmd << kTrial << " --spec " << spec.string() << " --policy '" << policy << "' --rank " << r
-          << " --world-size " << world << " --rendezvous " << rendezvous.string()
-          << " --collective-timeout 60 --json";
-      outs[r] = Sh(cmd.str());
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::vector<nlohmann::json> results;
-  for (const Output& o : outs) {
-    EXPECT_EQ(o.exit_code, 0) << o.out;
-    results.push_back(nlohmann::json::parse(o.out));
-  }
-  return results;
-}
-
-double RelDiff(double a, double b) { return std::abs(a - b) / std::abs(b); }
 
 void ExpectExpertParallelMatches(bool grouped, const std::vector<std::string>& policies) {
   const fs::path dir = TempDir();

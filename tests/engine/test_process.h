@@ -5,9 +5,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace remat::engine::testing {
 
@@ -39,5 +47,42 @@ inline Output Sh(const std::string& command) {
   o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return o;
 }
+
+// Writes `yaml` to dir/name and returns the path.
+inline std::filesystem::path WriteSpec(const std::filesystem::path& dir, const std::string& name,
+                                       const std::string& yaml) {
+  std::filesystem::path p = dir / name;
+  std::ofstream(p) << yaml;
+  return p;
+}
+
+// Starts every rank of a trial as its own `trial` process (remat-trial), meeting in a fresh
+// rendezvous folder; returns each rank's JSON result, in rank order.
+inline std::vector<nlohmann::json> RunRanks(const std::string& trial,
+                                            const std::filesystem::path& spec,
+                                            const std::string& policy, int world,
+                                            double timeout_s = 60) {
+  const std::filesystem::path rendezvous = TempDir("remat-ranks");
+  std::vector<std::thread> threads;
+  std::vector<Output> outs(world);
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      std::ostringstream cmd;
+      cmd << trial << " --spec " << spec.string() << " --policy '" << policy << "' --rank " << r
+          << " --world-size " << world << " --rendezvous " << rendezvous.string()
+          << " --collective-timeout " << timeout_s << " --json";
+      outs[r] = Sh(cmd.str());
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<nlohmann::json> results;
+  for (const Output& o : outs) {
+    EXPECT_EQ(o.exit_code, 0) << o.out;
+    results.push_back(nlohmann::json::parse(o.out));
+  }
+  return results;
+}
+
+inline double RelDiff(double a, double b) { return std::abs(a - b) / std::abs(b); }
 
 }  // namespace remat::engine::testing

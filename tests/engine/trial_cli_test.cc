@@ -26,6 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 
 using testing::Output;
+using testing::RelDiff;
 using testing::Sh;
 fs::path TempDir() { return testing::TempDir("remat-trial-cli"); }
 
@@ -56,15 +57,6 @@ search:
   device: cpu
 )";
 
-fs::path WriteSpec(const fs::path& dir, const std::string& name, const std::string& parallel,
-                   const std::string& budget = "1") {
-  std::string yaml = kDenseYaml;
-  yaml.replace(yaml.find("train:"), 0, parallel);
-  yaml.replace(yaml.find("memory_budget_gib: 1"), 20, "memory_budget_gib: " + budget);
-  fs::path p = dir / name;
-  std::ofstream(p) << yaml;
-  return p;
-}
 
 nlohmann::json RunOne(const fs::path& spec, const std::string& policy) {
   Output o = Sh(kTrial + " --spec " + spec.string() + " --policy '" + policy + "' --json");
@@ -72,31 +64,20 @@ nlohmann::json RunOne(const fs::path& spec, const std::string& policy) {
   return nlohmann::json::parse(o.out);
 }
 
-// Starts every rank as its own process; returns each rank's JSON result.
-std::vector<nlohmann::json> RunRanks(const fs::path& spec, const std::string& policy, int world,
-                                     double timeout_s = 60) {
-  const fs::path rendezvous = TempDir();
-  std::vector<std::thread> threads;
-  std::vector<Output> outs(world);
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      std::ostringstream cmd;
-      cmd << kTrial << " --spec " << spec.string() << " --policy '" << policy << "' --rank " << r
-          << " --world-size " << world << " --rendezvous " << rendezvous.string()
-          << " --collective-timeout " << timeout_s << " --json";
-      outs[r] = Sh(cmd.str());
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::vector<nlohmann::json> results;
-  for (const Output& o : outs) {
-    EXPECT_EQ(o.exit_code, 0) << o.out;
-    results.push_back(nlohmann::json::parse(o.out));
-  }
-  return results;
+// The tiny dense spec with a parallel section and a budget (GiB), written to dir/name.
+fs::path WriteSpec(const fs::path& dir, const std::string& name, const std::string& parallel,
+                   const std::string& budget = "1") {
+  std::string yaml = kDenseYaml;
+  yaml.replace(yaml.find("train:"), 0, parallel);
+  yaml.replace(yaml.find("memory_budget_gib: 1"), 20, "memory_budget_gib: " + budget);
+  return testing::WriteSpec(dir, name, yaml);
 }
 
-double RelDiff(double a, double b) { return std::abs(a - b) / std::abs(b); }
+std::vector<nlohmann::json> RunRanks(const fs::path& spec, const std::string& policy, int world,
+                                     double timeout_s = 60) {
+  return testing::RunRanks(kTrial, spec, policy, world, timeout_s);
+}
+
 
 TEST(TrialCliTest, TensorParallelMatchesOneRank) {
   const fs::path dir = TempDir();
