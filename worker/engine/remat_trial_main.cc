@@ -8,6 +8,10 @@
 // Exit codes: 0 whenever a result was produced (an OOM or an invalid policy included), 2 bad input
 // (the message names the argument or field), 1 anything else.
 
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +35,32 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// A crash (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) prints its signal and the stack to stderr,
+// which the worker puts in the failed trial's reason, then dies of the same signal. Only
+// async-signal-safe calls (write, backtrace_symbols_fd) after the first backtrace(), which is
+// made in advance so that libgcc is already loaded.
+void OnFatalSignal(int sig) {
+  char line[96];
+  const int n = snprintf(line, sizeof(line), "remat-trial: fatal signal %d (%s); stack:\n", sig,
+                         sig == SIGSEGV ? "segmentation fault" : sig == SIGABRT ? "abort" : "crash");
+  if (n > 0) (void)!write(STDERR_FILENO, line, static_cast<size_t>(n));
+  void* frames[64];
+  const int depth = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, depth, STDERR_FILENO);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+void InstallCrashReporter() {
+  void* warm[1];
+  (void)backtrace(warm, 1);
+  struct sigaction sa {};
+  sa.sa_handler = OnFatalSignal;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) sigaction(sig, &sa, nullptr);
+}
 
 int Fail(int code, const std::string& message) {
   std::cerr << "error: " << message << std::endl;
@@ -96,6 +126,7 @@ std::optional<int> ParseInt(const std::string& s) {
 
 int main(int argc, char** argv) {
   const auto process_start = Clock::now();
+  InstallCrashReporter();
   std::map<std::string, std::string> args;
   bool json = false, version = false;
   for (int i = 1; i < argc; ++i) {
