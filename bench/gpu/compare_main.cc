@@ -4,7 +4,7 @@
 //
 // Reads two result JSONs (`remat get ID --json` / `remat search --json`) of the same model and
 // prints trials, GPU-seconds (the sum of trial wall times; a trial reused from the results cache
-// is charged what it cost when it ran) and the hypervolume of the guided frontier as a fraction
+// keeps the wall time of the run that measured it, so it is charged what it cost then) and the hypervolume of the guided frontier as a fraction
 // of the exhaustive one, per the contract: area within memory <= budget and throughput >= t_ref,
 // t_ref = 0.9 x the lowest throughput on the exhaustive frontier.
 #include <cstdio>
@@ -22,8 +22,7 @@ using remat::search::TrialResult;
 
 struct Run {
   std::vector<TrialResult> trials;
-  std::map<std::string, double> wall_s;  // by policy, for trials that ran (not reused)
-  std::vector<std::string> reused;
+  double wall_s = 0;  // sum over trials; a reused trial's wall_s is what it cost when it ran
   remat::search::MemoryMetric metric = remat::search::MemoryMetric::kReserved;
   uint64_t budget = 0;
 };
@@ -51,11 +50,7 @@ bool Load(const char* path, Run* run) {
       rr.peak_reserved_bytes = rk.value("peak_reserved_bytes", uint64_t{0});
       r.ranks.push_back(rr);
     }
-    if (t.value("reused", false)) {
-      run->reused.push_back(r.policy.ToString());
-    } else {
-      run->wall_s[r.policy.ToString()] = t.value("wall_s", 0.0);
-    }
+    run->wall_s += t.value("wall_s", 0.0);
     run->trials.push_back(std::move(r));
   }
   return true;
@@ -80,18 +75,6 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // What a reused trial cost when it ran: its wall time in whichever run measured it.
-  auto cost = [&](const Run& run) {
-    double s = 0;
-    for (const auto& t : run.trials) {
-      const std::string p = t.policy.ToString();
-      auto it = run.wall_s.find(p);
-      if (it != run.wall_s.end()) s += it->second;
-      else if (guided.wall_s.count(p)) s += guided.wall_s.at(p);
-      else if (exhaustive.wall_s.count(p)) s += exhaustive.wall_s.at(p);
-    }
-    return s;
-  };
   const auto fe = remat::search::ComputeFrontier(exhaustive.trials, exhaustive.metric, exhaustive.budget);
   const auto fg = remat::search::ComputeFrontier(guided.trials, guided.metric, guided.budget);
   double t_min = 0;
@@ -102,8 +85,8 @@ int main(int argc, char** argv) {
   const double trial_ratio = exhaustive.trials.empty() ? 0 : double(guided.trials.size()) / exhaustive.trials.size();
   std::printf("trials        guided %3zu   exhaustive %3zu   ratio %.3f (goal <= 0.25)\n",
               guided.trials.size(), exhaustive.trials.size(), trial_ratio);
-  std::printf("GPU-seconds   guided %7.1f   exhaustive %7.1f   ratio %.3f\n", cost(guided),
-              cost(exhaustive), cost(exhaustive) > 0 ? cost(guided) / cost(exhaustive) : 0);
+  std::printf("GPU-seconds   guided %7.1f   exhaustive %7.1f   ratio %.3f\n", guided.wall_s,
+              exhaustive.wall_s, exhaustive.wall_s > 0 ? guided.wall_s / exhaustive.wall_s : 0);
   std::printf("frontier      guided %zu points, exhaustive %zu points\n", fg.size(), fe.size());
   std::printf("hypervolume   guided/exhaustive %.4f (goal >= 0.95; t_ref %.1f tokens/s)\n",
               hv_e > 0 ? hv_g / hv_e : 0, t_ref);

@@ -8,7 +8,8 @@
 #   bench/gpu/pack_service.sh build .carry       # where gRPC exists (this repo's dev machine)
 #   bench/gpu/e2e.sh OUT_DIR [.carry] [MODELS]   # on the GPU node; MODELS default "dense moe mla"
 # REMAT_E2E_EXTRAS=0 skips the depth proxy and the overhead trial; REMAT_E2E_EXHAUSTIVE=0 runs
-# the guided searches only.
+# the guided searches only and, where docs/results/h200-MODEL-exhaustive.json (an earlier
+# exhaustive run on an H200) exists, compares the guided search against that.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -68,7 +69,13 @@ fi
 
 for m in $MODELS; do
   run_search "$m-guided" "examples/gpu/$m.yaml"
-  [ "${REMAT_E2E_EXHAUSTIVE:-1}" = 1 ] || continue
+  if [ "${REMAT_E2E_EXHAUSTIVE:-1}" != 1 ]; then
+    ref=docs/results/h200-$m-exhaustive.json
+    [ -f "$ref" ] || continue
+    echo "== $m: guided vs the stored exhaustive run ($ref)"
+    build-gpu/bin/remat-compare "$OUT/$m-guided.json" "$ref" | tee "$OUT/$m-compare.txt"
+    continue
+  fi
   sed 's/strategy: guided/strategy: exhaustive/' "examples/gpu/$m.yaml" > "/tmp/$m-exhaustive.yaml"
   run_search "$m-exhaustive" "/tmp/$m-exhaustive.yaml" > /dev/null
   echo "== $m: guided vs exhaustive"
