@@ -1,6 +1,7 @@
 // remat-trial as the worker runs it: one process per rank. Tensor parallelism across two
 // processes matches the 1-rank run, an OOM is a result with exit code 0, a missing rank ends in
-// status failed instead of a hang, and the binary request/result files round-trip.
+// status failed instead of a hang, a crashing rank reports its stack and releases its peers, and
+// the binary request/result files round-trip.
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -139,6 +140,53 @@ TEST(TrialCliTest, MissingRankIsFailedNotAHang) {
   EXPECT_EQ(r["status"], "failed");
   EXPECT_NE(r["message"].get<std::string>().find("timed out"), std::string::npos) << r.dump();
   EXPECT_LT(took, 30.0);
+}
+
+// A rank that crashes (here: SIGSEGV sent from outside, mid-trial) prints the signal and its
+// stack to stderr for the worker's report, and leaves the rendezvous marker that tells its peers
+// to give up at once: the other rank ends failed long before its 60 s collective timeout.
+TEST(TrialCliTest, CrashPrintsTheStackAndReleasesThePeers) {
+  const fs::path dir = TempDir();
+  std::string yaml = kDenseYaml;
+  yaml.replace(yaml.find("measure_steps: 1"), 16, "measure_steps: 100000");
+  yaml.replace(yaml.find("train:"), 0, "parallel:\n  tensor_model_parallel_size: 2\n");
+  const fs::path spec = testing::WriteSpec(dir, "long.yaml", yaml);
+  const fs::path rendezvous = dir / "rendezvous";
+  auto command = [&](int rank) {
+    return kTrial + " --spec " + spec.string() + " --policy 'selective:[]' --rank " +
+           std::to_string(rank) + " --world-size 2 --rendezvous " + rendezvous.string() +
+           " --collective-timeout 60 --json";
+  };
+  const fs::path pid_file = dir / "pid", stderr_file = dir / "stderr-0";
+  const auto start = std::chrono::steady_clock::now();
+  Output crashed, peer;
+  std::thread rank0([&] {
+    crashed = Sh("(" + command(0) + " >/dev/null 2>" + stderr_file.string() + " & echo $! > " +
+                 pid_file.string() + "; wait $!; echo exit=$?)");
+  });
+  std::thread rank1([&] { peer = Sh(command(1)); });
+  // Both ranks are stepping once the TCP hub is up and a few steps went by.
+  while (!fs::exists(rendezvous / "hub") &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(30)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  std::string pid;
+  std::ifstream(pid_file) >> pid;
+  ASSERT_FALSE(pid.empty());
+  Sh("kill -SEGV " + pid);
+  rank0.join();
+  rank1.join();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(crashed.out.find("exit=139"), std::string::npos) << crashed.out;  // 128 + SIGSEGV
+  std::stringstream err;
+  err << std::ifstream(stderr_file).rdbuf();
+  EXPECT_NE(err.str().find("fatal signal 11"), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("remat-trial"), std::string::npos) << err.str();  // stack frames
+  EXPECT_TRUE(fs::exists(rendezvous / "left-0"));
+  const nlohmann::json r = nlohmann::json::parse(peer.out);
+  EXPECT_EQ(r["status"], "failed") << r.dump();
+  EXPECT_LT(took, 40.0);
 }
 
 TEST(TrialCliTest, RequestAndResultFilesRoundTrip) {

@@ -11,12 +11,14 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <exception>
 #include <fstream>
@@ -53,7 +55,8 @@ void CheckCuda(cudaError_t e, const char* what) {
 
 class NcclCollectives final : public Collectives {
  public:
-  explicit NcclCollectives(const CollectivesOptions& o) : options_(o) {}
+  explicit NcclCollectives(const CollectivesOptions& o)
+      : options_(o), trace_(std::getenv("REMAT_TRACE_COLLECTIVES") != nullptr) {}
 
   ~NcclCollectives() override {
     // Destroyed while an exception unwinds the trial (an OOM, a failed collective): tell the
@@ -176,7 +179,7 @@ class NcclCollectives final : public Collectives {
   void AllReduce(const Group& g, void* data, size_t count, DataType type, ReduceOp op) override {
     if (g.size() == 1) return;
     ncclComm_t comm = Comm(g);
-    Enqueue(comm, "all-reduce", [&](cudaStream_t s) {
+    Enqueue(comm, "all-reduce", count, [&](cudaStream_t s) {
       return ncclAllReduce(data, data, count, NcclType(type), op == ReduceOp::kSum ? ncclSum : ncclMax,
                            comm, s);
     });
@@ -189,7 +192,7 @@ class NcclCollectives final : public Collectives {
       return;
     }
     ncclComm_t comm = Comm(g);
-    Enqueue(comm, "all-gather", [&](cudaStream_t s) {
+    Enqueue(comm, "all-gather", count_per_rank, [&](cudaStream_t s) {
       return ncclAllGather(in, out, count_per_rank, NcclType(type), comm, s);
     });
   }
@@ -201,7 +204,7 @@ class NcclCollectives final : public Collectives {
       return;
     }
     ncclComm_t comm = Comm(g);
-    Enqueue(comm, "reduce-scatter", [&](cudaStream_t s) {
+    Enqueue(comm, "reduce-scatter", count_per_rank, [&](cudaStream_t s) {
       return ncclReduceScatter(in, out, count_per_rank, NcclType(type), ncclSum, comm, s);
     });
   }
@@ -224,7 +227,7 @@ class NcclCollectives final : public Collectives {
       return;
     }
     ncclComm_t comm = Comm(g);
-    Enqueue(comm, "all-to-all", [&](cudaStream_t s) {
+    Enqueue(comm, "all-to-all", send_counts.size(), [&](cudaStream_t s) {
       ncclResult_t r = ncclGroupStart();
       if (r != ncclSuccess) return r;
       const char* send = static_cast<const char*>(in);
@@ -250,7 +253,7 @@ class NcclCollectives final : public Collectives {
   void Barrier(const Group& g) override {
     if (g.size() == 1) return;
     ncclComm_t comm = Comm(g);
-    Enqueue(comm, "barrier", [&](cudaStream_t s) {
+    Enqueue(comm, "barrier", 1, [&](cudaStream_t s) {
       return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm, s);
     });
   }
@@ -317,8 +320,26 @@ class NcclCollectives final : public Collectives {
   }
 
   template <typename F>
-  void Enqueue(ncclComm_t comm, const char* what, F&& call) {
+  void Enqueue(ncclComm_t comm, const char* what, size_t count, F&& call) {
+    // NCCL calls on one communicator from two threads at once are undefined behaviour (and the
+    // ranks would disagree on the order): refuse them with a clear error rather than corrupt.
+    struct Entered {
+      std::atomic<int>& n;
+      ~Entered() { n.fetch_sub(1); }
+    } entered{callers_};
+    if (callers_.fetch_add(1) != 0) {
+      const std::string text = std::string(what) + ": collectives called from two threads at once";
+      Fail(text);
+      throw CollectiveError(text);
+    }
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    if (trace_) {
+      // REMAT_TRACE_COLLECTIVES=1: one line per collective, to compare the ranks' sequences.
+      std::fprintf(stderr, "collective %lld rank %d %s count %zu comm %p thread %ld stream %p\n",
+                   static_cast<long long>(traced_++), options_.rank, what, count,
+                   static_cast<void*>(comm), static_cast<long>(::gettid()),
+                   static_cast<void*>(stream));
+    }
     ncclResult_t r = call(stream);
     WaitReady(comm, r, Clock::now() + Duration(options_.timeout_s), what);
     cudaEvent_t event;
@@ -450,6 +471,9 @@ class NcclCollectives final : public Collectives {
   }
 
   CollectivesOptions options_;
+  const bool trace_;
+  std::atomic<long long> traced_{0};
+  std::atomic<int> callers_{0};  // threads inside Enqueue
   std::map<int, ncclComm_t> comms_;  // group id -> communicator; 0 is the world
   int next_group_id_ = 1;
   int device_ = -1;

@@ -9,6 +9,7 @@
 // (the message names the argument or field), 1 anything else.
 
 #include <execinfo.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -37,10 +38,21 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // A crash (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) prints its signal and the stack to stderr,
-// which the worker puts in the failed trial's reason, then dies of the same signal. Only
-// async-signal-safe calls (write, backtrace_symbols_fd) after the first backtrace(), which is
-// made in advance so that libgcc is already loaded.
+// which the worker puts in the failed trial's reason, leaves the rendezvous marker that tells the
+// other ranks to give up now rather than at their collective timeout (the file a failed rank
+// writes, worker/engine/README.md), then dies of the same signal. Only async-signal-safe calls
+// (open, write, backtrace_symbols_fd) after the first backtrace(), which is made in advance so
+// that libgcc is already loaded.
+char g_left_marker[4096];  // "<rendezvous>/left-<rank>", empty with one rank
+
 void OnFatalSignal(int sig) {
+  if (g_left_marker[0] != '\0') {
+    const int fd = open(g_left_marker, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      (void)!write(fd, "crashed\n", 8);
+      close(fd);
+    }
+  }
   char line[96];
   const int n = snprintf(line, sizeof(line), "remat-trial: fatal signal %d (%s); stack:\n", sig,
                          sig == SIGSEGV ? "segmentation fault" : sig == SIGABRT ? "abort" : "crash");
@@ -207,6 +219,13 @@ int main(int argc, char** argv) {
     if (options.collective_timeout_s <= 0) return Fail(2, "--collective-timeout: must be positive");
   }
 
+  if (options.world_size > 1 && !options.rendezvous_dir.empty()) {
+    const std::string marker = options.rendezvous_dir + "/left-" + std::to_string(options.rank);
+    if (marker.size() < sizeof(g_left_marker)) {
+      std::copy(marker.begin(), marker.end(), g_left_marker);
+      g_left_marker[marker.size()] = '\0';
+    }
+  }
   const double before_trial_s = std::chrono::duration<double>(Clock::now() - process_start).count();
   remat::search::TrialResult result = remat::engine::RunTrial(options);
   result.setup_s += before_trial_s;  // process start and argument handling count as set-up
