@@ -300,13 +300,22 @@ class NcclCollectives final : public Collectives {
     CheckNccl(r, comm, what);
     ncclResult_t state = r;
     int polls = 0;
+    // A call can stay in progress while NCCL connects to the peers (runtime connection, at the
+    // first collective of a kind): a peer that left the trial (its marker) ends the wait now.
+    Clock::time_point next_marker_check = Clock::now() + std::chrono::milliseconds(100);
     while (state == ncclInProgress) {
+      std::string problem;
       if (Clock::now() > deadline) {
-        const std::string text = std::string(what) + " timed out after " +
-                                 std::to_string(options_.timeout_s) + " s";
-        Fail(text);
+        problem = std::string(what) + " timed out after " + std::to_string(options_.timeout_s) + " s";
+      } else if (Clock::now() > next_marker_check) {
+        next_marker_check = Clock::now() + std::chrono::milliseconds(100);
+        const std::string departed = DepartedPeer();
+        if (!departed.empty()) problem = std::string(what) + " abandoned: " + departed;
+      }
+      if (!problem.empty()) {
+        Fail(problem);
         AbortAll();
-        throw CollectiveError(text);
+        throw CollectiveError(problem);
       }
       // Spin briefly (an enqueue finishes in microseconds), then back off (initialisation).
       if (++polls < 1000) {
