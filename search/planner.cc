@@ -200,7 +200,7 @@ class GuidedStrategy : public Strategy {
   }
 
   // One change at a time from the points on the frontier so far: a label added or dropped on a
-  // selective point, N one up or down on a full:block:N point. Each neighbour's memory and
+  // selective point, or another N of full:block:N (predicted from the nearest measured N). Each neighbour's memory and
   // throughput are predicted from its measured anchor (the analytic model's ratio between the
   // two, applied to the measurement), and the neighbour whose predicted point would add the most
   // hypervolume to the measured frontier goes first. When no neighbour is predicted to add at
@@ -262,27 +262,30 @@ class GuidedStrategy : public Strategy {
     };
     const std::vector<Label> valid = ValidLabels(spec_);
     const int layers = LayersPerStage(spec_);
-    // full:block:N is a one-dimensional family that maps the low-memory end: every measured
-    // block point that fits is an anchor, on the frontier or not.
+    // full:block:N is a one-dimensional family that maps the low-memory end; full:uniform:1 is
+    // its end N = layers (every layer recomputed on its own). Every unmeasured N is predicted from
+    // the nearest measured point of the family that fits, on the frontier or not, so the walk
+    // reaches an N that would join the frontier even when the N next to a measurement would not.
+    std::map<int, const TrialResult*> family;  // N -> measured point that fits
     for (const auto& [k, r] : results_) {
-      if (r.policy.IsFull() && r.policy.method == RecomputeMethod::kBlock &&
-          r.status == TrialStatus::kOk && r.PeakBytes(metric) <= budget &&
-          std::find(anchors.begin(), anchors.end(), &r) == anchors.end()) {
-        anchors.push_back(&r);
+      if (!r.policy.IsFull() || r.status != TrialStatus::kOk || r.PeakBytes(metric) > budget) continue;
+      if (r.policy.method == RecomputeMethod::kBlock) family[r.policy.num_layers] = &r;
+      if (r.policy.method == RecomputeMethod::kUniform && r.policy.num_layers == 1) family[layers] = &r;
+    }
+    for (int n = 1; n < layers && !family.empty(); ++n) {
+      auto above = family.lower_bound(n);
+      auto nearest = above;
+      if (above == family.end() ||
+          (above != family.begin() && n - std::prev(above)->first < above->first - n)) {
+        nearest = std::prev(above);
       }
+      if (nearest->first == n) continue;
+      consider(*nearest->second, Policy::Full(RecomputeMethod::kBlock, n), 2,
+               "block N " + std::to_string(nearest->first) + " -> " + std::to_string(n));
     }
     for (const TrialResult* a : anchors) {
       const Policy& anchor = a->policy;
-      if (anchor.IsFull()) {
-        if (anchor.method != RecomputeMethod::kBlock) continue;
-        for (int n : {anchor.num_layers - 1, anchor.num_layers + 1}) {
-          if (n >= 1 && n < layers) {
-            consider(*a, Policy::Full(RecomputeMethod::kBlock, n), 2,
-                     "block N " + std::to_string(anchor.num_layers) + " -> " + std::to_string(n));
-          }
-        }
-        continue;
-      }
+      if (anchor.IsFull()) continue;  // the full-recompute family is walked above
       // With nothing fitting yet, follow the guide's order of follow-up labels first.
       const bool growing = frontier.empty();
       for (Label l : valid) {

@@ -1,6 +1,8 @@
 // The guided strategy on real measurements: the exhaustive H200 searches of docs/results.md,
 // replayed. Every policy the guided search proposes is answered from the measured table, so the
-// figures here are what the guided search would have found on that GPU.
+// figures here are what the guided search would have found on that GPU. Two runs on different
+// days' machines (tables `h200-MODEL-exhaustive-table.json` and `...-table-r2.json`): the strategy
+// must hold on both, which keeps it from being tuned to one run's noise.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -18,11 +20,14 @@ struct Outcome {
   double hypervolume_ratio = 0;
 };
 
-Outcome Evaluate(const std::string& name) {
+// `run` is "" for the first run's table, "-r2" for the second's.
+Outcome Evaluate(const std::string& name, const std::string& run = "") {
   const std::string spec_path = std::string(REMAT_SOURCE_DIR) + "/examples/replay/h200-" + name + ".yaml";
   auto spec = spec::LoadSpecFile(spec_path);
   EXPECT_TRUE(spec.ok()) << spec.status().message();
-  auto table = spec::LoadReplayTableFile(spec->search.replay_table);
+  const std::string table_path = std::string(REMAT_SOURCE_DIR) + "/docs/results/h200-" + name +
+                                 "-exhaustive-table" + run + ".json";
+  auto table = spec::LoadReplayTableFile(table_path);
   EXPECT_TRUE(table.ok()) << table.status().message();
   auto answer = [&](const Policy& p) {
     TrialResult r;
@@ -56,8 +61,8 @@ Outcome Evaluate(const std::string& name) {
   o.guided_trials = guided.size();
   o.exhaustive_trials = all.size();
   o.hypervolume_ratio = Hypervolume(fg, budget, 0.9 * t_min) / Hypervolume(fe, budget, 0.9 * t_min);
-  std::printf("%s: guided %zu trials, exhaustive %zu (ratio %.3f); hypervolume %.4f\n",
-              name.c_str(), o.guided_trials, o.exhaustive_trials,
+  std::printf("%s%s: guided %zu trials, exhaustive %zu (ratio %.3f); hypervolume %.4f\n",
+              name.c_str(), run.c_str(), o.guided_trials, o.exhaustive_trials,
               double(o.guided_trials) / o.exhaustive_trials, o.hypervolume_ratio);
   std::printf("  guided order:");
   for (const auto& r : guided) std::printf(" %s", r.policy.ToString().c_str());
@@ -66,17 +71,25 @@ Outcome Evaluate(const std::string& name) {
 }
 
 // Issue 5's goal is 0.95 of the hypervolume for a quarter of the trials. The hypervolume part
-// holds on these measurements; the trial count cannot reach a quarter on the dense model, whose
-// contract-mandated initial plan alone is 6 of its 24 policies (docs/results.md). These bounds
-// keep the strategy from sliding back.
-void ExpectEfficient(const Outcome& o, double max_trial_ratio) {
-  EXPECT_GE(o.hypervolume_ratio, 0.95);
+// holds on five of these six tables (not on the second MoE run, below); the trial count reaches a
+// quarter on the second MLA run only, and cannot on the dense model, whose contract-mandated
+// initial plan alone is 6 of its 24 policies (docs/results.md). These bounds keep the strategy
+// from sliding back.
+void ExpectEfficient(const Outcome& o, double max_trial_ratio, double min_hypervolume = 0.95) {
+  EXPECT_GE(o.hypervolume_ratio, min_hypervolume);
   EXPECT_LE(static_cast<double>(o.guided_trials) / o.exhaustive_trials, max_trial_ratio);
 }
 
 TEST(PlannerOnH200Measurements, Dense) { ExpectEfficient(Evaluate("dense"), 0.5); }
 TEST(PlannerOnH200Measurements, Moe) { ExpectEfficient(Evaluate("moe"), 0.45); }
 TEST(PlannerOnH200Measurements, Mla) { ExpectEfficient(Evaluate("mla"), 0.3); }
+TEST(PlannerOnH200Measurements, DenseSecondRun) { ExpectEfficient(Evaluate("dense", "-r2"), 0.5); }
+// A known miss (docs/results.md): in this run the MoE step times scatter by up to 20% between
+// policies that differ by one recomputed layer (routing of random tokens, 3 measured steps), and
+// the exhaustive frontier holds full:block:5 at 1.2 GiB under what the model predicts for it; the
+// guided search does not try it and keeps 0.85 of the hypervolume. The bound keeps it from falling.
+TEST(PlannerOnH200Measurements, MoeSecondRun) { ExpectEfficient(Evaluate("moe", "-r2"), 0.45, 0.85); }
+TEST(PlannerOnH200Measurements, MlaSecondRun) { ExpectEfficient(Evaluate("mla", "-r2"), 0.25); }
 
 }  // namespace
 }  // namespace remat::search
