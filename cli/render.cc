@@ -210,6 +210,8 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
       << Pad(std::string("resv ") + unit.name, 10, true) << Pad("step s", 10, true)
       << Pad("tokens/s", 12, true) << "\n";
   bool any_reused = false, any_predicted = false;
+  int noisy = 0;
+  double worst_spread = 0;
   std::vector<std::string> notes;
   for (const v1::Trial& t : s.trials()) {
     const v1::TrialStatus status = StatusOf(t);
@@ -238,6 +240,12 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
       any_predicted = true;
     }
     if (ok && has_memory && MemoryOf(r, metric) > budget) marks.push_back("over budget");
+    if (ok && !r.predicted() && r.step_time_s() > 0 &&
+        r.step_time_spread_s() > search::kNoisyStepSpread * r.step_time_s()) {
+      marks.push_back("noisy");
+      ++noisy;
+      worst_spread = std::max(worst_spread, r.step_time_spread_s() / r.step_time_s());
+    }
     if (!recommended.empty() && t.policy().canonical() == recommended) {
       marks.push_back("<- recommended");
     }
@@ -253,6 +261,14 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
   if (any_reused) out << "; reused: taken from the results cache";
   if (any_predicted) out << "; predicted: a depth-proxy prediction, not a measurement";
   out << "\n";
+  if (noisy > 0) {
+    notes.push_back("noisy: " + std::to_string(noisy) +
+                    " trial(s) whose measured steps spread by more than " +
+                    Format("%.0f%%", 100 * search::kNoisyStepSpread) + " of the step time (up to " +
+                    Format("%.0f%%", 100 * worst_spread) +
+                    "); their tokens/s may be off by as much: raise search.measure_steps for "
+                    "steadier figures");
+  }
   if (!notes.empty()) {
     out << "\nnotes:\n";
     for (const auto& n : notes) out << "  " << n << "\n";

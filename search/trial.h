@@ -60,4 +60,8 @@ struct TrialResult {
 // (0 when step_time_s is not positive).
 double TokensPerSecond(const SearchSpec& spec, double step_time_s);
 
+// A measured step time is noisy when its measured steps spread by more than this fraction of
+// it (max - min over median): its tokens/s may be off by as much. Reports mark such trials.
+inline constexpr double kNoisyStepSpread = 0.10;
+
 }  // namespace remat::search

@@ -75,9 +75,11 @@ v1::Search FixedSearch() {
            0, "rank 0: CUDA out of memory");
   AddTrial(&s, "selective:[layernorm]", v1::TRIAL_STATUS_FAILED, {}, 0,
            "rank 1: remat-trial killed by signal 11 (Segmentation fault)");
-  // Reserved far above allocated: a fragmentation finding.
+  // Reserved far above allocated: a fragmentation finding. Its steps spread by 25%: noisy.
   AddTrial(&s, "selective:[core_attn,mlp]", v1::TRIAL_STATUS_OK,
-           {{3 * kGiB, 9 * kGiB + kGiB / 2}, {3 * kGiB, 3 * kGiB}}, 4.096 / 0.5);
+           {{3 * kGiB, 9 * kGiB + kGiB / 2}, {3 * kGiB, 3 * kGiB}}, 4.096 / 0.5)
+      ->mutable_result()
+      ->set_step_time_spread_s(0.25 * 4.096 / 0.5);
   for (const char* p : {"full:uniform:1", "selective:[core_attn]", "selective:[]"}) {
     s.add_frontier(p);
   }
@@ -213,6 +215,9 @@ TEST(Render, ReportShowsTableFrontierRecommendationAndFindings) {
       "model.recompute_modules=[]");
   has("fragmentation:");
   has("selective:[core_attn,mlp]: rank 0 reserved");
+  has("noisy: 1 trial(s) whose measured steps spread by more than 10% of the step time (up to 25%)");
+  // Only that trial carries the mark (the others' spread is 0).
+  EXPECT_EQ(text.find("noisy"), text.find("noisy", text.find("selective:[core_attn,mlp]")));
   // The frontier section lists memory ascending.
   const size_t f = text.find("frontier (");
   EXPECT_LT(text.find("full:uniform:1", f), text.find("selective:[core_attn]", f));
