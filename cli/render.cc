@@ -360,6 +360,7 @@ std::string ResultJson(const v1::Search& s) {
       rj["alloc_retries"] = rr.alloc_retries();
       rj["failing_request_bytes"] = rr.failing_request_bytes();
       rj["step_time_s"] = rr.step_time_s();
+      rj["step_times_s"] = std::vector<double>(rr.step_times_s().begin(), rr.step_times_s().end());
       ranks.push_back(std::move(rj));
     }
     tj["ranks"] = std::move(ranks);

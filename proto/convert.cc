@@ -133,6 +133,7 @@ search::RankResult RankFromProto(const v1::RankResult& pr) {
   rr.alloc_retries = pr.alloc_retries();
   rr.failing_request_bytes = pr.failing_request_bytes();
   rr.step_time_s = pr.step_time_s();
+  rr.step_times_s.assign(pr.step_times_s().begin(), pr.step_times_s().end());
   return rr;
 }
 
@@ -144,6 +145,7 @@ void RankToProto(const search::RankResult& rr, v1::RankResult* pr) {
   pr->set_alloc_retries(rr.alloc_retries);
   pr->set_failing_request_bytes(rr.failing_request_bytes);
   pr->set_step_time_s(rr.step_time_s);
+  for (double t : rr.step_times_s) pr->add_step_times_s(t);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@ struct RankResult {
   uint64_t alloc_retries = 0;        // caching-allocator retries (fragmentation signal)
   uint64_t failing_request_bytes = 0;  // with status oom: the allocation that failed
   double step_time_s = 0;            // this rank's median measured step
+  std::vector<double> step_times_s;  // each measured step, in order (warm-up excluded)
 };
 
 // What one proxy depth measured (depth proxies, search/depth_proxy.h).

@@ -114,6 +114,11 @@ TEST(TrialCliTest, DataParallelRanksAgree) {
   // tokens/s counts both ranks' micro-batches.
   EXPECT_NEAR(r[0]["tokens_per_s"].get<double>() * r[0]["step_time_s"].get<double>(), 2 * 2 * 64,
               1e-6);
+  // Each rank lists its measured steps (one here; warm-up excluded); the median is that step.
+  for (const nlohmann::json& rank : {r[0]["ranks"][0], r[1]["ranks"][0]}) {
+    ASSERT_EQ(rank["step_times_s"].size(), 1u) << rank.dump();
+    EXPECT_EQ(rank["step_times_s"][0], rank["step_time_s"]);
+  }
 }
 
 TEST(TrialCliTest, BudgetBelowTheNeedIsOomWithExitZero) {

@@ -68,6 +68,7 @@ TEST(ConvertTest, TrialResultRoundTrips) {
   rr.peak_allocated_bytes = 10;
   rr.peak_reserved_bytes = 20;
   rr.failing_request_bytes = 30;
+  rr.step_times_s = {0.4, 0.5, 0.7};
   r.ranks = {rr};
   r.step_time_s = 0.5;
   r.loss = 2.5;
@@ -78,6 +79,7 @@ TEST(ConvertTest, TrialResultRoundTrips) {
   EXPECT_EQ(back->policy.ToString(), "selective:[core_attn,moe_act]");
   EXPECT_EQ(back->status, search::TrialStatus::kOom);
   EXPECT_EQ(back->ranks.at(0).failing_request_bytes, 30u);
+  EXPECT_EQ(back->ranks.at(0).step_times_s, (std::vector<double>{0.4, 0.5, 0.7}));
   EXPECT_TRUE(back->reused);
   EXPECT_EQ(back->message, "out of memory");
 }

@@ -94,7 +94,8 @@ nlohmann::json RanksJson(const std::vector<remat::search::RankResult>& in) {
                      {"static_bytes", k.static_bytes},
                      {"alloc_retries", k.alloc_retries},
                      {"failing_request_bytes", k.failing_request_bytes},
-                     {"step_time_s", k.step_time_s}});
+                     {"step_time_s", k.step_time_s},
+                     {"step_times_s", k.step_times_s}});
   }
   return ranks;
 }

@@ -509,6 +509,7 @@ search::TrialResult RunTrial(const TrialOptions& o) {
     }
     rank.static_bytes = optimizer.StaticBytes();
     rank.step_time_s = Median(times);
+    rank.step_times_s = times;
     result.step_time_s = rank.step_time_s;
     result.step_time_spread_s = *std::max_element(times.begin(), times.end()) -
                                 *std::min_element(times.begin(), times.end());
