@@ -136,13 +136,17 @@ void Reap(pid_t pid, ChildExit* exit) {
   }
 }
 
-// Exit status without reaping (for the peer-failure check).
-bool ExitedBadly(pid_t pid) {
+enum class Ended { kNo, kCleanly, kBadly };
+
+// How a child has ended, without reaping it (for the lingering-peer check).
+Ended HowEnded(pid_t pid) {
   siginfo_t info;
   memset(&info, 0, sizeof(info));
-  if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) return false;
-  if (info.si_pid != pid) return false;
-  return !(info.si_code == CLD_EXITED && info.si_status == 0);
+  if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+    return Ended::kNo;
+  }
+  if (info.si_pid != pid) return Ended::kNo;
+  return info.si_code == CLD_EXITED && info.si_status == 0 ? Ended::kCleanly : Ended::kBadly;
 }
 
 }  // namespace
@@ -200,7 +204,8 @@ GroupOutcome RunProcessGroup(const std::vector<ChildSpec>& children, const Group
   if (spawn_failed) {
     if (pgid > 0) kill_group(SIGKILL);
   } else {
-    std::optional<Clock::time_point> first_failure;
+    // When the first child failed, and when the first one finished cleanly (its index in each).
+    std::optional<std::pair<Clock::time_point, int>> failed, finished;
     while (!all_exited()) {
       if (cancel && cancel->cancelled()) {
         outcome.cancelled = true;
@@ -212,16 +217,18 @@ GroupOutcome RunProcessGroup(const std::vector<ChildSpec>& children, const Group
         terminate_group();
         break;
       }
-      if (!first_failure) {
-        for (size_t i = 0; i < pids.size(); ++i) {
-          if (ExitedBadly(pids[i])) {
-            first_failure = Clock::now();
-            outcome.first_failure = static_cast<int>(i);
-            break;
-          }
-        }
-      } else if (SecondsSince(*first_failure) >= limits.peer_failure_grace_s) {
-        outcome.peer_failure_kill = true;
+      for (size_t i = 0; i < pids.size() && pids.size() > 1 && !(failed && finished); ++i) {
+        const Ended how = HowEnded(pids[i]);
+        if (how == Ended::kBadly && !failed) failed.emplace(Clock::now(), static_cast<int>(i));
+        if (how == Ended::kCleanly && !finished) finished.emplace(Clock::now(), static_cast<int>(i));
+      }
+      const bool failure_due = failed && SecondsSince(failed->first) >= limits.peer_failure_grace_s;
+      const bool exit_due = finished && limits.peer_exit_grace_s > 0 &&
+                            SecondsSince(finished->first) >= limits.peer_exit_grace_s;
+      if (failure_due || exit_due) {
+        outcome.lingered_kill = true;
+        outcome.first_ended = failure_due ? failed->second : finished->second;
+        outcome.first_ended_cleanly = !failure_due;
         terminate_group();
         break;
       }

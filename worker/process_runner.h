@@ -1,5 +1,6 @@
 // Runs the processes of one trial (one per rank, or one command) as a single process group, and
-// ends the whole group on timeout, on cancel, or when one rank has died and the rest linger.
+// ends the whole group on timeout, on cancel, or when one rank has ended (died, or finished) and
+// the rest linger.
 //
 // The children start with posix_spawn (safe in a multi-threaded daemon), inherit the
 // environment plus the overrides given, and write stdout/stderr to files. Grandchildren stay in
@@ -30,8 +31,12 @@ struct ChildSpec {
 struct GroupLimits {
   double timeout_s = 0;     // 0: none. Past it the group gets SIGTERM, then SIGKILL.
   double kill_grace_s = 5;  // SIGTERM -> SIGKILL delay
-  double peer_failure_grace_s =
-      30;  // a child failed: the others get this long, then the group dies
+  // A child failed (non-zero status or a signal): the others get this long, then the group dies.
+  double peer_failure_grace_s = 30;
+  // A child finished (status 0) while the others still run: they get this long, then the group
+  // dies (0: no limit). The ranks of one trial end together; one still running a minute after
+  // its peer finished is stuck (say, in a collective the peer will never join).
+  double peer_exit_grace_s = 60;
   double poll_interval_s = 0.02;
 };
 
@@ -50,8 +55,9 @@ struct GroupOutcome {
   std::vector<ChildExit> children;  // same order as the specs
   bool timed_out = false;           // the group was killed for exceeding timeout_s
   bool cancelled = false;           // the group was killed because `cancel` fired
-  bool peer_failure_kill = false;   // killed after a child failed and the others lingered
-  int first_failure = -1;           // with peer_failure_kill: the child that failed first
+  bool lingered_kill = false;       // killed after a child ended and the others lingered
+  int first_ended = -1;             // with lingered_kill: the child whose end started the clock
+  bool first_ended_cleanly = false; // ... and it had finished with status 0 (else it failed)
   double elapsed_s = 0;
 };
 

@@ -77,6 +77,7 @@ class WorkerDaemon::Impl {
     GroupLimits limits;
     limits.kill_grace_s = options_.kill_grace_s;
     limits.peer_failure_grace_s = options_.peer_failure_grace_s;
+    limits.peer_exit_grace_s = options_.peer_exit_grace_s;
     if (!executors_.count("builtin") && !options_.trial_binary.empty()) {
       BuiltinExecutorOptions b;
       b.trial_binary = options_.trial_binary;

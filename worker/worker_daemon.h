@@ -41,6 +41,7 @@ struct WorkerDaemonOptions {
   std::map<std::string, CommandTemplate> command_templates;  // empty: no command backend
   double kill_grace_s = 10;           // a timed-out trial's group: SIGTERM, then SIGKILL after this
   double peer_failure_grace_s = 30;   // one rank died: the others get this long, then are killed
+  double peer_exit_grace_s = 60;      // one rank finished: the others get this long, then are killed
   double collective_timeout_s = 300;  // handed to remat-trial ranks
   std::string hostname;               // reported to the coordinator
   std::map<std::string, std::string> versions;  // software versions reported (remat, torch, ...)

@@ -55,6 +55,7 @@ class BuiltinTest : public ::testing::Test {
     options.trial_binary = FAKE_REMAT_TRIAL;
     options.limits.kill_grace_s = 0.3;
     options.limits.peer_failure_grace_s = 0.3;
+    options.limits.peer_exit_grace_s = 0.5;
     auto executor = MakeBuiltinExecutor(options);
     TrialContext context;
     context.assignment = &a;
@@ -132,6 +133,17 @@ TEST_F(BuiltinTest, OneRankCrashingTakesThePeersDownAfterTheGrace) {
       << r.message();
   EXPECT_NE(r.message().find("rank 1: remat-trial killed by signal 6"), std::string::npos)
       << r.message();
+}
+
+TEST_F(BuiltinTest, ARankLingeringAfterItsPeerFinishedIsKilledAndThePeersResultKept) {
+  // Rank 1 ran out of memory and exited 0 with its result; rank 0 never finishes (a collective
+  // its peer will not join). The trial ends after peer_exit_grace_s as the OOM it was.
+  v1::TrialResult r = Run(Assignment("rank1-oom", 2), Slots(2));
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_OOM) << r.message();
+  EXPECT_NE(r.message().find("rank 0: killed after rank 1 had finished and this rank still ran"),
+            std::string::npos)
+      << r.message();
+  EXPECT_NE(r.message().find("rank 1: out of memory"), std::string::npos) << r.message();
 }
 
 TEST_F(BuiltinTest, CancelStopsTheTrial) {

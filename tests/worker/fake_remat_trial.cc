@@ -9,6 +9,8 @@
 //   hang         starts a grandchild (`sleep 1000`, pid written to grandchild.pid in the
 //                working directory), then sleeps forever
 //   rank1-crash  rank 1 crashes at once; the other ranks hang
+//   rank1-oom    rank 1 writes an oom result and exits 0; the other ranks hang (as a rank whose
+//                peer left in the middle of a collective)
 // `--version` prints key=value lines.
 #include <signal.h>
 #include <unistd.h>
@@ -69,7 +71,7 @@ int main(int argc, char** argv) {
                        " CUDA_VISIBLE_DEVICES=" + Env("CUDA_VISIBLE_DEVICES") +
                        " world=" + std::to_string(request.world_size()) +
                        " rendezvous=" + request.rendezvous_dir());
-  } else if (mode == "oom") {
+  } else if (mode == "oom" || (mode == "rank1-oom" && rank == 1)) {
     result.set_status(remat::v1::TRIAL_STATUS_OOM);
     rr->set_failing_request_bytes(1 << 20);
     result.set_message("out of memory: tried to allocate 1 MiB");
@@ -80,7 +82,7 @@ int main(int argc, char** argv) {
   } else if (mode == "exit3") {
     std::cerr << "error: model.hidden_size: bad value" << std::endl;
     return 3;
-  } else if (mode == "hang" || mode == "rank1-crash") {
+  } else if (mode == "hang" || mode == "rank1-crash" || mode == "rank1-oom") {
     pid_t child = fork();
     if (child == 0) {
       execlp("sleep", "sleep", "1000", static_cast<char*>(nullptr));

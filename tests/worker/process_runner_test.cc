@@ -111,9 +111,37 @@ TEST(ProcessRunner, PeersOfAFailedChildAreKilledAfterTheGrace) {
   limits.kill_grace_s = 0.2;
   GroupOutcome o = RunProcessGroup({Shell("exit 4", dir.path()), Shell("sleep 1000", dir.path())},
                                    limits, nullptr);
-  EXPECT_TRUE(o.peer_failure_kill);
+  EXPECT_TRUE(o.lingered_kill);
+  EXPECT_EQ(o.first_ended, 0);
+  EXPECT_FALSE(o.first_ended_cleanly);
   EXPECT_EQ(o.children[0].exit_code, 4);
   EXPECT_EQ(o.children[1].signal, SIGTERM);
+}
+
+TEST(ProcessRunner, PeersStillRunningLongAfterAChildFinishedAreKilled) {
+  TempDir dir;
+  GroupLimits limits;
+  limits.peer_exit_grace_s = 0.3;
+  limits.kill_grace_s = 0.2;
+  GroupOutcome o = RunProcessGroup({Shell("sleep 1000", dir.path()), Shell("exit 0", dir.path())},
+                                   limits, nullptr);
+  EXPECT_TRUE(o.lingered_kill);
+  EXPECT_EQ(o.first_ended, 1);
+  EXPECT_TRUE(o.first_ended_cleanly);
+  EXPECT_TRUE(o.children[1].ok());
+  EXPECT_EQ(o.children[0].signal, SIGTERM);
+  EXPECT_LT(o.elapsed_s, 10.0);
+}
+
+TEST(ProcessRunner, ChildrenFinishingAtDifferentTimesWithinTheGraceAreLeftAlone) {
+  TempDir dir;
+  GroupLimits limits;
+  limits.peer_exit_grace_s = 30;
+  GroupOutcome o = RunProcessGroup({Shell("sleep 0.5", dir.path()), Shell("exit 0", dir.path())},
+                                   limits, nullptr);
+  EXPECT_FALSE(o.lingered_kill);
+  EXPECT_TRUE(o.children[0].ok());
+  EXPECT_TRUE(o.children[1].ok());
 }
 
 TEST(ProcessRunner, AllChildrenShareOneProcessGroup) {
