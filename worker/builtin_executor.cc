@@ -107,11 +107,13 @@ class BuiltinExecutor : public TrialExecutor {
       std::string msg = prefix + "remat-trial " + exit.Describe();
       if (outcome.lingered_kill && r != outcome.first_ended &&
           (exit.signal == SIGTERM || exit.signal == SIGKILL)) {
-        msg = prefix + "killed after rank " + std::to_string(outcome.first_ended) +
-              (outcome.first_ended_cleanly
-                   ? " had finished and this rank still ran " + Seconds(options_.limits.peer_exit_grace_s) +
-                         " later (stuck in a collective?)"
-                   : " failed");
+        msg = prefix + "killed after rank " + std::to_string(outcome.first_ended);
+        if (outcome.first_ended_cleanly) {
+          msg += " had finished and this rank still ran " +
+                 Seconds(options_.limits.peer_exit_grace_s) + " later (stuck in a collective?)";
+        } else {
+          msg += " failed";
+        }
       } else {
         if (exit.started) msg += ", no result file";
         std::string tail = FileTail(StderrPath(dir, r));

@@ -220,7 +220,9 @@ GroupOutcome RunProcessGroup(const std::vector<ChildSpec>& children, const Group
       for (size_t i = 0; i < pids.size() && pids.size() > 1 && !(failed && finished); ++i) {
         const Ended how = HowEnded(pids[i]);
         if (how == Ended::kBadly && !failed) failed.emplace(Clock::now(), static_cast<int>(i));
-        if (how == Ended::kCleanly && !finished) finished.emplace(Clock::now(), static_cast<int>(i));
+        if (how == Ended::kCleanly && !finished) {
+          finished.emplace(Clock::now(), static_cast<int>(i));
+        }
       }
       const bool failure_due = failed && SecondsSince(failed->first) >= limits.peer_failure_grace_s;
       const bool exit_due = finished && limits.peer_exit_grace_s > 0 &&
