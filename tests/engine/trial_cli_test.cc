@@ -86,7 +86,11 @@ TEST(TrialCliTest, TensorParallelMatchesOneRank) {
   const fs::path tp2 = WriteSpec(dir, "tp2.yaml", "parallel:\n  tensor_model_parallel_size: 2\n");
   const fs::path sp2 = WriteSpec(
       dir, "sp2.yaml", "parallel:\n  tensor_model_parallel_size: 2\n  sequence_parallel: true\n");
-  for (const std::string policy : {"selective:[]", "selective:[core_attn,layernorm]"}) {
+  // Every dense label and full recompute: under TP and SP the replays run collectives too
+  // (the MLP's all-gather and reduce-scatter, whole layers' worth under full recompute).
+  for (const std::string policy :
+       {"selective:[]", "selective:[core_attn,layernorm]", "selective:[core_attn,mlp]",
+        "selective:[layernorm,mlp]", "full:uniform:1", "full:block:2"}) {
     const nlohmann::json base = RunOne(one, policy);
     ASSERT_EQ(base["status"], "ok") << base.dump();
     for (const fs::path& spec : {tp2, sp2}) {
