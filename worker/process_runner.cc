@@ -206,6 +206,7 @@ GroupOutcome RunProcessGroup(const std::vector<ChildSpec>& children, const Group
   } else {
     // When the first child failed, and when the first one finished cleanly (its index in each).
     std::optional<std::pair<Clock::time_point, int>> failed, finished;
+    const bool several = pids.size() > 1;
     while (!all_exited()) {
       if (cancel && cancel->cancelled()) {
         outcome.cancelled = true;
@@ -217,7 +218,8 @@ GroupOutcome RunProcessGroup(const std::vector<ChildSpec>& children, const Group
         terminate_group();
         break;
       }
-      for (size_t i = 0; i < pids.size() && pids.size() > 1 && !(failed && finished); ++i) {
+      // Only a group of several has peers to linger; a lone child just runs until it ends.
+      for (size_t i = 0; several && i < pids.size() && !(failed && finished); ++i) {
         const Ended how = HowEnded(pids[i]);
         if (how == Ended::kBadly && !failed) failed.emplace(Clock::now(), static_cast<int>(i));
         if (how == Ended::kCleanly && !finished) {

@@ -441,13 +441,14 @@ class NcclCollectives final : public Collectives {
     cv_.notify_all();
   }
 
-  // ncclCommFinalize + ncclCommDestroy, each communicator within the timeout (else aborted).
+  // ncclCommFinalize + ncclCommDestroy; what is not finalized within one shared deadline (at most
+  // 30 s for all communicators, well inside the worker's 60 s lingering-peer grace) is aborted.
   void FinalizeAll() {
     std::lock_guard<std::mutex> lock(abort_mu_);
+    const auto deadline = Clock::now() + Duration(std::min(options_.timeout_s, 30.0));
     for (auto& [id, comm] : comms_) {
       if (comm == nullptr) continue;
       ncclResult_t state = ncclCommFinalize(comm);
-      const auto deadline = Clock::now() + Duration(std::min(options_.timeout_s, 30.0));
       while (state == ncclInProgress && Clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
         if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
