@@ -5,7 +5,7 @@
 
 #include "search/planner.h"
 #include "search/rules.h"
-#include "spec/spec_file.h"
+#include "specfile/spec_file.h"
 
 namespace remat::cli {
 namespace {

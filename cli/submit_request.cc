@@ -1,7 +1,7 @@
 #include "cli/submit_request.h"
 
 #include "proto/convert.h"
-#include "spec/spec_file.h"
+#include "specfile/spec_file.h"
 
 namespace remat::cli {
 

@@ -10,8 +10,8 @@
 
 #include "search/policy.h"
 #include "search/trial.h"
-#include "spec/spec_file.h"
-#include "worker/engine/trial_runner.h"
+#include "specfile/spec_file.h"
+#include "engine/trial_runner.h"
 
 int main(int argc, char** argv) {
   std::string spec_path, policies;

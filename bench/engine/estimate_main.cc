@@ -11,7 +11,7 @@
 #include "search/memory_model.h"
 #include "search/policy.h"
 #include "search/rules.h"
-#include "spec/spec_file.h"
+#include "specfile/spec_file.h"
 
 int main(int argc, char** argv) {
   std::string spec_path, policies;

@@ -1,6 +1,6 @@
 """The trial engine's model written again in eager PyTorch, for bench/engine/run_gpu_bench.sh.
 
-Same GPT decoder as worker/engine/model.cc (Megatron Core's local layer spec, fusions off), same
+Same GPT decoder as engine/model.cc (Megatron Core's local layer spec, fusions off), same
 parameter layout and initialisation order (so, with the same seed, the same weights and tokens),
 same flat buffers (bf16 weights, fp32 main gradients, fp32 master weights and Adam moments), and
 recompute at the same boundaries: torch.utils.checkpoint (reentrant, as Megatron's
@@ -44,7 +44,7 @@ def parse_policy(text):
 
 
 # ---------------------------------------------------------------------------------------------
-# Autograd pieces (mirroring worker/engine/ops.cc)
+# Autograd pieces (mirroring engine/ops.cc)
 
 
 class RmsNormFn(torch.autograd.Function):
@@ -212,7 +212,7 @@ def dropout(x, p):
 
 
 # ---------------------------------------------------------------------------------------------
-# The model (mirroring worker/engine/model.cc)
+# The model (mirroring engine/model.cc)
 
 
 class Gpt:
@@ -604,7 +604,7 @@ class Gpt:
 
 
 class Optimizer:
-    """Flat buffers and AdamW without temporaries, as in worker/engine/trial_runner.cc."""
+    """Flat buffers and AdamW without temporaries, as in engine/trial_runner.cc."""
 
     LR, BETA1, BETA2, EPS, WD, MAX_NORM = 1e-4, 0.9, 0.999, 1e-8, 0.01, 1.0
 

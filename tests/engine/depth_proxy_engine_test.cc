@@ -4,7 +4,7 @@
 
 #include "search/depth_proxy.h"
 #include "tests/engine/test_models.h"
-#include "worker/engine/trial_runner.h"
+#include "engine/trial_runner.h"
 
 namespace remat::engine {
 namespace {

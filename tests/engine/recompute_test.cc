@@ -13,8 +13,8 @@
 #include "search/rules.h"
 #include "search/spec.h"
 #include "tests/engine/test_models.h"
-#include "worker/engine/memory_tracker.h"
-#include "worker/engine/trial_runner.h"
+#include "engine/memory_tracker.h"
+#include "engine/trial_runner.h"
 
 namespace remat::engine {
 namespace {

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "worker/engine/collectives.h"
+#include "engine/collectives.h"
 
 namespace remat::engine {
 namespace {

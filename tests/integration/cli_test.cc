@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "search/frontier.h"
-#include "spec/spec_file.h"
+#include "specfile/spec_file.h"
 #include "tests/integration/harness.h"
 
 namespace remat::integration {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "search/spec.h"
-#include "spec/spec_file.h"
+#include "specfile/spec_file.h"
 
 namespace remat::integration {
 

@@ -10,7 +10,7 @@
 #include "search/frontier.h"
 #include "search/planner.h"
 #include "search/rules.h"
-#include "spec/spec_file.h"
+#include "specfile/spec_file.h"
 
 namespace remat::search {
 namespace {

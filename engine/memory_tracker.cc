@@ -1,4 +1,4 @@
-#include "worker/engine/memory_tracker.h"
+#include "engine/memory_tracker.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>

@@ -18,7 +18,7 @@
 
 #include "search/policy.h"
 #include "search/spec.h"
-#include "worker/engine/ops.h"
+#include "engine/ops.h"
 
 namespace remat::engine {
 

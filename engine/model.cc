@@ -1,4 +1,4 @@
-#include "worker/engine/model.h"
+#include "engine/model.h"
 
 #include <torch/version.h>
 

@@ -21,7 +21,7 @@
 #include <memory>
 #include <vector>
 
-#include "worker/engine/collectives.h"
+#include "engine/collectives.h"
 
 namespace remat::engine {
 

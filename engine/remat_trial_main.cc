@@ -30,8 +30,8 @@
 #include "search/policy.h"
 #include "search/spec.h"
 #include "search/trial.h"
-#include "spec/spec_file.h"
-#include "worker/engine/trial_runner.h"
+#include "specfile/spec_file.h"
+#include "engine/trial_runner.h"
 
 namespace {
 
@@ -40,7 +40,7 @@ using Clock = std::chrono::steady_clock;
 // A crash (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) prints its signal and the stack to stderr,
 // which the worker puts in the failed trial's reason, leaves the rendezvous marker that tells the
 // other ranks to give up now rather than at their collective timeout (the file a failed rank
-// writes, worker/engine/README.md), then dies of the same signal. Only async-signal-safe calls
+// writes, engine/README.md), then dies of the same signal. Only async-signal-safe calls
 // (open, write, backtrace_symbols_fd) after the first backtrace(), which is made in advance so
 // that libgcc is already loaded.
 char g_left_marker[4096];  // "<rendezvous>/left-<rank>", empty with one rank

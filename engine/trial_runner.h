@@ -7,7 +7,7 @@
 // training steps on random tokens and measures peaks over the whole trial: build, optimizer-state
 // initialisation and every step. The memory budget is enforced (CPU: a counting allocator; CUDA:
 // the caching allocator's memory fraction). Ranks of a multi-rank trial meet through files in
-// `rendezvous_dir` (worker/engine/README.md, "Rendezvous").
+// `rendezvous_dir` (engine/README.md, "Rendezvous").
 //
 // Thread-safety: call RunTrial from one thread at a time per process.
 #pragma once

@@ -1,4 +1,4 @@
-#include "spec/spec_file.h"
+#include "specfile/spec_file.h"
 
 #include <yaml-cpp/yaml.h>
 

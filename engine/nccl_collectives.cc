@@ -26,7 +26,7 @@
 #include <mutex>
 #include <thread>
 
-#include "worker/engine/collectives.h"
+#include "engine/collectives.h"
 
 namespace remat::engine {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/engine/ops.h"
+#include "engine/ops.h"
 
 #include <ATen/core/ivalue.h>
 #include <c10/core/StorageImpl.h>

@@ -1,4 +1,4 @@
-#include "worker/engine/trial_runner.h"
+#include "engine/trial_runner.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -18,10 +18,10 @@
 
 #include "search/depth_proxy.h"
 #include "search/rules.h"
-#include "worker/engine/collectives.h"
-#include "worker/engine/memory_tracker.h"
-#include "worker/engine/model.h"
-#include "worker/engine/ops.h"
+#include "engine/collectives.h"
+#include "engine/memory_tracker.h"
+#include "engine/model.h"
+#include "engine/ops.h"
 
 #ifdef REMAT_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>

@@ -28,7 +28,7 @@
 #include <sstream>
 #include <thread>
 
-#include "worker/engine/collectives.h"
+#include "engine/collectives.h"
 
 namespace remat::engine {
 namespace {
