@@ -34,7 +34,16 @@ Status ValidateProxyDepths(const SearchSpec& spec) {
   if (d.size() != 2) {
     return InvalidArgument("search.proxy_layers: must list two depths [shallow, deep]");
   }
-  const int pp = std::max(1, spec.parallel.pipeline_model_parallel_size);
+  // Layers per model chunk: the unit that a proxy depth must split into evenly.
+  const int pp =
+      std::max(1, spec.parallel.pipeline_model_parallel_size) * spec.parallel.VirtualChunks();
+  const ParallelSpec& par = spec.parallel;
+  if (par.num_layers_in_first_pipeline_stage || par.num_layers_in_last_pipeline_stage ||
+      par.account_for_embedding_in_pipeline_split || par.account_for_loss_in_pipeline_split) {
+    return InvalidArgument(
+        "search.proxy_layers: not supported with uneven pipeline stages (num_layers_in_*_"
+        "pipeline_stage, account_for_*_in_pipeline_split): a cut model would split differently");
+  }
   if (d[0] < 1 || d[1] <= d[0]) {
     return InvalidArgument("search.proxy_layers: must be two increasing positive depths, got [" +
                            std::to_string(d[0]) + ", " + std::to_string(d[1]) + "]");
@@ -46,7 +55,8 @@ Status ValidateProxyDepths(const SearchSpec& spec) {
   }
   if (d[0] % pp != 0 || d[1] % pp != 0) {
     return InvalidArgument("search.proxy_layers: depths must be multiples of "
-                           "pipeline_model_parallel_size (" + std::to_string(pp) + ")");
+                           "pipeline_model_parallel_size x virtual chunks (" +
+                           std::to_string(pp) + ")");
   }
   if (spec.model.IsMoe()) {
     const bool kind = spec.model.IsMoeLayer(d[0]);
@@ -65,7 +75,9 @@ Status ValidateProxyDepths(const SearchSpec& spec) {
 std::string ProxyPolicyProblem(const SearchSpec& spec, const Policy& policy) {
   const auto& d = spec.search.proxy_layers;
   if (d.size() != 2 || !policy.IsFull()) return "";
-  const int pp = std::max(1, spec.parallel.pipeline_model_parallel_size);
+  // Full recompute applies per model chunk (Megatron's TransformerBlock).
+  const int pp =
+      std::max(1, spec.parallel.pipeline_model_parallel_size) * spec.parallel.VirtualChunks();
   const int s1 = d[0] / pp, s2 = d[1] / pp;
   // Both proxies must keep at least one layer that is not recomputed: at N = depth the backward
   // peak is the recompute transient, past it the stored layers, and the line would bend.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "search/depth_proxy.h"
+#include "search/pipeline.h"
 
 namespace remat::search {
 namespace {
@@ -12,8 +13,10 @@ bool AllLayersMoe(const ModelSpec& m) { return m.IsMoe() && m.NumMoeLayers() == 
 }  // namespace
 
 int LayersPerStage(const SearchSpec& spec) {
+  // Megatron applies recompute_num_layers per model chunk (a larger N recomputes the same layers)
+  // and refuses N above num_layers / PP even where an uneven first/last stage holds more.
   const int pp = std::max(1, spec.parallel.pipeline_model_parallel_size);
-  return spec.model.num_layers / pp;
+  return std::min(MaxChunkLayers(spec), spec.model.num_layers / pp);
 }
 
 std::string LabelProblem(const SearchSpec& spec, Label label) {
@@ -92,8 +95,11 @@ Status ValidatePolicy(const SearchSpec& spec, const Policy& policy) {
     const int per_stage = LayersPerStage(spec);
     if (policy.num_layers < 1 || policy.num_layers > per_stage) {
       return InvalidArgument("with recompute_granularity full, recompute_num_layers must be "
-                             "between 1 and the layers per pipeline stage (" +
-                             std::to_string(per_stage) + "), got " +
+                             "between 1 and the layers per pipeline stage" +
+                             std::string(spec.parallel.VirtualChunks() > 1
+                                             ? " (per virtual chunk)"
+                                             : "") +
+                             " (" + std::to_string(per_stage) + "), got " +
                              std::to_string(policy.num_layers));
     }
     if (m.overlap_moe_expert_parallel_comm) {

@@ -25,7 +25,9 @@ std::string LabelProblem(const SearchSpec& spec, Label label);
 // The labels that are valid alone on this model, canonical order.
 std::vector<Label> ValidLabels(const SearchSpec& spec);
 
-// Layers per pipeline stage (num_layers / pipeline_model_parallel_size): the bound of full:*:N.
+// The bound of full:*:N: the most layers of one model chunk (a pipeline stage, or one of its
+// virtual chunks under interleaving), and at most num_layers / pipeline_model_parallel_size
+// (Megatron's own check).
 int LayersPerStage(const SearchSpec& spec);
 
 // Every valid policy: all subsets of ValidLabels that pass ValidatePolicy, then full:uniform:N

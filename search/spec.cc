@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "search/depth_proxy.h"
+#include "search/pipeline.h"
 
 namespace remat::search {
 namespace {
@@ -163,16 +164,30 @@ Status ValidateParallel(const ModelSpec& m, const ParallelSpec& p) {
                                          *m.moe_shared_expert_intermediate_size,
                                          "parallel.tensor_model_parallel_size", tp));
   }
-  REMAT_SEARCH_RETURN_IF_ERROR(Divides("model.num_layers", m.num_layers,
-                                       "parallel.pipeline_model_parallel_size",
-                                       p.pipeline_model_parallel_size));
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      Positive("parallel.context_parallel_size", p.context_parallel_size));
+  const int cp = p.context_parallel_size;
+  if (cp > 1) {
+    // Megatron-LM: each CP rank takes two of 2 x CP sequence chunks (causal load balance).
+    if (m.seq_length % (2 * cp) != 0) {
+      return InvalidArgument("model.seq_length: " + std::to_string(m.seq_length) +
+                             " must be divisible by 2 x context_parallel_size (" +
+                             std::to_string(2 * cp) + ")");
+    }
+    if (m.attention_backend != AttentionBackend::kFlash) {
+      return InvalidArgument(
+          "parallel.context_parallel_size: needs model.attention_backend flash (Megatron Core's "
+          "unfused local attention refuses context parallelism; only TEDotProductAttention "
+          "supports it)");
+    }
+  }
   if (p.sequence_parallel) {
     if (tp <= 1) {
       return InvalidArgument(
           "parallel.sequence_parallel: needs tensor_model_parallel_size > 1 (Megatron Bridge "
           "turns it off at TP 1; set it to false)");
     }
-    REMAT_SEARCH_RETURN_IF_ERROR(Divides("model.seq_length", m.seq_length,
+    REMAT_SEARCH_RETURN_IF_ERROR(Divides("model.seq_length", m.seq_length / cp,
                                          "parallel.tensor_model_parallel_size", tp));
   }
   const int ep = p.expert_model_parallel_size;
@@ -181,11 +196,14 @@ Status ValidateParallel(const ModelSpec& m, const ParallelSpec& p) {
       return InvalidArgument(
           "parallel.expert_model_parallel_size: must be 1 for a dense model (no experts)");
     }
-    if ((tp * p.data_parallel_size) % ep != 0) {
-      return InvalidArgument("parallel.expert_model_parallel_size: " + std::to_string(ep) +
-                             " must divide tensor_model_parallel_size x data_parallel_size (" +
-                             std::to_string(tp * p.data_parallel_size) +
-                             "): experts are carved out of the same ranks");
+    // Megatron's expert grid is ETP x EP x expert-DP x PP over the same world size; with EP > 1
+    // the expert tensor parallel size is 1 (Megatron Bridge's choice, see memory_model.cc).
+    const int ranks_per_stage = tp * cp * p.data_parallel_size;
+    if (ranks_per_stage % ep != 0) {
+      return InvalidArgument(
+          "parallel.expert_model_parallel_size: " + std::to_string(ep) +
+          " must divide tensor_model_parallel_size x context_parallel_size x data_parallel_size (" +
+          std::to_string(ranks_per_stage) + "): experts are carved out of the same ranks");
     }
   }
   if (m.overlap_moe_expert_parallel_comm && ep <= 1) {
@@ -244,6 +262,7 @@ Status ValidateSpec(const SearchSpec& spec) {
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateModel(spec.model, spec.parallel));
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateParallel(spec.model, spec.parallel));
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateTrain(spec.train));
+  REMAT_SEARCH_RETURN_IF_ERROR(ValidatePipelineLayout(spec));
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateSearch(spec.search));
   return ValidateProxyDepths(spec);
 }

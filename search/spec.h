@@ -7,6 +7,7 @@
 // Thread-safety: plain values.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -94,6 +95,10 @@ struct ModelSpec {
 
 struct TrainSpec {
   int micro_batch_size = 1;
+  // Sequences per optimizer step over all data-parallel replicas. Null: micro_batch_size x
+  // data_parallel_size (one micro-batch per step, Megatron's default). The number of
+  // micro-batches a step runs is global_batch_size / (micro_batch_size x data_parallel_size).
+  std::optional<int> global_batch_size;
   Precision precision = Precision::kBf16;
   bool use_distributed_optimizer = false;
   uint64_t seed = 1234;
@@ -102,12 +107,31 @@ struct TrainSpec {
 struct ParallelSpec {
   int tensor_model_parallel_size = 1;
   int pipeline_model_parallel_size = 1;
+  // Model chunks per pipeline rank (the interleaved 1F1B schedule). Null (or 1): one chunk per
+  // rank, the plain 1F1B schedule.
+  std::optional<int> virtual_pipeline_model_parallel_size;
+  int context_parallel_size = 1;  // splits the sequence over CP ranks (ring attention)
   bool sequence_parallel = false;
   int expert_model_parallel_size = 1;
   int data_parallel_size = 1;
+  // Uneven pipeline split (Megatron Core's TransformerConfig): the layers of the first and of
+  // the last stage; the other stages share the rest evenly. Null: an even split.
+  std::optional<int> num_layers_in_first_pipeline_stage;
+  std::optional<int> num_layers_in_last_pipeline_stage;
+  // Count the embedding (the loss) as one layer of the first (last) stage when splitting.
+  bool account_for_embedding_in_pipeline_split = false;
+  bool account_for_loss_in_pipeline_split = false;
 
+  // Megatron's world size: TP x CP x PP x DP. Expert parallelism is carved out of the same ranks.
   int WorldSize() const {
-    return tensor_model_parallel_size * pipeline_model_parallel_size * data_parallel_size;
+    return tensor_model_parallel_size * context_parallel_size * pipeline_model_parallel_size *
+           data_parallel_size;
+  }
+  // Virtual pipeline chunks per rank: 1 unless interleaving (VPP > 1 with PP > 1).
+  int VirtualChunks() const {
+    return pipeline_model_parallel_size > 1 && virtual_pipeline_model_parallel_size
+               ? std::max(1, *virtual_pipeline_model_parallel_size)
+               : 1;
   }
 };
 
@@ -138,6 +162,20 @@ struct SearchSpec {
   TrainSpec train;
   ParallelSpec parallel;
   SearchOptions search;
+
+  // global_batch_size, or its default micro_batch_size x data_parallel_size.
+  long long EffectiveGlobalBatchSize() const {
+    return train.global_batch_size
+               ? *train.global_batch_size
+               : 1LL * train.micro_batch_size * parallel.data_parallel_size;
+  }
+  // Micro-batches per step on each data-parallel replica: global_batch_size / (micro_batch_size
+  // x data_parallel_size); at least 1 (ValidateSpec refuses a global batch that is not whole).
+  int NumMicrobatches() const {
+    const long long per_pass = 1LL * std::max(1, train.micro_batch_size) *
+                               std::max(1, parallel.data_parallel_size);
+    return static_cast<int>(std::max(1LL, EffectiveGlobalBatchSize() / per_pass));
+  }
 };
 
 // Checks every field's value and the relations between fields (divisibility, ranges, MoE/MLA
