@@ -25,6 +25,12 @@
 //     unknown or finished trial, answers accepted=false (not an error: drop it). A non-final
 //     status is INVALID_ARGUMENT.
 //
+// Structure: a locked facade over separate parts, each with its own header and tests:
+// SearchRun (one search: strategy, trials, queue, results; search_run.h), WorkerRegistry
+// (workers, slots, leases; worker_registry.h), LeaseWaiters (parked long polls;
+// lease_waiters.h), WatchHub (watchers; watch_hub.h) and the API views (search_views.h).
+// Scheduler::State (scheduler_state.h, internal) ties them together under one mutex.
+//
 // Thread-safety: every public method may be called from any thread; one mutex guards the state
 // and store writes happen under it. Callbacks (lease completions, watch wake-ups) are run after
 // the mutex is released, never under it, so they may call back into the Scheduler.
@@ -46,6 +52,8 @@
 #include "search/spec.h"
 #include "server/auth.h"
 #include "server/job_store.h"
+#include "server/lease_waiters.h"
+#include "server/watch_hub.h"
 
 namespace remat::server {
 
@@ -91,7 +99,7 @@ class Scheduler {
   // `wake` is called (outside the lock, possibly spuriously) whenever updates are waiting, and
   // the watcher pulls them with PollWatch. After the final update (a finished search) the
   // watcher is removed. Unwatch removes it early (the client went away).
-  enum class WatchPoll { kNone, kUpdate, kFinal, kClosed };
+  using WatchPoll = server::WatchPoll;
   absl::StatusOr<uint64_t> Watch(const Principal& who, const std::string& id,
                                  std::function<void()> wake);
   WatchPoll PollWatch(uint64_t watch_id, v1::SearchProgress* update);
@@ -106,7 +114,7 @@ class Scheduler {
   // (work was there, wait_s was 0, or an error) or later from another thread (work arrived,
   // the wait ended, CancelLeaseWait, Shutdown). Returns an id for CancelLeaseWait (0 when
   // `done` already ran).
-  using LeaseDone = std::function<void(absl::StatusOr<v1::LeaseTrialResponse>)>;
+  using LeaseDone = server::LeaseDone;
   uint64_t LeaseTrial(const v1::LeaseTrialRequest& request, LeaseDone done);
   // The caller went away: ends the wait with an empty answer (no-op when already answered).
   void CancelLeaseWait(uint64_t wait_id);

@@ -1,0 +1,368 @@
+#include "server/scheduler_state.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "server/cache_key.h"
+#include "server/metrics.h"
+#include "server/search_views.h"
+#include "server/status_util.h"
+
+namespace remat::server {
+namespace {
+
+bool Supports(const WorkerEntry& w, const SearchRun& s) {
+  return w.Supports(s.backend, s.spec.search.backend == search::Backend::kCommand,
+                    s.spec.search.command_template);
+}
+
+}  // namespace
+
+Scheduler::State::State(SchedulerOptions options, JobStore* store, Metrics* metrics)
+    : opt_(std::move(options)),
+      store_(store),
+      metrics_(metrics),
+      log_(ComponentLogger("scheduler")),
+      rng_(std::random_device{}()),
+      watches_(&deferred_),
+      waiters_(&deferred_) {}
+
+std::string Scheduler::State::NewId(const char* prefix) {
+  return absl::StrFormat("%s%012x", prefix, rng_() & 0xffffffffffffULL);
+}
+
+void Scheduler::State::PublishGauges() {
+  if (metrics_ == nullptr) return;
+  int64_t queued = 0, leased = 0;
+  for (const auto& [id, s] : active_) {
+    queued += static_cast<int64_t>(s->queue.size());
+    leased += s->running;
+  }
+  const WorkerRegistry::Gauges g = workers_.Count();
+  metrics_->SetQueueDepth(queued);
+  metrics_->SetTrialsLeased(leased);
+  metrics_->SetWorkersConnected(g.connected);
+  metrics_->SetGpus(g.free, g.busy);
+  for (const auto& [state, n] : state_counts_) metrics_->SetSearches(state, n);
+}
+
+void Scheduler::State::CountState(v1::SearchState from, v1::SearchState to) {
+  if (from != v1::SEARCH_STATE_UNSPECIFIED) --state_counts_[from];
+  ++state_counts_[to];
+}
+
+void Scheduler::State::Touch(WorkerEntry& w) {
+  if (workers_.Touch(w, Now())) RefillAll();
+}
+
+void Scheduler::State::UpdateReady(SearchRun& s) {
+  if (s.queue.empty()) {
+    ready_.erase(s.rec.id);
+  } else {
+    ready_.insert(s.rec.id);
+  }
+}
+
+void Scheduler::State::Notify(SearchRun& s, const RunTrial* last) {
+  if (!watches_.HasWatchers(s.rec.id)) return;
+  watches_.PushToSearch(s.rec.id, ProgressView(s, last, UnixNow()), IsFinished(s.rec.state));
+}
+
+absl::Status Scheduler::State::SaveSearch(SearchRun& s) {
+  s.rec.updated_unix_ms = UnixNow();
+  s.rec.trials_planned = s.PlannedTotal();
+  return store_->UpdateSearch(s.rec);
+}
+
+void Scheduler::State::Refill(SearchRun& s, int64_t free_slots) {
+  if (IsFinished(s.rec.state) || s.finalize_pending) return;
+  if (free_slots < 0) free_slots = workers_.FreeSlots();
+  const int64_t active = std::max<int64_t>(1, static_cast<int64_t>(active_.size()));
+  const int64_t target = std::max<int64_t>(1, (free_slots + active - 1) / active);
+  std::vector<TrialRecord> records = s.Proposals(target, [this] { return NewId("t-"); });
+  if (records.empty()) return;
+  absl::Status st = store_->AddTrials(records);
+  if (!st.ok()) {
+    log_->error("search={} could not record {} proposed trials (will retry): {}", s.rec.id,
+                records.size(), st.ToString());
+    return;
+  }
+  for (RunTrial* t : s.Enqueue(std::move(records))) {
+    log_->debug("search={} trial={} queued policy={} reason=\"{}\"", s.rec.id, t->rec.id,
+                t->rec.policy, t->rec.reason);
+    trial_index_[t->rec.id] = {&s, t};
+  }
+  UpdateReady(s);
+}
+
+bool Scheduler::State::MaybeFinish(SearchRun& s) {
+  if (s.Outstanding()) return false;
+  if (!s.strategy->Done()) {
+    // Refill asked for more and got nothing while nothing is outstanding: the strategy cannot
+    // go on. Finish with what was measured rather than leave the search stuck.
+    log_->warn("search={} strategy proposes nothing more but is not done; finishing", s.rec.id);
+  }
+  return Finish(s);
+}
+
+bool Scheduler::State::Finish(SearchRun& s) {
+  SearchRecord& rec = s.rec;
+  const v1::SearchState old_state = rec.state;
+  s.Conclude();
+  absl::Status st = SaveSearch(s);
+  if (!st.ok()) {
+    rec.state = old_state;
+    s.finalize_pending = true;
+    log_->error("search={} could not record its end (will retry): {}", rec.id, st.ToString());
+    return false;
+  }
+  s.finalize_pending = false;
+  CountState(old_state, rec.state);
+  log_->info("search={} {}: {} trials, frontier [{}], recommendation {}{}", rec.id,
+             StateLabel(rec.state), s.trials.size(), absl::StrJoin(rec.frontier, ", "),
+             rec.recommendation.value_or("none"), rec.message.empty() ? "" : "; " + rec.message);
+  Retire(s);
+  return true;
+}
+
+void Scheduler::State::Retire(SearchRun& s) {
+  Notify(s, nullptr);
+  watches_.DetachSearch(s.rec.id);
+  if (metrics_ != nullptr) metrics_->RemoveFrontier(s.rec.id);
+  frontier_series_.erase(s.rec.id);
+  for (const auto& t : s.trials) trial_index_.erase(t->rec.id);
+  ready_.erase(s.rec.id);
+  active_.erase(s.rec.id);  // destroys s
+}
+
+void Scheduler::State::PublishFrontier(SearchRun& s) {
+  if (metrics_ == nullptr) return;
+  if (frontier_series_.count(s.rec.id) == 0) {
+    if (static_cast<int>(frontier_series_.size()) >= opt_.max_frontier_series) return;
+    frontier_series_.insert(s.rec.id);
+  }
+  metrics_->SetFrontierPoints(s.rec.id, static_cast<int64_t>(s.Frontier().size()));
+}
+
+bool Scheduler::State::Apply(SearchRun& s, RunTrial& t, const v1::TrialResult& result,
+                             const std::string& by_worker) {
+  double duration_s = 0;
+  if (t.rec.status == v1::TRIAL_STATUS_RUNNING) {
+    duration_s = (Now() - t.leased_ms) / 1000.0;
+    workers_.DropLease(t.rec.worker_id, t.rec.id, s.world_size);
+  }
+  s.MarkFinal(t, result, by_worker);
+  UpdateReady(s);
+  if (metrics_ != nullptr) metrics_->TrialFinished(result.status(), result.reused(), duration_s);
+  log_->info("search={} trial={} {} policy={} step_time_s={:.4f} tokens_per_s={:.1f}{}{}", s.rec.id,
+             t.rec.id, StatusLabel(result.status()), t.rec.policy, result.step_time_s(),
+             result.tokens_per_s(), result.reused() ? " (reused)" : "",
+             result.message().empty() ? "" : " message=\"" + result.message() + "\"");
+  Refill(s);
+  Notify(s, &t);
+  PublishFrontier(s);
+  return MaybeFinish(s);
+}
+
+bool Scheduler::State::LoseLease(SearchRun& s, RunTrial& t, const std::string& reason) {
+  if (t.rec.attempts >= opt_.max_trial_attempts) {
+    v1::TrialResult failed;
+    failed.mutable_policy()->set_canonical(t.rec.policy);
+    failed.set_status(v1::TRIAL_STATUS_FAILED);
+    failed.set_message(absl::StrCat("lost its worker ", t.rec.attempts, " times (limit ",
+                                    opt_.max_trial_attempts, "); last: ", reason));
+    auto recorded = store_->RecordResult(t.rec.id, failed, t.rec.worker_id, "");
+    if (!recorded.ok()) {
+      log_->error("search={} trial={} could not record failure: {}", s.rec.id, t.rec.id,
+                  recorded.status().ToString());
+      return false;
+    }
+    log_->warn("search={} trial={} failed: {}", s.rec.id, t.rec.id, failed.message());
+    Apply(s, t, failed, "");
+    return true;
+  }
+  absl::Status st = store_->RequeueTrial(t.rec.id);
+  if (!st.ok()) {
+    log_->error("search={} trial={} could not requeue: {}", s.rec.id, t.rec.id, st.ToString());
+    return false;
+  }
+  workers_.DropLease(t.rec.worker_id, t.rec.id, s.world_size);
+  s.Requeue(t);
+  UpdateReady(s);
+  log_->warn("search={} trial={} requeued after attempt {}: {}", s.rec.id, t.rec.id, t.rec.attempts,
+             reason);
+  return true;
+}
+
+void Scheduler::State::Lease(SearchRun& s, RunTrial& t, WorkerEntry& w, int32_t attempt) {
+  s.MarkLeased(t, attempt, w.rec.id, Now());
+  UpdateReady(s);
+  workers_.AddLease(w, t.rec.id, s.world_size);
+}
+
+std::string Scheduler::State::CacheKey(const SearchRun& s, const RunTrial& t,
+                                       const WorkerEntry& w) const {
+  return ResultsCacheKey(s.rec.spec, t.rec.policy, w.rec.registration, s.ReplayFor(t.rec.policy));
+}
+
+SearchRun* Scheduler::State::NextReady(const WorkerEntry& w, int free) {
+  if (ready_.empty()) return nullptr;
+  auto it = ready_.upper_bound(cursor_);
+  for (size_t n = 0; n < ready_.size(); ++n) {
+    if (it == ready_.end()) it = ready_.begin();
+    SearchRun& s = *active_.at(*it);
+    if (s.world_size <= free && Supports(w, s)) {
+      cursor_ = *it;
+      return &s;
+    }
+    ++it;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<v1::LeaseTrialResponse> Scheduler::State::Allocate(WorkerEntry& w, int free) {
+  v1::LeaseTrialResponse out;
+  while (free > 0) {
+    SearchRun* s = NextReady(w, free);
+    if (s == nullptr) break;
+    RunTrial& t = *s->queue.front();
+    auto cached = store_->LookupCache(CacheKey(*s, t, w));
+    if (!cached.ok()) {
+      log_->warn("results cache lookup failed (running the trial): {}", cached.status().ToString());
+    } else if (cached->has_value()) {
+      v1::TrialResult result = **cached;
+      result.set_reused(true);
+      result.mutable_policy()->set_canonical(t.rec.policy);
+      auto recorded = store_->RecordResult(t.rec.id, result, "", "");
+      if (!recorded.ok()) return recorded.status();
+      Apply(*s, t, result, "");  // may retire *s
+      continue;
+    }
+    const int32_t attempt = t.rec.attempts + 1;
+    absl::Status st = store_->LeaseTrial(t.rec.id, attempt, w.rec.id);
+    if (!st.ok()) {
+      if (out.trials_size() > 0) break;
+      return st;
+    }
+    Lease(*s, t, w, attempt);
+    free -= s->world_size;
+
+    v1::TrialAssignment* a = out.add_trials();
+    a->set_trial_id(t.rec.id);
+    a->set_search_id(s->rec.id);
+    *a->mutable_spec() = s->rec.spec;
+    a->mutable_policy()->set_canonical(t.rec.policy);
+    a->set_world_size(s->world_size);
+    a->set_attempt(attempt);
+    if (s->spec.search.backend == search::Backend::kReplay) {
+      const v1::ReplayEntry* replay = s->ReplayFor(t.rec.policy);
+      a->set_replay_found(replay != nullptr);
+      if (replay != nullptr) *a->mutable_replay() = *replay;
+    }
+    log_->info("search={} trial={} leased to worker={} attempt={} policy={}", s->rec.id, t.rec.id,
+               w.rec.id, attempt, t.rec.policy);
+
+    if (s->rec.state == v1::SEARCH_STATE_QUEUED) {
+      s->rec.state = v1::SEARCH_STATE_RUNNING;
+      absl::Status saved = SaveSearch(*s);
+      if (!saved.ok()) {
+        log_->warn("search={} could not record state running: {}", s->rec.id, saved.ToString());
+      }
+      CountState(v1::SEARCH_STATE_QUEUED, v1::SEARCH_STATE_RUNNING);
+      Notify(*s, nullptr);
+    }
+    Refill(*s);
+  }
+  return out;
+}
+
+void Scheduler::State::ServeWaiters() {
+  waiters_.Serve([this] { return !ready_.empty(); },
+                 [this](const v1::LeaseTrialRequest& request)
+                     -> std::optional<absl::StatusOr<v1::LeaseTrialResponse>> {
+                   WorkerEntry* w = workers_.Find(request.worker_id());
+                   if (w == nullptr) return std::nullopt;
+                   auto got = Allocate(*w, w->FreeFor(request.free_slots()));
+                   if (got.ok() && got->trials_size() == 0) return std::nullopt;
+                   return got;
+                 });
+}
+
+void Scheduler::State::RefillAll() {
+  std::vector<SearchRun*> searches;
+  for (auto& [id, s] : active_) searches.push_back(s.get());
+  const int64_t free = workers_.FreeSlots();
+  for (SearchRun* s : searches) {
+    Refill(*s, free);
+    MaybeFinish(*s);
+  }
+}
+
+absl::Status Scheduler::State::ResumeFromStore() {
+  REMAT_ASSIGN_OR_RETURN(auto counts, store_->CountSearchesByState());
+  for (v1::SearchState s :
+       {v1::SEARCH_STATE_QUEUED, v1::SEARCH_STATE_RUNNING, v1::SEARCH_STATE_SUCCEEDED,
+        v1::SEARCH_STATE_FAILED, v1::SEARCH_STATE_CANCELLED}) {
+    state_counts_[s] = counts.count(s) ? counts[s] : 0;
+  }
+  REMAT_ASSIGN_OR_RETURN(std::vector<WorkerRecord> workers, store_->LoadWorkers());
+  for (WorkerRecord& rec : workers) workers_.Load(std::move(rec));
+  REMAT_ASSIGN_OR_RETURN(std::vector<SearchRecord> searches, store_->LoadUnfinishedSearches());
+  int resumed = 0, requeued = 0, kept = 0;
+  for (SearchRecord& rec : searches) {
+    auto run = SearchRun::FromRecord(rec);
+    if (!run.ok()) {
+      log_->error("search={} cannot be resumed: {}", rec.id, std::string(run.status().message()));
+      const v1::SearchState old = rec.state;
+      rec.state = v1::SEARCH_STATE_FAILED;
+      rec.message = absl::StrCat("cannot be resumed: ", run.status().message());
+      rec.updated_unix_ms = UnixNow();
+      REMAT_RETURN_IF_ERROR(store_->UpdateSearch(rec));
+      CountState(old, v1::SEARCH_STATE_FAILED);
+      continue;
+    }
+    SearchRun& s = **run;
+    s.strategy = opt_.make_strategy(s.spec);
+    REMAT_ASSIGN_OR_RETURN(std::vector<TrialRecord> trials, store_->LoadTrials(s.rec.id));
+    REMAT_RETURN_IF_ERROR(
+        s.RestoreTrials(std::move(trials), [&](RunTrial& t) -> absl::StatusOr<bool> {
+          WorkerEntry* w = workers_.Find(t.rec.worker_id);
+          if (w == nullptr) {
+            REMAT_RETURN_IF_ERROR(store_->RequeueTrial(t.rec.id));
+            ++requeued;
+            return false;
+          }
+          // Still leased: the worker may report it; silent for a lease timeout = requeued.
+          workers_.Touch(*w, Now());
+          workers_.AddLease(*w, t.rec.id, s.world_size);
+          t.leased_ms = t.confirmed_ms = Now();
+          ++kept;
+          return true;
+        }));
+    for (const auto& t : s.trials) trial_index_[t->rec.id] = {&s, t.get()};
+    if (s.rec.state == v1::SEARCH_STATE_QUEUED && (s.running > 0 || s.done > 0)) {
+      // Killed between a lease and recording the state change it caused.
+      s.rec.state = v1::SEARCH_STATE_RUNNING;
+      s.rec.updated_unix_ms = UnixNow();
+      REMAT_RETURN_IF_ERROR(store_->UpdateSearch(s.rec));
+      CountState(v1::SEARCH_STATE_QUEUED, v1::SEARCH_STATE_RUNNING);
+    }
+    active_.emplace(s.rec.id, *std::move(run));
+    UpdateReady(s);
+    PublishFrontier(s);
+    ++resumed;
+    log_->info("search={} resumed: {} trials recorded, {} done, {} leased, {} queued", s.rec.id,
+               s.trials.size(), s.done, s.running, s.queue.size());
+  }
+  if (resumed > 0) {
+    log_->info("resumed {} unfinished searches ({} leases kept, {} trials requeued)", resumed, kept,
+               requeued);
+  }
+  RefillAll();
+  return absl::OkStatus();
+}
+
+}  // namespace remat::server

@@ -1,0 +1,262 @@
+#include "server/search_run.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/convert.h"
+#include "search/memory_model.h"
+#include "search/policy.h"
+#include "server/status_util.h"
+
+namespace remat::server {
+
+bool IsFinal(v1::TrialStatus s) {
+  return s != v1::TRIAL_STATUS_PENDING && s != v1::TRIAL_STATUS_RUNNING &&
+         s != v1::TRIAL_STATUS_UNSPECIFIED;
+}
+
+bool IsFinished(v1::SearchState s) {
+  return s == v1::SEARCH_STATE_SUCCEEDED || s == v1::SEARCH_STATE_FAILED ||
+         s == v1::SEARCH_STATE_CANCELLED;
+}
+
+search::TrialResult ResultToDomain(const std::string& policy, const v1::TrialResult& msg) {
+  v1::TrialResult copy = msg;
+  copy.mutable_policy()->set_canonical(policy);
+  auto converted = proto::FromProto(copy);
+  if (converted.ok()) return *converted;
+  search::TrialResult r;
+  if (auto p = search::ParsePolicy(policy); p.ok()) r.policy = *p;
+  r.status = search::TrialStatus::kFailed;
+  r.message = "unreadable result: " + converted.status().message();
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<SearchRun>> SearchRun::FromRequest(
+    const std::string& owner, const v1::SubmitSearchRequest& request) {
+  auto spec = proto::FromProto(request.spec());
+  if (!spec.ok()) return ToAbsl(spec.status());
+  if (spec->search.backend == search::Backend::kReplay && spec->search.replay_table.empty() &&
+      request.replay_table().trials_size() > 0) {
+    // The table came with the request; the path is only informational here.
+    spec->search.replay_table = "(sent with the request)";
+  }
+  search::Status valid = search::ValidateSpec(*spec);
+  if (!valid.ok()) return ToAbsl(valid);
+
+  auto s = std::make_unique<SearchRun>();
+  s->spec = *std::move(spec);
+  if (s->spec.search.backend == search::Backend::kReplay) {
+    if (request.replay_table().trials().empty()) {
+      return absl::InvalidArgumentError(
+          "replay_table: backend replay needs the table's entries (the client sends the table)");
+    }
+    for (const auto& [key, entry] : request.replay_table().trials()) {
+      auto policy = search::ParsePolicy(key);
+      if (!policy.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("replay_table: \"", key, "\": ", policy.status().message()));
+      }
+      (*s->rec.replay_table.mutable_trials())[policy->ToString()] = entry;
+    }
+  }
+  if (s->spec.search.backend == search::Backend::kCommand &&
+      s->spec.search.command_template.empty()) {
+    return absl::InvalidArgumentError(
+        "search.command_template: required with backend command (a template configured on the "
+        "workers)");
+  }
+  s->rec.owner = owner;
+  s->rec.spec = proto::ToProto(s->spec);
+  s->rec.state = v1::SEARCH_STATE_QUEUED;
+  s->world_size = std::max(1, s->spec.parallel.WorldSize());
+  s->backend = search::Name(s->spec.search.backend);
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<SearchRun>> SearchRun::FromRecord(SearchRecord rec) {
+  auto spec = proto::FromProto(rec.spec);
+  if (!spec.ok()) return absl::InvalidArgumentError(spec.status().message());
+  auto s = std::make_unique<SearchRun>();
+  s->rec = std::move(rec);
+  s->spec = *std::move(spec);
+  s->world_size = std::max(1, s->spec.parallel.WorldSize());
+  s->backend = search::Name(s->spec.search.backend);
+  return s;
+}
+
+absl::Status SearchRun::RestoreTrials(
+    std::vector<TrialRecord> records,
+    const std::function<absl::StatusOr<bool>(RunTrial&)>& keep_lease) {
+  std::vector<search::Candidate> proposed;
+  std::vector<search::TrialResult> restored;
+  for (TrialRecord& record : records) {
+    auto t = std::make_unique<RunTrial>();
+    t->rec = std::move(record);
+    search::Candidate c;
+    if (auto p = search::ParsePolicy(t->rec.policy); p.ok()) {
+      c.policy = *p;
+      c.estimate = search::EstimateMemory(spec, c.policy);
+    }
+    c.reason = t->rec.reason;
+    proposed.push_back(std::move(c));
+    if (IsFinal(t->rec.status) && t->rec.result) {
+      restored.push_back(ResultToDomain(t->rec.policy, *t->rec.result));
+      ++done;
+    } else if (t->rec.status == v1::TRIAL_STATUS_RUNNING) {
+      auto keep = keep_lease(*t);
+      if (!keep.ok()) return keep.status();
+      if (*keep) {
+        ++running;
+      } else {
+        t->rec.status = v1::TRIAL_STATUS_PENDING;
+        queue.push_back(t.get());
+      }
+    } else {
+      t->rec.status = v1::TRIAL_STATUS_PENDING;
+      queue.push_back(t.get());
+    }
+    trials.push_back(std::move(t));
+  }
+  strategy->Restore(proposed, restored);
+  results = std::move(restored);
+  return absl::OkStatus();
+}
+
+std::vector<search::FrontierPoint> SearchRun::Frontier() const {
+  return search::ComputeFrontier(results, spec.search.memory_metric,
+                                 spec.search.MemoryBudgetBytes());
+}
+
+int SearchRun::PlannedTotal() const {
+  return std::max<int>(strategy->PlannedTotal(), static_cast<int>(trials.size()));
+}
+
+const v1::ReplayEntry* SearchRun::ReplayFor(const std::string& policy) const {
+  if (spec.search.backend != search::Backend::kReplay) return nullptr;
+  auto it = rec.replay_table.trials().find(policy);
+  return it == rec.replay_table.trials().end() ? nullptr : &it->second;
+}
+
+std::vector<TrialRecord> SearchRun::Proposals(int64_t target,
+                                              const std::function<std::string()>& new_id) {
+  const int64_t want = target - static_cast<int64_t>(queue.size() + unsaved.size());
+  if (want > 0 && !strategy->Done()) {
+    for (auto& c : strategy->Propose(static_cast<int>(want))) unsaved.push_back(std::move(c));
+  }
+  std::vector<TrialRecord> out;
+  for (const search::Candidate& c : unsaved) {
+    TrialRecord t;
+    t.id = new_id();
+    t.search_id = rec.id;
+    t.seq = static_cast<int32_t>(trials.size() + out.size());
+    t.policy = c.policy.ToString();
+    t.reason = c.reason;
+    t.status = v1::TRIAL_STATUS_PENDING;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::vector<RunTrial*> SearchRun::Enqueue(std::vector<TrialRecord> stored) {
+  unsaved.clear();
+  std::vector<RunTrial*> out;
+  for (TrialRecord& r : stored) {
+    auto t = std::make_unique<RunTrial>();
+    t->rec = std::move(r);
+    queue.push_back(t.get());
+    out.push_back(t.get());
+    trials.push_back(std::move(t));
+  }
+  return out;
+}
+
+void SearchRun::MarkLeased(RunTrial& t, int32_t attempt, const std::string& worker_id,
+                           int64_t now_ms) {
+  queue.erase(std::remove(queue.begin(), queue.end(), &t), queue.end());
+  t.rec.status = v1::TRIAL_STATUS_RUNNING;
+  t.rec.attempts = attempt;
+  t.rec.worker_id = worker_id;
+  t.leased_ms = t.confirmed_ms = now_ms;
+  ++running;
+}
+
+void SearchRun::Requeue(RunTrial& t) {
+  --running;
+  t.rec.status = v1::TRIAL_STATUS_PENDING;
+  queue.push_front(&t);
+}
+
+void SearchRun::MarkFinal(RunTrial& t, const v1::TrialResult& result,
+                          const std::string& by_worker) {
+  if (t.rec.status == v1::TRIAL_STATUS_RUNNING) {
+    --running;
+  } else if (t.rec.status == v1::TRIAL_STATUS_PENDING) {
+    queue.erase(std::remove(queue.begin(), queue.end(), &t), queue.end());
+  }
+  t.rec.status = result.status();
+  t.rec.result = result;
+  t.rec.result->mutable_policy()->set_canonical(t.rec.policy);
+  if (!by_worker.empty()) t.rec.worker_id = by_worker;
+  ++done;
+  search::TrialResult domain = ResultToDomain(t.rec.policy, result);
+  strategy->Observe(domain);
+  results.push_back(std::move(domain));
+}
+
+void SearchRun::CancelAll(const std::string& message,
+                          const std::function<void(RunTrial&)>& on_cancel) {
+  for (const auto& t : trials) {
+    if (IsFinal(t->rec.status)) continue;
+    on_cancel(*t);
+    v1::TrialResult cancelled;
+    cancelled.mutable_policy()->set_canonical(t->rec.policy);
+    cancelled.set_status(v1::TRIAL_STATUS_CANCELLED);
+    cancelled.set_message(message);
+    t->rec.status = v1::TRIAL_STATUS_CANCELLED;
+    t->rec.result = std::move(cancelled);
+  }
+  queue.clear();
+  running = 0;
+  unsaved.clear();
+}
+
+void SearchRun::FillFrontier(SearchRecord* out) const {
+  out->frontier.clear();
+  std::vector<search::FrontierPoint> frontier = Frontier();
+  for (const auto& p : frontier) out->frontier.push_back(p.policy.ToString());
+  if (auto best = search::Recommend(frontier)) {
+    out->recommendation = best->policy.ToString();
+    out->apply.set_megatron_bridge(best->policy.MegatronBridgeOverrides());
+    out->apply.set_megatron_lm(best->policy.MegatronLmFlags());
+  } else {
+    out->recommendation.reset();
+    out->apply.Clear();
+  }
+}
+
+void SearchRun::Conclude() {
+  FillFrontier(&rec);
+  rec.message = rec.recommendation ? ""
+                                   : search::NothingFitsMessage(results, spec.search.memory_metric,
+                                                                spec.search.MemoryBudgetBytes());
+  bool measured = false;
+  std::string first_failure;
+  for (const search::TrialResult& r : results) {
+    if (r.status == search::TrialStatus::kOk || r.status == search::TrialStatus::kOom) {
+      measured = true;
+    } else if (first_failure.empty()) {
+      first_failure = absl::StrCat(r.policy.ToString(), ": ", search::Name(r.status),
+                                   r.message.empty() ? "" : " (" + r.message + ")");
+    }
+  }
+  rec.state = measured ? v1::SEARCH_STATE_SUCCEEDED : v1::SEARCH_STATE_FAILED;
+  if (!measured) {
+    rec.message = results.empty() ? "no trial ran: the strategy proposed none"
+                                  : absl::StrCat("no trial produced a measurement; first failure: ",
+                                                 first_failure);
+  }
+}
+
+}  // namespace remat::server

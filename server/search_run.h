@@ -1,0 +1,102 @@
+// SearchRun: one unfinished search in the coordinator's memory: its spec, its search::Strategy,
+// its trials in proposal order, the queue of pending trials, and the domain results the strategy
+// and the frontier are computed from. It holds the rules of one search's life cycle (what a
+// submit must carry, how a stored search is rebuilt, how a trial moves between pending, leased
+// and final, how a finished search is concluded); the Scheduler moves trials between searches
+// and workers and writes every change to the JobStore before applying it here.
+//
+// Thread-safety: none; the Scheduler calls it under its mutex.
+// Fallible calls return absl::Status: InvalidArgument naming the field, or the store's error.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "remat/v1/remat.pb.h"
+#include "search/frontier.h"
+#include "search/planner.h"
+#include "search/spec.h"
+#include "search/trial.h"
+#include "server/job_store.h"
+
+namespace remat::server {
+
+// A final trial status (ok, oom, failed, timeout, invalid, cancelled).
+bool IsFinal(v1::TrialStatus s);
+// A finished search (succeeded, failed, cancelled).
+bool IsFinished(v1::SearchState s);
+
+// The domain form of a stored result of `policy`; a result that cannot be read becomes a failed
+// one, so a strategy still observes every trial it proposed.
+search::TrialResult ResultToDomain(const std::string& policy, const v1::TrialResult& msg);
+
+struct RunTrial {
+  TrialRecord rec;
+  int64_t leased_ms = 0;     // monotonic time of the current lease
+  int64_t confirmed_ms = 0;  // last time the holder listed it in a heartbeat (or leased it)
+};
+
+struct SearchRun {
+  // A new search from a submit request (not yet stored, no id, no strategy): the spec validated
+  // and resolved, the replay table's keys made canonical. InvalidArgument naming the field.
+  static absl::StatusOr<std::unique_ptr<SearchRun>> FromRequest(
+      const std::string& owner, const v1::SubmitSearchRequest& request);
+  // A stored unfinished search (no trials yet, no strategy); InvalidArgument when its spec can
+  // no longer be read.
+  static absl::StatusOr<std::unique_ptr<SearchRun>> FromRecord(SearchRecord rec);
+
+  // Rebuilds the trials from the store and restores the strategy from them. Final trials become
+  // results, pending ones are queued; for each leased one `keep_lease(trial)` decides: true keeps
+  // it leased (the caller counts it running), false queues it again (the caller requeued it in
+  // the store), an error stops the rebuild.
+  absl::Status RestoreTrials(std::vector<TrialRecord> records,
+                             const std::function<absl::StatusOr<bool>(RunTrial&)>& keep_lease);
+
+  std::vector<search::FrontierPoint> Frontier() const;
+  int PlannedTotal() const;
+  // Anything queued, leased, or proposed and not yet stored.
+  bool Outstanding() const { return !queue.empty() || running > 0 || !unsaved.empty(); }
+  // With backend replay: the table's entry for `policy` (nullptr when absent or not replay).
+  const v1::ReplayEntry* ReplayFor(const std::string& policy) const;
+
+  // New trials so that the queue holds `target` trials (proposed by the strategy, kept in
+  // `unsaved` until stored), as records to store; ids from `new_id`.
+  std::vector<TrialRecord> Proposals(int64_t target, const std::function<std::string()>& new_id);
+  // The records Proposals returned were stored: queue them. Returns the new trials.
+  std::vector<RunTrial*> Enqueue(std::vector<TrialRecord> stored);
+
+  // Trial moves (the store already has them).
+  void MarkLeased(RunTrial& t, int32_t attempt, const std::string& worker_id, int64_t now_ms);
+  void Requeue(RunTrial& t);  // a lost lease: back to the front of the queue
+  // A final result: the trial leaves the queue or its lease, the strategy observes it.
+  void MarkFinal(RunTrial& t, const v1::TrialResult& result, const std::string& by_worker);
+  // Cancels every trial not yet final; `on_cancel(trial)` runs first for each.
+  void CancelAll(const std::string& message, const std::function<void(RunTrial&)>& on_cancel);
+
+  // The current frontier, recommendation and apply strings into `out`.
+  void FillFrontier(SearchRecord* out) const;
+  // Frontier, recommendation, apply, message and final state (succeeded when some trial
+  // measured something, failed otherwise) into `rec`.
+  void Conclude();
+
+  SearchRecord rec;
+  search::SearchSpec spec;
+  std::unique_ptr<search::Strategy> strategy;
+  int world_size = 1;
+  std::string backend;                            // search::Name of the spec's backend
+  std::vector<std::unique_ptr<RunTrial>> trials;  // proposal order
+  std::deque<RunTrial*> queue;                    // pending, in the order they should run
+  int running = 0;
+  int done = 0;
+  std::vector<search::TrialResult> results;  // finished, for the frontier and Done()
+  std::vector<search::Candidate> unsaved;    // proposed, not yet written to the store
+  bool finalize_pending = false;             // finished, but the store write failed
+};
+
+}  // namespace remat::server

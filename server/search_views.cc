@@ -1,0 +1,136 @@
+#include "server/search_views.h"
+
+#include <algorithm>
+
+namespace remat::server {
+namespace {
+
+uint64_t BudgetBytes(const v1::SearchSpec& spec) {
+  return static_cast<uint64_t>(spec.search().memory_budget_gib() * 1024.0 * 1024.0 * 1024.0);
+}
+
+}  // namespace
+
+v1::Trial TrialView(const TrialRecord& t) {
+  v1::Trial out;
+  out.set_id(t.id);
+  out.mutable_policy()->set_canonical(t.policy);
+  out.set_status(t.status);
+  if (t.result) {
+    *out.mutable_result() = *t.result;
+    out.mutable_result()->mutable_policy()->set_canonical(t.policy);
+  }
+  out.set_attempts(t.attempts);
+  out.set_worker_id(t.worker_id);
+  out.set_reason(t.reason);
+  return out;
+}
+
+v1::Search SearchView(const SearchRecord& rec, const std::vector<const TrialRecord*>& trials,
+                      int planned) {
+  v1::Search out;
+  out.set_id(rec.id);
+  out.set_owner(rec.owner);
+  out.set_state(rec.state);
+  *out.mutable_spec() = rec.spec;
+  for (const std::string& p : rec.frontier) out.add_frontier(p);
+  if (rec.recommendation) out.set_recommendation(*rec.recommendation);
+  *out.mutable_apply() = rec.apply;
+  out.set_message(rec.message);
+  out.set_memory_budget_bytes(BudgetBytes(rec.spec));
+  out.set_created_unix_ms(rec.created_unix_ms);
+  out.set_updated_unix_ms(rec.updated_unix_ms);
+  int done = 0;
+  for (const TrialRecord* t : trials) {
+    *out.add_trials() = TrialView(*t);
+    if (IsFinal(t->status)) ++done;
+  }
+  out.set_trials_done(done);
+  out.set_trials_planned(std::max<int>(planned, static_cast<int>(trials.size())));
+  return out;
+}
+
+v1::Search ActiveSearchView(const SearchRun& s) {
+  SearchRecord rec = s.rec;
+  s.FillFrontier(&rec);
+  std::vector<const TrialRecord*> trials;
+  for (const auto& t : s.trials) trials.push_back(&t->rec);
+  return SearchView(rec, trials, s.PlannedTotal());
+}
+
+v1::Search StoredSearchView(const SearchRecord& rec, const std::vector<TrialRecord>& trials) {
+  std::vector<const TrialRecord*> ptrs;
+  for (const auto& t : trials) ptrs.push_back(&t);
+  return SearchView(rec, ptrs, rec.trials_planned);
+}
+
+v1::SearchProgress ProgressView(const SearchRun& s, const RunTrial* last, int64_t unix_now_ms) {
+  v1::SearchProgress p;
+  p.set_id(s.rec.id);
+  p.set_state(s.rec.state);
+  p.set_trials_done(s.done);
+  const int planned =
+      s.rec.state == v1::SEARCH_STATE_QUEUED || s.rec.state == v1::SEARCH_STATE_RUNNING
+          ? s.PlannedTotal()
+          : static_cast<int>(s.trials.size());
+  p.set_trials_planned(planned);
+  p.set_trials_running(s.running);
+  std::vector<search::FrontierPoint> frontier = s.Frontier();
+  for (const auto& f : frontier) p.add_frontier(f.policy.ToString());
+  if (auto best = search::Recommend(frontier)) {
+    p.set_best_policy(best->policy.ToString());
+    p.set_best_tokens_per_s(best->tokens_per_s);
+    p.set_best_peak_bytes(best->memory_bytes);
+  }
+  if (last != nullptr) *p.mutable_last_trial() = TrialView(last->rec);
+  const double elapsed = std::max<int64_t>(0, unix_now_ms - s.rec.created_unix_ms) / 1000.0;
+  p.set_elapsed_s(elapsed);
+  if (!IsFinished(s.rec.state) && s.done > 0 && planned > s.done) {
+    p.set_eta_s(elapsed / s.done * (planned - s.done));
+  }
+  return p;
+}
+
+v1::SearchProgress StoredProgressView(const SearchRecord& rec,
+                                      const std::vector<TrialRecord>& trials) {
+  v1::SearchProgress p;
+  p.set_id(rec.id);
+  p.set_state(rec.state);
+  int done = 0;
+  for (const auto& t : trials) done += IsFinal(t.status) ? 1 : 0;
+  p.set_trials_done(done);
+  p.set_trials_planned(static_cast<int32_t>(trials.size()));
+  for (const auto& f : rec.frontier) p.add_frontier(f);
+  if (rec.recommendation) {
+    p.set_best_policy(*rec.recommendation);
+    for (const auto& t : trials) {
+      if (t.policy == *rec.recommendation && t.result) {
+        p.set_best_tokens_per_s(t.result->tokens_per_s());
+        uint64_t peak = 0;
+        for (const auto& r : t.result->ranks()) {
+          peak = std::max<uint64_t>(peak, rec.spec.search().memory_metric() == "allocated"
+                                              ? r.peak_allocated_bytes()
+                                              : r.peak_reserved_bytes());
+        }
+        p.set_best_peak_bytes(peak);
+      }
+    }
+  }
+  p.set_elapsed_s(std::max<int64_t>(0, rec.updated_unix_ms - rec.created_unix_ms) / 1000.0);
+  return p;
+}
+
+v1::SearchSummary SummaryView(const SearchSummaryRecord& row) {
+  v1::SearchSummary s;
+  s.set_id(row.search.id);
+  s.set_name(row.search.spec.name());
+  s.set_owner(row.search.owner);
+  s.set_state(row.search.state);
+  s.set_trials_done(row.trials_done);
+  s.set_trials_planned(std::max(row.search.trials_planned, row.trials_done));
+  if (row.search.recommendation) s.set_recommendation(*row.search.recommendation);
+  s.set_created_unix_ms(row.search.created_unix_ms);
+  return s;
+}
+
+}  // namespace remat::server

@@ -1,0 +1,198 @@
+// SearchRun on its own: the life cycle of one search's trials, without a store or workers.
+#include "server/search_run.h"
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "tests/server/test_util.h"
+
+namespace remat::server {
+namespace {
+
+using testing::Entry;
+using testing::ListStrategy;
+using testing::SmallSpec;
+using testing::Submit;
+
+std::unique_ptr<SearchRun> NewRun(const std::vector<std::string>& policies,
+                                  double budget_gib = 80) {
+  search::SearchSpec spec = SmallSpec();
+  spec.search.memory_budget_gib = budget_gib;
+  std::map<std::string, v1::ReplayEntry> table;
+  for (const auto& p : policies) table[p] = Entry(10, 1);
+  auto run = SearchRun::FromRequest("alice", Submit(spec, table));
+  EXPECT_TRUE(run.ok()) << run.status();
+  (*run)->strategy = std::make_unique<ListStrategy>(policies);
+  (*run)->rec.id = "s-1";
+  return *std::move(run);
+}
+
+v1::TrialResult Measured(double reserved_gib, double step_time_s) {
+  return Entry(reserved_gib, step_time_s).result();
+}
+
+std::function<std::string()> Ids() {
+  auto n = std::make_shared<int>(0);
+  return [n] { return "t-" + std::to_string((*n)++); };
+}
+
+TEST(SearchRunTest, RequestsAreValidatedAndReplayKeysMadeCanonical) {
+  auto run = SearchRun::FromRequest(
+      "alice", Submit(SmallSpec(), {{"selective:[ core_attn ]", Entry(10, 1)}}));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ((*run)->rec.owner, "alice");
+  EXPECT_EQ((*run)->rec.state, v1::SEARCH_STATE_QUEUED);
+  EXPECT_NE((*run)->ReplayFor("selective:[core_attn]"), nullptr);
+  EXPECT_EQ((*run)->ReplayFor("none"), nullptr);
+
+  auto empty = SearchRun::FromRequest("alice", Submit(SmallSpec(), {}));
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(empty.status().message(), "replay_table"));
+
+  search::SearchSpec command = SmallSpec();
+  command.search.backend = search::Backend::kCommand;
+  auto no_template = SearchRun::FromRequest("alice", Submit(command, {}));
+  EXPECT_TRUE(absl::StrContains(no_template.status().message(), "search.command_template"))
+      << no_template.status();
+}
+
+TEST(SearchRunTest, TrialsMoveFromQueueToLeaseToResult) {
+  auto run = NewRun({"selective:[]", "selective:[core_attn]", "full:uniform:1"});
+  SearchRun& s = *run;
+  std::vector<TrialRecord> proposed = s.Proposals(2, Ids());
+  ASSERT_EQ(proposed.size(), 2u);
+  EXPECT_EQ(proposed[1].seq, 1);
+  EXPECT_TRUE(s.Outstanding());  // proposed, not stored yet
+  std::vector<RunTrial*> queued = s.Enqueue(std::move(proposed));
+  EXPECT_TRUE(s.unsaved.empty());
+  EXPECT_EQ(s.queue.size(), 2u);
+  EXPECT_TRUE(s.Proposals(2, Ids()).empty());  // the queue already holds two
+
+  RunTrial& first = *queued[0];
+  s.MarkLeased(first, 1, "w-a", 100);
+  EXPECT_EQ(s.running, 1);
+  EXPECT_EQ(s.queue.front(), queued[1]);
+  s.Requeue(first);  // lost lease: back to the front
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.queue.front(), &first);
+  s.MarkLeased(first, 2, "w-b", 200);
+
+  s.MarkFinal(first, Measured(10, 1), "w-b");
+  s.MarkFinal(*queued[1], Measured(5, 2), "");  // e.g. from the results cache, never leased
+  EXPECT_EQ(s.done, 2);
+  EXPECT_EQ(s.running, 0);
+  EXPECT_TRUE(s.queue.empty());
+  EXPECT_EQ(first.rec.result->policy().canonical(), "selective:[]");
+  EXPECT_EQ(s.Frontier().size(), 2u);
+
+  std::vector<TrialRecord> last = s.Proposals(1, Ids());
+  ASSERT_EQ(last.size(), 1u);
+  EXPECT_EQ(last[0].policy, "full:uniform:1");
+  s.Enqueue(std::move(last));
+  s.MarkFinal(*s.queue.front(), Measured(4, 3), "");
+  EXPECT_FALSE(s.Outstanding());
+  EXPECT_TRUE(s.strategy->Done());
+
+  s.Conclude();
+  EXPECT_EQ(s.rec.state, v1::SEARCH_STATE_SUCCEEDED);
+  EXPECT_EQ(s.rec.recommendation.value_or(""), "selective:[]");
+  EXPECT_EQ(s.rec.frontier.size(), 3u);
+  EXPECT_EQ(s.rec.apply.megatron_bridge(),
+            "model.recompute_granularity=selective model.recompute_modules=[]");
+  EXPECT_EQ(s.rec.apply.megatron_lm(), "");  // no recompute: leave the flags unset
+  EXPECT_TRUE(s.rec.message.empty());
+}
+
+TEST(SearchRunTest, ConcludeSaysWhyNothingWasRecommended) {
+  auto run = NewRun({"selective:[]"}, /*budget_gib=*/1);
+  SearchRun& s = *run;
+  s.Enqueue(s.Proposals(1, Ids()));
+  s.MarkFinal(*s.queue.front(), Measured(10, 1), "");
+  s.Conclude();
+  EXPECT_EQ(s.rec.state, v1::SEARCH_STATE_SUCCEEDED);
+  EXPECT_FALSE(s.rec.recommendation.has_value());
+  EXPECT_FALSE(s.rec.message.empty());
+
+  auto failed = NewRun({"selective:[]"});
+  v1::TrialResult crash;
+  crash.set_status(v1::TRIAL_STATUS_FAILED);
+  crash.set_message("segfault");
+  failed->Enqueue(failed->Proposals(1, Ids()));
+  failed->MarkFinal(*failed->queue.front(), crash, "w-a");
+  failed->Conclude();
+  EXPECT_EQ(failed->rec.state, v1::SEARCH_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(failed->rec.message, "selective:[]: failed (segfault)"))
+      << failed->rec.message;
+}
+
+TEST(SearchRunTest, CancelAllEndsEveryOpenTrial) {
+  auto run = NewRun({"selective:[]", "selective:[core_attn]"});
+  SearchRun& s = *run;
+  auto trials = s.Enqueue(s.Proposals(2, Ids()));
+  s.MarkLeased(*trials[0], 1, "w-a", 0);
+  std::vector<v1::TrialStatus> seen;
+  s.CancelAll("cancelled by bob", [&](RunTrial& t) { seen.push_back(t.rec.status); });
+  EXPECT_EQ(seen,
+            (std::vector<v1::TrialStatus>{v1::TRIAL_STATUS_RUNNING, v1::TRIAL_STATUS_PENDING}));
+  for (RunTrial* t : trials) {
+    EXPECT_EQ(t->rec.status, v1::TRIAL_STATUS_CANCELLED);
+    EXPECT_EQ(t->rec.result->message(), "cancelled by bob");
+  }
+  EXPECT_FALSE(s.Outstanding());
+}
+
+TEST(SearchRunTest, RestoreRebuildsQueueLeasesAndResults) {
+  auto run = NewRun({"selective:[]", "selective:[core_attn]", "full:uniform:1", "full:block:1"});
+  SearchRun& s = *run;
+  std::vector<TrialRecord> records = s.Proposals(4, Ids());
+  s.unsaved.clear();
+  records[0].status = v1::TRIAL_STATUS_OK;
+  records[0].result = Measured(10, 1);
+  records[1].status = v1::TRIAL_STATUS_RUNNING;
+  records[1].worker_id = "w-gone";
+  records[2].status = v1::TRIAL_STATUS_RUNNING;
+  records[2].worker_id = "w-here";
+  auto fresh = SearchRun::FromRecord(s.rec);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  SearchRun& r = **fresh;
+  r.strategy = std::make_unique<ListStrategy>(std::vector<std::string>{
+      "selective:[]", "selective:[core_attn]", "full:uniform:1", "full:block:1"});
+  ASSERT_TRUE(r.RestoreTrials(std::move(records), [](RunTrial& t) -> absl::StatusOr<bool> {
+                 return t.rec.worker_id == "w-here";
+               }).ok());
+  EXPECT_EQ(r.done, 1);
+  EXPECT_EQ(r.running, 1);
+  ASSERT_EQ(r.queue.size(), 2u);  // the requeued one keeps its place in proposal order
+  EXPECT_EQ(r.queue[0]->rec.policy, "selective:[core_attn]");
+  EXPECT_EQ(r.queue[1]->rec.policy, "full:block:1");
+  EXPECT_EQ(r.results.size(), 1u);
+  EXPECT_TRUE(r.Proposals(4, Ids()).empty());  // the strategy knows all four were proposed
+
+  auto failing = SearchRun::FromRecord(s.rec);
+  (*failing)->strategy = std::make_unique<ListStrategy>(std::vector<std::string>{});
+  std::vector<TrialRecord> one(1);
+  one[0].policy = "selective:[]";
+  one[0].status = v1::TRIAL_STATUS_RUNNING;
+  EXPECT_FALSE((*failing)
+                   ->RestoreTrials(one,
+                                   [](RunTrial&) -> absl::StatusOr<bool> {
+                                     return absl::UnavailableError("store down");
+                                   })
+                   .ok());
+}
+
+TEST(SearchRunTest, UnreadableStoredResultsBecomeFailures) {
+  v1::TrialResult bad;
+  bad.set_status(v1::TRIAL_STATUS_RUNNING);  // never a stored final result
+  search::TrialResult r = ResultToDomain("selective:[]", bad);
+  EXPECT_EQ(r.status, search::TrialStatus::kFailed);
+  EXPECT_TRUE(absl::StrContains(r.message, "unreadable result")) << r.message;
+  EXPECT_EQ(r.policy.ToString(), "selective:[]");
+  EXPECT_TRUE(IsFinal(v1::TRIAL_STATUS_OOM));
+  EXPECT_FALSE(IsFinal(v1::TRIAL_STATUS_RUNNING));
+  EXPECT_TRUE(IsFinished(v1::SEARCH_STATE_CANCELLED));
+  EXPECT_FALSE(IsFinished(v1::SEARCH_STATE_RUNNING));
+}
+
+}  // namespace
+}  // namespace remat::server
