@@ -91,10 +91,6 @@ int ClientError(const absl::Status& status, const ClientOptions& options) {
   return Fail(ExitCode(status), DescribeError(status, options));
 }
 
-std::string MetricOf(const v1::Search& s) {
-  return s.spec().search().has_memory_metric() ? s.spec().search().memory_metric() : "reserved";
-}
-
 int RunSubmit(const std::string& spec_path, const ClientOptions& options) {
   auto request = BuildSubmitRequest(spec_path);
   if (!request.ok()) return Fail(2, std::string(request.status().message()));
@@ -130,7 +126,7 @@ int RunWatch(const std::string& id, const std::string& svg_path, const ClientOpt
   auto search = client->Get(id);
   if (!search.ok()) return ClientError(search.status(), options);
   if (!IsFinal(search->state())) {
-    ProgressPrinter printer(std::cout, isatty(STDOUT_FILENO), MetricOf(*search));
+    ProgressPrinter printer(std::cout, isatty(STDOUT_FILENO), search->memory_metric());
     absl::Status watched =
         client->Watch(id, [&](const v1::SearchProgress& p) { printer.Update(p); });
     printer.Finish();

@@ -2,11 +2,25 @@
 
 #include <algorithm>
 
+#include "proto/convert.h"
+
 namespace remat::server {
 namespace {
 
-uint64_t BudgetBytes(const v1::SearchSpec& spec) {
-  return static_cast<uint64_t>(spec.search().memory_budget_gib() * 1024.0 * 1024.0 * 1024.0);
+// The domain results of the final trials.
+std::vector<search::TrialResult> FinalResults(const std::vector<TrialRecord>& trials) {
+  std::vector<search::TrialResult> out;
+  for (const TrialRecord& t : trials) {
+    if (IsFinal(t.status) && t.result) out.push_back(ResultToDomain(t.policy, *t.result));
+  }
+  return out;
+}
+
+// The spec of a stored search; a spec that can no longer be read (a search failed for that
+// reason at resume) gives the defaults.
+search::SearchSpec StoredSpec(const SearchRecord& rec) {
+  auto spec = proto::FromProto(rec.spec);
+  return spec.ok() ? *spec : search::SearchSpec();
 }
 
 }  // namespace
@@ -27,7 +41,8 @@ v1::Trial TrialView(const TrialRecord& t) {
 }
 
 v1::Search SearchView(const SearchRecord& rec, const std::vector<const TrialRecord*>& trials,
-                      int planned) {
+                      int planned, const search::SearchSpec& spec,
+                      const std::vector<search::TrialResult>& results) {
   v1::Search out;
   out.set_id(rec.id);
   out.set_owner(rec.owner);
@@ -37,7 +52,11 @@ v1::Search SearchView(const SearchRecord& rec, const std::vector<const TrialReco
   if (rec.recommendation) out.set_recommendation(*rec.recommendation);
   *out.mutable_apply() = rec.apply;
   out.set_message(rec.message);
-  out.set_memory_budget_bytes(BudgetBytes(rec.spec));
+  out.set_memory_budget_bytes(spec.search.MemoryBudgetBytes());
+  out.set_memory_metric(search::Name(spec.search.memory_metric));
+  for (const search::TrialResult& r : results) {
+    for (std::string& f : search::DiagnoseFragmentation(r)) out.add_fragmentation(std::move(f));
+  }
   out.set_created_unix_ms(rec.created_unix_ms);
   out.set_updated_unix_ms(rec.updated_unix_ms);
   int done = 0;
@@ -55,13 +74,13 @@ v1::Search ActiveSearchView(const SearchRun& s) {
   s.FillFrontier(&rec);
   std::vector<const TrialRecord*> trials;
   for (const auto& t : s.trials) trials.push_back(&t->rec);
-  return SearchView(rec, trials, s.PlannedTotal());
+  return SearchView(rec, trials, s.PlannedTotal(), s.spec, s.results);
 }
 
 v1::Search StoredSearchView(const SearchRecord& rec, const std::vector<TrialRecord>& trials) {
   std::vector<const TrialRecord*> ptrs;
   for (const auto& t : trials) ptrs.push_back(&t);
-  return SearchView(rec, ptrs, rec.trials_planned);
+  return SearchView(rec, ptrs, rec.trials_planned, StoredSpec(rec), FinalResults(trials));
 }
 
 v1::SearchProgress ProgressView(const SearchRun& s, const RunTrial* last, int64_t unix_now_ms) {
@@ -103,16 +122,11 @@ v1::SearchProgress StoredProgressView(const SearchRecord& rec,
   for (const auto& f : rec.frontier) p.add_frontier(f);
   if (rec.recommendation) {
     p.set_best_policy(*rec.recommendation);
+    const search::MemoryMetric metric = StoredSpec(rec).search.memory_metric;
     for (const auto& t : trials) {
       if (t.policy == *rec.recommendation && t.result) {
         p.set_best_tokens_per_s(t.result->tokens_per_s());
-        uint64_t peak = 0;
-        for (const auto& r : t.result->ranks()) {
-          peak = std::max<uint64_t>(peak, rec.spec.search().memory_metric() == "allocated"
-                                              ? r.peak_allocated_bytes()
-                                              : r.peak_reserved_bytes());
-        }
-        p.set_best_peak_bytes(peak);
+        p.set_best_peak_bytes(ResultToDomain(t.policy, *t.result).PeakBytes(metric));
       }
     }
   }

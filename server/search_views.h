@@ -16,9 +16,13 @@ namespace remat::server {
 
 v1::Trial TrialView(const TrialRecord& t);
 
-// A search from its record and trials; trials_planned is at least the number of trials.
+// A search from its record and trials; trials_planned is at least the number of trials. Besides
+// the record it carries what clients would otherwise have to decide: the budget in bytes, the
+// memory metric and the fragmentation findings (from `spec` and the domain `results` of the
+// finished trials).
 v1::Search SearchView(const SearchRecord& rec, const std::vector<const TrialRecord*>& trials,
-                      int planned);
+                      int planned, const search::SearchSpec& spec,
+                      const std::vector<search::TrialResult>& results);
 // A search no longer in memory, from the store's records.
 v1::Search StoredSearchView(const SearchRecord& rec, const std::vector<TrialRecord>& trials);
 // An active search, with the frontier and recommendation of what has been measured so far.

@@ -1,5 +1,7 @@
-// Rendering a fixed Search: the readable report, the contract's JSON (keys checked), the SVG,
-// progress lines, and the settings that apply a recommendation.
+// Rendering a fixed Search: the readable report, the contract's JSON (keys checked), the SVG and
+// progress lines. The fixture carries what the coordinator decides (apply strings, nothing-fits
+// message, fragmentation findings, budget in bytes, memory metric); the coordinator's side of
+// those is tested in tests/server (search_run_test, search_views_test).
 #include "cli/render.h"
 
 #include <gtest/gtest.h>
@@ -42,6 +44,17 @@ v1::Trial* AddTrial(v1::Search* s, const std::string& policy, v1::TrialStatus st
   return t;
 }
 
+// The fixture's trials as the coordinator holds them.
+std::vector<search::TrialResult> DomainResults(const v1::Search& s) {
+  std::vector<search::TrialResult> results;
+  for (const auto& t : s.trials()) {
+    auto r = proto::FromProto(t.result());
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    if (r.ok()) results.push_back(*r);
+  }
+  return results;
+}
+
 // A finished search on a budget of 10 GiB (reserved), two ranks per trial.
 v1::Search FixedSearch() {
   v1::Search s;
@@ -52,6 +65,7 @@ v1::Search FixedSearch() {
   s.mutable_spec()->mutable_search()->set_memory_metric("reserved");
   s.mutable_spec()->mutable_search()->set_memory_budget_gib(10);
   s.set_memory_budget_bytes(10 * kGiB);
+  s.set_memory_metric("reserved");
   AddTrial(&s, "selective:[]", v1::TRIAL_STATUS_OK, {{8 * kGiB, 9 * kGiB}, {7 * kGiB, 8 * kGiB}},
            4.096);  // 1000 tokens/s
   AddTrial(&s, "selective:[core_attn]", v1::TRIAL_STATUS_OK,
@@ -84,25 +98,28 @@ v1::Search FixedSearch() {
     s.add_frontier(p);
   }
   s.set_recommendation("selective:[]");
+  s.mutable_apply()->set_megatron_bridge(
+      "model.recompute_granularity=selective model.recompute_modules=[]");
   s.set_trials_done(7);
   s.set_trials_planned(7);
+  // What the coordinator finds (search::DiagnoseFragmentation over the finished trials).
+  for (const auto& r : DomainResults(s)) {
+    for (const auto& f : search::DiagnoseFragmentation(r)) s.add_fragmentation(f);
+  }
   return s;
 }
 
 TEST(Render, FixtureFrontierMatchesTheSearchCore) {
   // The fixture must be self-consistent for the tests below to mean anything.
   v1::Search s = FixedSearch();
-  std::vector<search::TrialResult> results;
-  for (const auto& t : s.trials()) {
-    auto r = proto::FromProto(t.result());
-    ASSERT_TRUE(r.ok()) << r.status().message();
-    results.push_back(*r);
-  }
+  std::vector<search::TrialResult> results = DomainResults(s);
+  ASSERT_EQ(results.size(), 7u);
   auto frontier = search::ComputeFrontier(results, search::MemoryMetric::kReserved, 10 * kGiB);
   std::vector<std::string> got;
   for (const auto& p : frontier) got.push_back(p.policy.ToString());
   EXPECT_EQ(got, std::vector<std::string>(s.frontier().begin(), s.frontier().end()));
   EXPECT_EQ(search::Recommend(frontier)->policy.ToString(), s.recommendation());
+  EXPECT_EQ(s.fragmentation_size(), 1);
 }
 
 TEST(Render, JsonHasTheContractKeys) {
@@ -159,34 +176,16 @@ TEST(Render, JsonWhenNothingFits) {
   v1::Search s = FixedSearch();
   s.clear_frontier();
   s.clear_recommendation();
+  s.clear_apply();
   s.set_memory_budget_bytes(2 * kGiB);
+  s.set_message(search::NothingFitsMessage(DomainResults(s), search::MemoryMetric::kReserved,
+                                           2 * kGiB));  // the coordinator's
   auto j = nlohmann::json::parse(ResultJson(s));
   EXPECT_TRUE(j["recommendation"].is_null());
   EXPECT_TRUE(j["apply"].is_null());
   EXPECT_NE(j["message"].get<std::string>().find("no policy fits"), std::string::npos);
   EXPECT_NE(j["message"].get<std::string>().find("closest: full:uniform:1"), std::string::npos)
       << j["message"];
-}
-
-TEST(Render, ApplyStringsFollowTheRecommendation) {
-  v1::Search s;
-  s.set_recommendation("full:block:2");
-  v1::Apply a = ApplyFor(s);
-  EXPECT_EQ(a.megatron_bridge(),
-            "model.recompute_granularity=full model.recompute_method=block "
-            "model.recompute_num_layers=2");
-  EXPECT_EQ(a.megatron_lm(),
-            "--recompute-granularity full --recompute-method block --recompute-num-layers 2");
-  s.set_recommendation("selective:[mlp,core_attn]");
-  a = ApplyFor(s);
-  EXPECT_EQ(a.megatron_bridge(),
-            "model.recompute_granularity=selective model.recompute_modules=[core_attn,mlp]");
-  EXPECT_EQ(a.megatron_lm(), "--recompute-granularity selective --recompute-modules core_attn mlp");
-  // The coordinator's own strings win when it sent them.
-  s.mutable_apply()->set_megatron_bridge("from-server");
-  EXPECT_EQ(ApplyFor(s).megatron_bridge(), "from-server");
-  s.clear_recommendation();
-  EXPECT_EQ(ApplyFor(s).megatron_bridge(), "");
 }
 
 TEST(Render, ReportShowsTableFrontierRecommendationAndFindings) {
@@ -272,6 +271,7 @@ TEST(Render, TinyModelsAreShownInMiBWithTheBudgetOffTheChart) {
   s.set_state(v1::SEARCH_STATE_SUCCEEDED);
   s.mutable_spec()->mutable_model()->set_seq_length(4096);
   s.set_memory_budget_bytes(kGiB);
+  s.set_memory_metric("reserved");
   AddTrial(&s, "selective:[]", v1::TRIAL_STATUS_OK, {{7 << 20, 7 << 20}}, 2.0);
   AddTrial(&s, "full:uniform:1", v1::TRIAL_STATUS_OK, {{(11 << 20) / 2, (11 << 20) / 2}}, 2.5);
   s.add_frontier("full:uniform:1");

@@ -103,6 +103,31 @@ TEST(SearchRunTest, TrialsMoveFromQueueToLeaseToResult) {
   EXPECT_TRUE(s.rec.message.empty());
 }
 
+// The apply strings are the coordinator's (moved here from the CLI's render test: the CLI no
+// longer derives them).
+TEST(SearchRunTest, ApplyStringsFollowTheRecommendation) {
+  struct Case {
+    std::string policy, bridge, lm;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"full:block:2",
+            "model.recompute_granularity=full model.recompute_method=block "
+            "model.recompute_num_layers=2",
+            "--recompute-granularity full --recompute-method block --recompute-num-layers 2"},
+           {"selective:[core_attn,mlp]",
+            "model.recompute_granularity=selective model.recompute_modules=[core_attn,mlp]",
+            "--recompute-granularity selective --recompute-modules core_attn mlp"}}) {
+    auto run = NewRun({c.policy});
+    SearchRun& s = *run;
+    s.Enqueue(s.Proposals(1, Ids()));
+    s.MarkFinal(*s.queue.front(), Measured(10, 1), "");
+    s.Conclude();
+    EXPECT_EQ(s.rec.recommendation.value_or(""), c.policy);
+    EXPECT_EQ(s.rec.apply.megatron_bridge(), c.bridge);
+    EXPECT_EQ(s.rec.apply.megatron_lm(), c.lm);
+  }
+}
+
 TEST(SearchRunTest, ConcludeSaysWhyNothingWasRecommended) {
   auto run = NewRun({"selective:[]"}, /*budget_gib=*/1);
   SearchRun& s = *run;
@@ -111,7 +136,10 @@ TEST(SearchRunTest, ConcludeSaysWhyNothingWasRecommended) {
   s.Conclude();
   EXPECT_EQ(s.rec.state, v1::SEARCH_STATE_SUCCEEDED);
   EXPECT_FALSE(s.rec.recommendation.has_value());
-  EXPECT_FALSE(s.rec.message.empty());
+  EXPECT_TRUE(s.rec.apply.megatron_bridge().empty());
+  // The nothing-fits message (the CLI renders it and no longer computes it).
+  EXPECT_TRUE(absl::StrContains(s.rec.message, "no policy fits")) << s.rec.message;
+  EXPECT_TRUE(absl::StrContains(s.rec.message, "closest: selective:[]")) << s.rec.message;
 
   auto failed = NewRun({"selective:[]"});
   v1::TrialResult crash;

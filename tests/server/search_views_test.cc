@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "tests/server/test_util.h"
 
 namespace remat::server {
@@ -41,12 +42,15 @@ TEST(SearchViewsTest, AStoredSearchWithItsTrialsAndBudgetInBytes) {
   pending.policy = "full:uniform:1";
   trials.push_back(pending);
 
-  v1::Search view = SearchView(rec, {&trials[0], &trials[1]}, 1);
+  v1::Search view = StoredSearchView(rec, trials);
   EXPECT_EQ(view.owner(), "alice");
   EXPECT_EQ(view.trials_size(), 2);
   EXPECT_EQ(view.trials_done(), 1);
   EXPECT_EQ(view.trials_planned(), 2);  // at least the trials there are
+  // What clients render and do not decide.
   EXPECT_EQ(view.memory_budget_bytes(), 80ULL << 30);
+  EXPECT_EQ(view.memory_metric(), "reserved");
+  EXPECT_EQ(view.fragmentation_size(), 0);
   EXPECT_EQ(view.trials(0).result().policy().canonical(), "selective:[]");
 
   v1::SearchProgress p = StoredProgressView(rec, trials);
@@ -60,6 +64,24 @@ TEST(SearchViewsTest, AStoredSearchWithItsTrialsAndBudgetInBytes) {
   v1::SearchSummary sum = SummaryView(row);
   EXPECT_EQ(sum.trials_planned(), 1);
   EXPECT_EQ(sum.recommendation(), "selective:[]");
+}
+
+TEST(SearchViewsTest, FragmentationFindingsAndTheMetricComeWithTheSearch) {
+  search::SearchSpec spec = SmallSpec();
+  spec.search.memory_metric = search::MemoryMetric::kAllocated;
+  spec.search.memory_budget_gib = 1.5;
+  SearchRecord rec;
+  rec.id = "s-1";
+  rec.spec = proto::ToProto(spec);
+  rec.state = v1::SEARCH_STATE_SUCCEEDED;
+  TrialRecord t = Finished("t-1", "selective:[]", 9, 1);
+  t.result->mutable_ranks(0)->set_peak_allocated_bytes(3ULL << 30);  // reserved 9: fragmented
+  v1::Search view = StoredSearchView(rec, {t});
+  EXPECT_EQ(view.memory_metric(), "allocated");
+  EXPECT_EQ(view.memory_budget_bytes(), 3ULL << 29);
+  ASSERT_EQ(view.fragmentation_size(), 1);
+  EXPECT_TRUE(absl::StrContains(view.fragmentation(0), "selective:[]: rank 0 reserved"))
+      << view.fragmentation(0);
 }
 
 TEST(SearchViewsTest, AnActiveSearchShowsWhatWasMeasuredSoFar) {

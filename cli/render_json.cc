@@ -1,0 +1,101 @@
+#include "cli/render_json.h"
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/render_format.h"
+
+namespace remat::cli {
+
+using render::MaxAllocated;
+using render::MaxReserved;
+using render::StatusOf;
+
+std::string ResultJson(const v1::Search& s) {
+  using nlohmann::ordered_json;
+  const std::string& metric = s.memory_metric();
+  ordered_json j;
+  j["id"] = s.id();
+  j["name"] = s.spec().name();
+  j["state"] = StateName(s.state());
+  j["memory_metric"] = metric;
+  j["memory_budget_bytes"] = s.memory_budget_bytes();
+  ordered_json trials = ordered_json::array();
+  for (const v1::Trial& t : s.trials()) {
+    const v1::TrialResult& r = t.result();
+    ordered_json tj;
+    tj["policy"] = t.policy().canonical();
+    tj["status"] = TrialStatusName(StatusOf(t));
+    tj["peak_allocated_bytes"] = MaxAllocated(r);
+    tj["peak_reserved_bytes"] = MaxReserved(r);
+    ordered_json ranks = ordered_json::array();
+    for (const auto& rr : r.ranks()) {
+      ordered_json rj;
+      rj["rank"] = rr.rank();
+      rj["peak_allocated_bytes"] = rr.peak_allocated_bytes();
+      rj["peak_reserved_bytes"] = rr.peak_reserved_bytes();
+      rj["static_bytes"] = rr.static_bytes();
+      rj["alloc_retries"] = rr.alloc_retries();
+      rj["failing_request_bytes"] = rr.failing_request_bytes();
+      rj["step_time_s"] = rr.step_time_s();
+      rj["step_times_s"] = std::vector<double>(rr.step_times_s().begin(), rr.step_times_s().end());
+      ranks.push_back(std::move(rj));
+    }
+    tj["ranks"] = std::move(ranks);
+    tj["step_time_s"] = r.step_time_s();
+    tj["tokens_per_s"] = r.tokens_per_s();
+    tj["loss"] = r.loss();
+    tj["grad_norm"] = r.grad_norm();
+    tj["message"] = r.message();
+    tj["id"] = t.id();
+    tj["reason"] = t.reason();
+    tj["step_time_spread_s"] = r.step_time_spread_s();
+    tj["model_tflops"] = r.model_tflops();
+    tj["setup_s"] = r.setup_s();
+    tj["wall_s"] = r.wall_s();
+    tj["reused"] = r.reused();
+    tj["predicted"] = r.predicted();
+    tj["attempts"] = t.attempts();
+    tj["worker_id"] = t.worker_id();
+    if (r.proxies_size() > 0) {
+      ordered_json proxies = ordered_json::array();
+      for (const v1::ProxyMeasurement& p : r.proxies()) {
+        ordered_json pj;
+        pj["num_layers"] = p.num_layers();
+        pj["step_time_s"] = p.step_time_s();
+        ordered_json pranks = ordered_json::array();
+        for (const auto& rr : p.ranks()) {
+          pranks.push_back({{"rank", rr.rank()},
+                            {"peak_allocated_bytes", rr.peak_allocated_bytes()},
+                            {"peak_reserved_bytes", rr.peak_reserved_bytes()}});
+        }
+        pj["ranks"] = std::move(pranks);
+        proxies.push_back(std::move(pj));
+      }
+      tj["proxies"] = std::move(proxies);
+    }
+    trials.push_back(std::move(tj));
+  }
+  j["trials"] = std::move(trials);
+  j["frontier"] = ordered_json(std::vector<std::string>(s.frontier().begin(), s.frontier().end()));
+  if (s.has_recommendation()) {
+    j["recommendation"] = s.recommendation();
+    const v1::Apply& apply = s.apply();
+    j["apply"] = {{"megatron_bridge", apply.megatron_bridge()},
+                  {"megatron_lm", apply.megatron_lm()}};
+  } else {
+    j["recommendation"] = nullptr;
+    j["apply"] = nullptr;
+  }
+  j["message"] = s.message();
+  j["trials_done"] = s.trials_done();
+  j["trials_planned"] = s.trials_planned();
+  j["fragmentation"] = std::vector<std::string>(s.fragmentation().begin(), s.fragmentation().end());
+  j["owner"] = s.owner();
+  j["created_unix_ms"] = s.created_unix_ms();
+  j["updated_unix_ms"] = s.updated_unix_ms();
+  return j.dump(2) + "\n";
+}
+
+}  // namespace remat::cli

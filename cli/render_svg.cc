@@ -1,0 +1,307 @@
+#include "cli/render_svg.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "cli/render_format.h"
+
+namespace remat::cli {
+namespace {
+
+using render::Format;
+using render::MemoryOf;
+using render::MemUnit;
+using render::StatusOf;
+using render::UnitFor;
+
+std::string XmlEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+// Axis ticks at 1, 2, 2.5 or 5 times a power of ten, covering [lo, hi].
+struct Axis {
+  double lo = 0, hi = 1, step = 0.2;
+};
+
+Axis NiceAxis(double lo, double hi) {
+  if (!(hi > lo)) {
+    const double pad = std::max(std::abs(hi) * 0.1, 1.0);
+    lo -= pad;
+    hi += pad;
+  }
+  const double raw = (hi - lo) / 5;
+  const double exp10 = std::pow(10.0, std::floor(std::log10(raw)));
+  const double f = raw / exp10;
+  const double nice = f <= 1 ? 1 : f <= 2 ? 2 : f <= 2.5 ? 2.5 : f <= 5 ? 5 : 10;
+  Axis a;
+  a.step = nice * exp10;
+  a.lo = std::floor(lo / a.step) * a.step;
+  a.hi = std::ceil(hi / a.step) * a.step;
+  return a;
+}
+
+std::string Num(double v) { return Format("%.1f", v); }
+
+std::string TickLabel(double v, double step) {
+  if (step >= 1) return Format("%.0f", v);
+  if (step >= 0.1) return Format("%.1f", v);
+  if (step >= 0.01) return Format("%.2f", v);
+  return Format("%.3g", v);
+}
+
+}  // namespace
+
+std::string ResultSvg(const v1::Search& s) {
+  const std::string& metric = s.memory_metric();
+  const uint64_t budget_bytes = s.memory_budget_bytes();
+  const std::set<std::string> frontier(s.frontier().begin(), s.frontier().end());
+  const std::string recommended = s.has_recommendation() ? s.recommendation() : "";
+
+  struct Point {
+    std::string policy;
+    double mem = 0, tps = 0;  // mem in bytes, then in the plot's unit
+    bool ok = false, oom = false, on_frontier = false;
+  };
+  std::vector<Point> points;
+  double max_mem = 0;
+  for (const v1::Trial& t : s.trials()) {
+    const v1::TrialStatus st = StatusOf(t);
+    Point p;
+    p.policy = t.policy().canonical();
+    p.mem = static_cast<double>(MemoryOf(t.result(), metric));
+    p.tps = t.result().tokens_per_s();
+    p.ok = st == v1::TRIAL_STATUS_OK && p.tps > 0;
+    p.oom = st == v1::TRIAL_STATUS_OOM;
+    p.on_frontier = frontier.count(p.policy) > 0;
+    if (p.oom && p.mem <= 0) p.mem = static_cast<double>(budget_bytes);  // hit the budget
+    if (p.ok || p.oom) {
+      points.push_back(p);
+      max_mem = std::max(max_mem, p.mem);
+    }
+  }
+  // The budget is drawn when it is near the points; far beyond them (a tiny model under a big
+  // budget) it would squash every point into the left edge, so it is only named.
+  const bool budget_on_chart = points.empty() || budget_bytes <= 1.5 * max_mem;
+  const MemUnit unit = UnitFor(
+      static_cast<uint64_t>(budget_on_chart ? std::max<double>(max_mem, budget_bytes) : max_mem));
+  const double budget = budget_bytes / unit.bytes;
+  for (Point& p : points) p.mem /= unit.bytes;
+
+  double x_lo = budget_on_chart ? budget : max_mem / unit.bytes;
+  double x_hi = x_lo, y_lo = 0, y_hi = 0;
+  bool any_ok = false;
+  for (const Point& p : points) {
+    x_lo = std::min(x_lo, p.mem);
+    x_hi = std::max(x_hi, p.mem);
+    if (p.ok) {
+      y_lo = any_ok ? std::min(y_lo, p.tps) : p.tps;
+      y_hi = any_ok ? std::max(y_hi, p.tps) : p.tps;
+      any_ok = true;
+    }
+  }
+  if (!any_ok) {
+    y_lo = 0;
+    y_hi = 1;
+  }
+  const Axis xa = NiceAxis(std::max(0.0, x_lo - 0.05 * (x_hi - x_lo)), x_hi + 0.05 * (x_hi - x_lo));
+  const Axis ya = NiceAxis(std::max(0.0, y_lo - 0.1 * (y_hi - y_lo)), y_hi + 0.08 * (y_hi - y_lo));
+
+  const double width = 960, height = 600, left = 90, right = 40, top = 66, bottom = 70;
+  const double pw = width - left - right, ph = height - top - bottom;
+  auto X = [&](double v) { return left + (v - xa.lo) / (xa.hi - xa.lo) * pw; };
+  auto Y = [&](double v) { return top + ph - (v - ya.lo) / (ya.hi - ya.lo) * ph; };
+
+  std::ostringstream svg;
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
+      << "\" viewBox=\"0 0 " << width << " " << height
+      << "\" font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n";
+  svg << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  std::string title = "remat: peak memory vs throughput";
+  if (!s.spec().name().empty()) title += " — " + s.spec().name();
+  if (!s.id().empty()) title += " (" + s.id() + ")";
+  svg << "<text x=\"" << left << "\" y=\"28\" font-size=\"16\" font-weight=\"bold\">"
+      << XmlEscape(title) << "</text>\n";
+
+  // Grid and axes.
+  svg << "<g stroke=\"#e4e4e4\" stroke-width=\"1\">\n";
+  for (double v = xa.lo; v <= xa.hi + xa.step / 2; v += xa.step) {
+    svg << "<line x1=\"" << Num(X(v)) << "\" y1=\"" << top << "\" x2=\"" << Num(X(v)) << "\" y2=\""
+        << top + ph << "\"/>\n";
+  }
+  for (double v = ya.lo; v <= ya.hi + ya.step / 2; v += ya.step) {
+    svg << "<line x1=\"" << left << "\" y1=\"" << Num(Y(v)) << "\" x2=\"" << left + pw << "\" y2=\""
+        << Num(Y(v)) << "\"/>\n";
+  }
+  svg << "</g>\n";
+  svg << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << pw << "\" height=\"" << ph
+      << "\" fill=\"none\" stroke=\"#333\"/>\n";
+  svg << "<g fill=\"#333\">\n";
+  for (double v = xa.lo; v <= xa.hi + xa.step / 2; v += xa.step) {
+    svg << "<text x=\"" << Num(X(v)) << "\" y=\"" << top + ph + 18 << "\" text-anchor=\"middle\">"
+        << TickLabel(v, xa.step) << "</text>\n";
+  }
+  for (double v = ya.lo; v <= ya.hi + ya.step / 2; v += ya.step) {
+    svg << "<text x=\"" << left - 8 << "\" y=\"" << Num(Y(v) + 4) << "\" text-anchor=\"end\">"
+        << TickLabel(v, ya.step) << "</text>\n";
+  }
+  svg << "<text x=\"" << left + pw / 2 << "\" y=\"" << height - 22
+      << "\" text-anchor=\"middle\" font-size=\"13\">peak memory per rank (" << unit.name << ", "
+      << metric << ", max over ranks)</text>\n";
+  svg << "<text transform=\"translate(22," << top + ph / 2
+      << ") rotate(-90)\" text-anchor=\"middle\" font-size=\"13\">throughput (tokens/s)</text>\n";
+  svg << "</g>\n";
+
+  // The budget.
+  const std::string budget_text = "budget " + render::GiB(budget_bytes, "%.4g") + " GiB";
+  if (budget_on_chart) {
+    svg << "<line class=\"budget\" x1=\"" << Num(X(budget)) << "\" y1=\"" << top << "\" x2=\""
+        << Num(X(budget)) << "\" y2=\"" << top + ph
+        << "\" stroke=\"#c0392b\" stroke-width=\"1.5\" stroke-dasharray=\"6,4\"/>\n";
+    svg << "<text x=\"" << Num(X(budget) - 4) << "\" y=\"" << top + 14
+        << "\" text-anchor=\"end\" fill=\"#c0392b\">" << budget_text << "</text>\n";
+  } else {
+    svg << "<text class=\"budget\" x=\"" << left + pw - 6 << "\" y=\"" << top + 14
+        << "\" text-anchor=\"end\" fill=\"#c0392b\">" << budget_text
+        << " (off the chart, to the right) \u2192</text>\n";
+  }
+
+  // The frontier as a step line: between two frontier points the best throughput available is
+  // the lower point's; the last step runs on to the budget.
+  std::vector<Point> fpts;
+  for (const Point& p : points) {
+    if (p.ok && p.on_frontier) fpts.push_back(p);
+  }
+  std::sort(fpts.begin(), fpts.end(), [](const Point& a, const Point& b) { return a.mem < b.mem; });
+  if (!fpts.empty()) {
+    std::ostringstream d;
+    d << "M" << Num(X(fpts[0].mem)) << "," << Num(Y(fpts[0].tps));
+    for (size_t i = 1; i < fpts.size(); ++i) {
+      d << " H" << Num(X(fpts[i].mem)) << " V" << Num(Y(fpts[i].tps));
+    }
+    d << " H" << Num(budget_on_chart ? X(std::max(budget, fpts.back().mem)) : left + pw);
+    svg << "<path class=\"frontier\" d=\"" << d.str()
+        << "\" fill=\"none\" stroke=\"#1f6fb2\" stroke-width=\"2\"/>\n";
+  }
+
+  // Trials. Labels try four spots around their point and take the first that overlaps no
+  // label placed before (a crude but dependable way to keep close points readable). A frontier
+  // point is always labelled; any other point only where a free spot is left, so an exhaustive
+  // search's cloud of points stays legible (its policies are in the table and the JSON).
+  struct Box {
+    double x0, y0, x1, y1;
+  };
+  std::vector<Box> placed;
+  auto place_label = [&](double x, double y, const std::string& text,
+                         bool must) -> std::optional<std::pair<double, double>> {
+    const double w = 6.6 * text.size(), h = 13;
+    const double spots[4][2] = {
+        {x + 9, y - 8}, {x + 9, y + 17}, {x - 9 - w, y - 8}, {x - 9 - w, y + 17}};
+    for (const auto& spot : spots) {
+      Box b{spot[0], spot[1] - h + 2, spot[0] + w, spot[1] + 2};
+      bool clash = b.x1 > width - 2 || b.x0 < left + 2 || b.y0 < top;
+      for (const Box& o : placed) {
+        clash = clash || !(b.x1 < o.x0 || o.x1 < b.x0 || b.y1 < o.y0 || o.y1 < b.y0);
+      }
+      if (!clash) {
+        placed.push_back(b);
+        return std::pair<double, double>(spot[0], spot[1]);
+      }
+    }
+    if (!must) return std::nullopt;
+    placed.push_back(Box{x + 9, y - 19, x + 9 + w, y - 6});
+    return std::pair<double, double>(x + 9, y - 8);
+  };
+  std::vector<const Point*> order;
+  for (const Point& p : points) order.push_back(&p);
+  // Frontier points label first: they matter most.
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Point* a, const Point* b) { return a->on_frontier > b->on_frontier; });
+  for (const Point* pp : order) {
+    const Point& p = *pp;
+    if (p.oom) {
+      const double x = X(p.mem), y = Y(ya.lo) - 10;
+      svg << "<g class=\"oom\" stroke=\"#d62728\" stroke-width=\"2.5\"><line x1=\"" << Num(x - 6)
+          << "\" y1=\"" << Num(y - 6) << "\" x2=\"" << Num(x + 6) << "\" y2=\"" << Num(y + 6)
+          << "\"/><line x1=\"" << Num(x - 6) << "\" y1=\"" << Num(y + 6) << "\" x2=\"" << Num(x + 6)
+          << "\" y2=\"" << Num(y - 6) << "\"/></g>\n";
+      const std::string text = p.policy + " (oom)";
+      if (auto spot = place_label(x, y - 12, text, false)) {
+        svg << "<text x=\"" << Num(spot->first) << "\" y=\"" << Num(spot->second)
+            << "\" fill=\"#d62728\">" << XmlEscape(text) << "</text>\n";
+      }
+      continue;
+    }
+    const double x = X(p.mem), y = Y(p.tps);
+    const bool over = p.mem > budget;
+    const char* fill = p.on_frontier ? "#1f6fb2" : (over ? "#bbbbbb" : "white");
+    const char* stroke = over ? "#999999" : "#1f6fb2";
+    svg << "<circle class=\"trial\" cx=\"" << Num(x) << "\" cy=\"" << Num(y) << "\" r=\""
+        << (p.policy == recommended ? 7 : 5) << "\" fill=\"" << fill << "\" stroke=\"" << stroke
+        << "\" stroke-width=\"2\"/>\n";
+    if (p.policy == recommended) {
+      svg << "<circle cx=\"" << Num(x) << "\" cy=\"" << Num(y)
+          << "\" r=\"11\" fill=\"none\" stroke=\"#2ca02c\" stroke-width=\"2\"/>\n";
+    }
+    const std::string text = p.policy + (p.policy == recommended ? " (recommended)" : "");
+    if (auto spot = place_label(x, y, text, p.on_frontier || p.policy == recommended)) {
+      svg << "<text x=\"" << Num(spot->first) << "\" y=\"" << Num(spot->second)
+          << "\" fill=\"#222\">" << XmlEscape(text) << "</text>\n";
+    }
+  }
+
+  // Legend, in one row above the plot.
+  const double ly = 48;
+  double lx = left;
+  svg << "<g font-size=\"11\" fill=\"#333\">\n"
+      << "<circle cx=\"" << lx + 5 << "\" cy=\"" << ly - 4
+      << "\" r=\"5\" fill=\"#1f6fb2\" stroke=\"#1f6fb2\"/><text x=\"" << lx + 15 << "\" y=\"" << ly
+      << "\">on the frontier (step line)</text>\n";
+  lx += 175;
+  svg << "<circle cx=\"" << lx + 5 << "\" cy=\"" << ly - 4
+      << "\" r=\"5\" fill=\"white\" stroke=\"#1f6fb2\" stroke-width=\"2\"/><text x=\"" << lx + 15
+      << "\" y=\"" << ly << "\">dominated</text>\n";
+  lx += 85;
+  svg << "<circle cx=\"" << lx + 5 << "\" cy=\"" << ly - 4
+      << "\" r=\"5\" fill=\"#bbbbbb\" stroke=\"#999999\" stroke-width=\"2\"/><text x=\"" << lx + 15
+      << "\" y=\"" << ly << "\">over budget</text>\n";
+  lx += 95;
+  svg << "<text x=\"" << lx << "\" y=\"" << ly + 1
+      << "\" fill=\"#d62728\" font-weight=\"bold\" font-size=\"14\">\u00d7</text><text x=\""
+      << lx + 15 << "\" y=\"" << ly << "\">out of memory (at its peak)</text>\n";
+  lx += 190;
+  svg << "<circle cx=\"" << lx + 5 << "\" cy=\"" << ly - 4
+      << "\" r=\"7\" fill=\"none\" stroke=\"#2ca02c\" stroke-width=\"2\"/><text x=\"" << lx + 17
+      << "\" y=\"" << ly << "\">recommended</text>\n";
+  svg << "</g>\n";
+  svg << "</svg>\n";
+  return svg.str();
+}
+
+}  // namespace remat::cli

@@ -1,0 +1,227 @@
+#include "cli/render_text.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "search/frontier.h"
+
+namespace remat::cli {
+
+using render::Duration;
+using render::Format;
+using render::IsFinalStatus;
+using render::MaxAllocated;
+using render::MaxReserved;
+using render::Memory;
+using render::MemoryOf;
+using render::MemUnit;
+using render::Pad;
+using render::StatusOf;
+using render::StepTime;
+using render::Tokens;
+using render::UnitFor;
+
+void RenderReport(const v1::Search& s, std::ostream& out) {
+  const std::string& metric = s.memory_metric();
+  const uint64_t budget = s.memory_budget_bytes();
+  const std::set<std::string> frontier(s.frontier().begin(), s.frontier().end());
+  const std::string recommended = s.has_recommendation() ? s.recommendation() : "";
+
+  out << "search " << s.id();
+  if (!s.spec().name().empty()) out << " (" << s.spec().name() << ")";
+  out << ": " << StateName(s.state()) << ", " << s.trials_done() << " of "
+      << std::max(s.trials_planned(), s.trials_done()) << " trials done, budget " << Memory(budget)
+      << " per rank (" << metric << " memory)\n\n";
+
+  size_t policy_width = 6;
+  uint64_t max_bytes = 0;
+  for (const auto& t : s.trials()) {
+    policy_width = std::max(policy_width, t.policy().canonical().size());
+    max_bytes = std::max({max_bytes, MaxAllocated(t.result()), MaxReserved(t.result())});
+  }
+  const MemUnit unit = UnitFor(max_bytes);
+  out << "    " << Pad("policy", policy_width) << "  " << Pad("status", 9)
+      << Pad(std::string("alloc ") + unit.name, 10, true)
+      << Pad(std::string("resv ") + unit.name, 10, true) << Pad("step s", 10, true)
+      << Pad("tokens/s", 12, true) << "\n";
+  bool any_reused = false, any_predicted = false;
+  int noisy = 0;
+  double worst_spread = 0;
+  std::vector<std::string> notes;
+  for (const v1::Trial& t : s.trials()) {
+    const v1::TrialStatus status = StatusOf(t);
+    const v1::TrialResult& r = t.result();
+    const bool on_frontier = frontier.count(t.policy().canonical()) > 0;
+    const bool has_memory = r.ranks_size() > 0 && (MaxAllocated(r) > 0 || MaxReserved(r) > 0);
+    const bool ok = status == v1::TRIAL_STATUS_OK;
+    out << "  " << (on_frontier ? "* " : "  ") << Pad(t.policy().canonical(), policy_width) << "  "
+        << Pad(TrialStatusName(status), 9)
+        << Pad(has_memory ? unit.Of(MaxAllocated(r)) : "-", 10, true)
+        << Pad(has_memory ? unit.Of(MaxReserved(r)) : "-", 10, true)
+        << Pad(ok ? StepTime(r.step_time_s()) : "-", 10, true)
+        << Pad(ok ? Tokens(r.tokens_per_s()) : "-", 12, true);
+    std::vector<std::string> marks;
+    if (r.reused()) {
+      marks.push_back("reused");
+      any_reused = true;
+    }
+    if (r.predicted()) {
+      std::string mark = "predicted";
+      for (int i = 0; i < r.proxies_size(); ++i) {
+        mark += (i == 0 ? " from " : " and ") + std::to_string(r.proxies(i).num_layers());
+      }
+      if (r.proxies_size() > 0) mark += " layers";
+      marks.push_back(mark);
+      any_predicted = true;
+    }
+    if (ok && has_memory && MemoryOf(r, metric) > budget) marks.push_back("over budget");
+    if (ok && !r.predicted() && r.step_time_s() > 0 &&
+        r.step_time_spread_s() > search::kNoisyStepSpread * r.step_time_s()) {
+      marks.push_back("noisy");
+      ++noisy;
+      worst_spread = std::max(worst_spread, r.step_time_spread_s() / r.step_time_s());
+    }
+    if (!recommended.empty() && t.policy().canonical() == recommended) {
+      marks.push_back("<- recommended");
+    }
+    for (const auto& m : marks) out << "  " << m;
+    out << "\n";
+    if (IsFinalStatus(status) && !ok && !r.message().empty()) {
+      std::string msg = r.message();
+      if (msg.size() > 300) msg = msg.substr(0, 297) + "...";
+      notes.push_back(t.policy().canonical() + " (" + TrialStatusName(status) + "): " + msg);
+    }
+  }
+  out << "  * on the frontier";
+  if (any_reused) out << "; reused: taken from the results cache";
+  if (any_predicted) out << "; predicted: a depth-proxy prediction, not a measurement";
+  out << "\n";
+  if (noisy > 0) {
+    notes.push_back("noisy: " + std::to_string(noisy) +
+                    " trial(s) whose measured steps spread by more than " +
+                    Format("%.0f%%", 100 * search::kNoisyStepSpread) + " of the step time (up to " +
+                    Format("%.0f%%", 100 * worst_spread) +
+                    "); their tokens/s may be off by as much: raise search.measure_steps for "
+                    "steadier figures");
+  }
+  if (!notes.empty()) {
+    out << "\nnotes:\n";
+    for (const auto& n : notes) out << "  " << n << "\n";
+  }
+
+  // The frontier, memory ascending, with its figures.
+  std::map<std::string, const v1::Trial*> by_policy;
+  for (const auto& t : s.trials()) by_policy[t.policy().canonical()] = &t;
+  if (s.frontier_size() > 0) {
+    out << "\nfrontier (" << metric << " memory ascending):\n";
+    for (const std::string& p : s.frontier()) {
+      out << "  " << Pad(p, policy_width);
+      auto it = by_policy.find(p);
+      if (it != by_policy.end()) {
+        out << "  " << Pad(unit.Of(MemoryOf(it->second->result(), metric)), 8, true) << " "
+            << unit.name << "  " << Pad(Tokens(it->second->result().tokens_per_s()), 10, true)
+            << " tokens/s";
+      }
+      out << "\n";
+    }
+  }
+
+  out << "\n";
+  if (s.state() == v1::SEARCH_STATE_FAILED) {
+    out << "search failed" << (s.message().empty() ? "" : ": " + s.message()) << "\n";
+  } else if (s.state() == v1::SEARCH_STATE_CANCELLED) {
+    out << "search cancelled" << (s.message().empty() ? "" : ": " + s.message()) << "\n";
+  }
+  if (!recommended.empty()) {
+    out << "recommendation: " << recommended;
+    auto it = by_policy.find(recommended);
+    if (it != by_policy.end()) {
+      out << "  (" << Memory(MemoryOf(it->second->result(), metric)) << " " << metric
+          << " peak per rank, " << Tokens(it->second->result().tokens_per_s()) << " tokens/s)";
+    }
+    out << "\n";
+    const v1::Apply& apply = s.apply();
+    out << "apply with Megatron Bridge:  " << apply.megatron_bridge() << "\n";
+    out << "apply with Megatron-LM:      "
+        << (apply.megatron_lm().empty() ? "(no recompute flags: leave --recompute-* unset)"
+                                        : apply.megatron_lm())
+        << "\n";
+  } else if (s.state() == v1::SEARCH_STATE_SUCCEEDED) {
+    out << "no recommendation: " << s.message() << "\n";
+  } else if (s.state() == v1::SEARCH_STATE_QUEUED || s.state() == v1::SEARCH_STATE_RUNNING) {
+    out << "no recommendation yet\n";
+  }
+
+  if (s.fragmentation_size() > 0) {
+    out << "\nfragmentation:\n";
+    for (const auto& f : s.fragmentation()) out << "  " << f << "\n";
+  }
+}
+
+void RenderList(const v1::ListSearchesResponse& list, std::ostream& out) {
+  if (list.searches_size() == 0) {
+    out << "no searches\n";
+    return;
+  }
+  size_t id_w = 2, name_w = 4, owner_w = 5;
+  for (const auto& s : list.searches()) {
+    id_w = std::max(id_w, s.id().size());
+    name_w = std::max(name_w, s.name().size());
+    owner_w = std::max(owner_w, s.owner().size());
+  }
+  out << Pad("id", id_w) << "  " << Pad("name", name_w) << "  " << Pad("owner", owner_w) << "  "
+      << Pad("state", 10) << Pad("trials", 9) << "recommendation\n";
+  for (const auto& s : list.searches()) {
+    out << Pad(s.id(), id_w) << "  " << Pad(s.name(), name_w) << "  " << Pad(s.owner(), owner_w)
+        << "  " << Pad(StateName(s.state()), 10)
+        << Pad(std::to_string(s.trials_done()) + "/" + std::to_string(s.trials_planned()), 9)
+        << (s.has_recommendation() ? s.recommendation() : "-") << "\n";
+  }
+}
+
+std::string ProgressLine(const v1::SearchProgress& p, bool tty) {
+  const int planned = std::max(p.trials_planned(), p.trials_done());
+  std::string best;
+  if (p.has_best_policy()) {
+    best = p.best_policy() + " (" + Tokens(p.best_tokens_per_s()) + " tokens/s at " +
+           Memory(p.best_peak_bytes()) + ")";
+  }
+  const std::string eta = p.eta_s() > 0 ? Duration(p.eta_s()) : "?";
+  if (tty) {
+    constexpr int kWidth = 24;
+    const int filled = planned > 0 ? kWidth * p.trials_done() / planned : 0;
+    std::string bar = "[" + std::string(filled, '#') + std::string(kWidth - filled, '-') + "]";
+    std::string line = bar + " " + std::to_string(p.trials_done()) + "/" + std::to_string(planned) +
+                       " trials, " + std::to_string(p.trials_running()) + " running, " +
+                       Duration(p.elapsed_s()) + " elapsed, ETA " + eta;
+    if (!best.empty()) line += ", best " + best;
+    return line;
+  }
+  std::string line = "progress: " + std::to_string(p.trials_done()) + "/" +
+                     std::to_string(planned) + " trials done, " +
+                     std::to_string(p.trials_running()) + " running, " + Duration(p.elapsed_s()) +
+                     " elapsed, ETA " + eta + ", state " + StateName(p.state());
+  line += best.empty() ? "; no point fits yet" : "; best so far: " + best;
+  return line;
+}
+
+std::string TrialLine(const v1::Trial& t, const std::string& memory_metric) {
+  const v1::TrialStatus status = StatusOf(t);
+  const v1::TrialResult& r = t.result();
+  std::string line = "trial " + t.policy().canonical() + ": " + TrialStatusName(status);
+  if (r.ranks_size() > 0) {
+    line += ", " + Memory(MemoryOf(r, memory_metric)) + " " + memory_metric;
+  }
+  if (status == v1::TRIAL_STATUS_OK) line += ", " + Tokens(r.tokens_per_s()) + " tokens/s";
+  if (r.reused()) line += " (reused)";
+  if (status != v1::TRIAL_STATUS_OK && !r.message().empty()) {
+    std::string msg = r.message();
+    if (msg.size() > 160) msg = msg.substr(0, 157) + "...";
+    line += ": " + msg;
+  }
+  return line;
+}
+
+}  // namespace remat::cli
