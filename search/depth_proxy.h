@@ -20,10 +20,8 @@
 
 namespace remat::search {
 
-// Ok when the spec's proxy depths can predict its full depth: 1 <= d1 < d2 < num_layers, both
-// multiples of pipeline_model_parallel_size, and the MoE pattern of layers d1..num_layers-1 is
-// uniform (all dense or all MoE) so that the per-layer slope holds. Ok when no proxy is set.
-Status ValidateProxyDepths(const SearchSpec& spec);
+// The spec's proxy depths themselves are checked by ValidateSpec (search/spec.h): a rule of the
+// spec, so the spec does not depend on this file.
 
 // Empty when `policy` can be measured at both proxy depths and extrapolated: full:block:N needs
 // N < d1 (per stage); full:uniform:N needs d1 and d2 per stage to be multiples of N.

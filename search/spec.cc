@@ -1,8 +1,9 @@
 #include "search/spec.h"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 
-#include "search/depth_proxy.h"
 #include "search/pipeline.h"
 
 namespace remat::search {
@@ -238,6 +239,54 @@ Status ValidateSearch(const SearchOptions& s) {
   }
   if (!(s.trial_timeout_s > 0) || !std::isfinite(s.trial_timeout_s)) {
     return InvalidArgument("search.trial_timeout_s: must be a positive number");
+  }
+  return OkStatus();
+}
+
+// Ok when the proxy depths can predict the full depth: 1 <= d1 < d2 < num_layers, both multiples
+// of the layers' unit per model chunk (PP x virtual chunks, even stages only), and the MoE pattern of layers d1..num_layers-1 uniform (all
+// dense or all MoE) so that the per-layer slope holds (search/depth_proxy.h). Ok when no proxy
+// is set.
+Status ValidateProxyDepths(const SearchSpec& spec) {
+  const auto& d = spec.search.proxy_layers;
+  if (d.empty()) return OkStatus();
+  if (d.size() != 2) {
+    return InvalidArgument("search.proxy_layers: must list two depths [shallow, deep]");
+  }
+  // Layers per model chunk: the unit that a proxy depth must split into evenly.
+  const int pp =
+      std::max(1, spec.parallel.pipeline_model_parallel_size) * spec.parallel.VirtualChunks();
+  const ParallelSpec& par = spec.parallel;
+  if (par.num_layers_in_first_pipeline_stage || par.num_layers_in_last_pipeline_stage ||
+      par.account_for_embedding_in_pipeline_split || par.account_for_loss_in_pipeline_split) {
+    return InvalidArgument(
+        "search.proxy_layers: not supported with uneven pipeline stages (num_layers_in_*_"
+        "pipeline_stage, account_for_*_in_pipeline_split): a cut model would split differently");
+  }
+  if (d[0] < 1 || d[1] <= d[0]) {
+    return InvalidArgument("search.proxy_layers: must be two increasing positive depths, got [" +
+                           std::to_string(d[0]) + ", " + std::to_string(d[1]) + "]");
+  }
+  if (d[1] >= spec.model.num_layers) {
+    return InvalidArgument("search.proxy_layers: the deeper proxy (" + std::to_string(d[1]) +
+                           ") must be shallower than model.num_layers (" +
+                           std::to_string(spec.model.num_layers) + ")");
+  }
+  if (d[0] % pp != 0 || d[1] % pp != 0) {
+    return InvalidArgument("search.proxy_layers: depths must be multiples of "
+                           "pipeline_model_parallel_size x virtual chunks (" +
+                           std::to_string(pp) + ")");
+  }
+  if (spec.model.IsMoe()) {
+    const bool kind = spec.model.IsMoeLayer(d[0]);
+    for (int i = d[0]; i < spec.model.num_layers; ++i) {
+      if (spec.model.IsMoeLayer(i) != kind) {
+        return InvalidArgument(
+            "search.proxy_layers: layers from the shallow depth on must all be of one kind "
+            "(dense or MoE) for a per-layer cost to hold; layer " + std::to_string(i) +
+            " differs (check model.moe_layer_freq)");
+      }
+    }
   }
   return OkStatus();
 }
