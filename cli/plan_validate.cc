@@ -5,16 +5,15 @@
 
 #include "search/planner.h"
 #include "search/rules.h"
+#include "search/units.h"
 #include "specfile/spec_file.h"
 
 namespace remat::cli {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 std::string Gib(double bytes) {
   char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f", bytes / kGiB);
+  std::snprintf(buf, sizeof(buf), "%.2f", search::BytesToGib(bytes));
   return buf;
 }
 

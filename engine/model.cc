@@ -44,11 +44,6 @@ at::Tensor One(const std::vector<at::Tensor>& v) { return v.at(0); }
 
 }  // namespace
 
-int64_t PaddedVocabSize(const search::SearchSpec& spec) {
-  const int64_t multiple = 128LL * spec.parallel.tensor_model_parallel_size;
-  return (spec.model.vocab_size + multiple - 1) / multiple * multiple;
-}
-
 std::string UnsupportedReason(const search::SearchSpec& spec, const search::Policy& policy) {
   const ModelSpec& m = spec.model;
   const auto& par = spec.parallel;
@@ -156,7 +151,7 @@ struct GptModel::Impl {
     hidden = m.hidden_size;
     seq = m.seq_length;
     ffn = m.EffectiveFfnHiddenSize();
-    vocab_padded = static_cast<int>(PaddedVocabSize(spec));
+    vocab_padded = static_cast<int>(search::PaddedVocabSize(spec));
     sp = spec.parallel.sequence_parallel && tp > 1;
     ep = rt.ep_size();
     ep_rank = rt.ep_rank();

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "search/memory_model.h"  // PaddedVocabSize
 #include "search/policy.h"
 #include "search/spec.h"
 #include "engine/ops.h"
@@ -44,9 +45,6 @@ struct ParamInfo {
 
 // Why this engine cannot run `spec` (status invalid), or "" when it can.
 std::string UnsupportedReason(const search::SearchSpec& spec, const search::Policy& policy);
-
-// Megatron's padded vocabulary: a multiple of 128 * tensor_model_parallel_size.
-int64_t PaddedVocabSize(const search::SearchSpec& spec);
 
 class GptModel {
  public:

@@ -18,6 +18,7 @@
 
 #include "search/depth_proxy.h"
 #include "search/rules.h"
+#include "search/trial.h"
 #include "engine/collectives.h"
 #include "engine/memory_tracker.h"
 #include "engine/model.h"
@@ -344,12 +345,6 @@ std::string ErrorText(const std::exception& e) {
   return e.what();
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 }  // namespace
 
 // Depth proxies: the same ranks run the model cut to the two proxy depths, one after the other
@@ -508,13 +503,13 @@ search::TrialResult RunTrial(const TrialOptions& o) {
       if (step >= spec.search.warmup_steps) times.push_back(Seconds(t0, t1));
     }
     rank.static_bytes = optimizer.StaticBytes();
-    rank.step_time_s = Median(times);
+    rank.step_time_s = search::MedianStepTime(times);
     rank.step_times_s = times;
     result.step_time_s = rank.step_time_s;
     result.step_time_spread_s = *std::max_element(times.begin(), times.end()) -
                                 *std::min_element(times.begin(), times.end());
-    result.tokens_per_s = static_cast<double>(b) * s * dp / result.step_time_s;
-    result.model_tflops = ModelFlopsPerStep(spec, PaddedVocabSize(spec)) /
+    result.tokens_per_s = search::TokensPerSecond(spec, result.step_time_s);
+    result.model_tflops = ModelFlopsPerStep(spec, search::PaddedVocabSize(spec)) /
                           (result.step_time_s * o.world_size * 1e12);
     result.status = TrialStatus::kOk;
   } catch (const TrialStop& stop) {

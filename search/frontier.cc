@@ -3,14 +3,14 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "search/units.h"
+
 namespace remat::search {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 std::string Gib(uint64_t bytes) {
   char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f GiB", bytes / kGiB);
+  std::snprintf(buf, sizeof(buf), "%.2f GiB", BytesToGib(static_cast<double>(bytes)));
   return buf;
 }
 

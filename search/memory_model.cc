@@ -61,11 +61,7 @@ double ExpertTensorParallel(const SearchSpec& spec) {
 
 // Megatron pads the vocabulary to a multiple of 128 * TP (make_vocab_size_divisible_by = 128);
 // the embedding, the output layer, the logits and the FLOP formula all use the padded size.
-double PaddedVocab(const SearchSpec& spec) {
-  const long long divisor = 128LL * std::max(1, spec.parallel.tensor_model_parallel_size);
-  const long long v = std::max(0, spec.model.vocab_size);
-  return static_cast<double>((v + divisor - 1) / divisor * divisor);
-}
+double PaddedVocab(const SearchSpec& spec) { return static_cast<double>(PaddedVocabSize(spec)); }
 
 int StageLayers(const SearchSpec& spec) {
   const int p = std::max(1, spec.parallel.pipeline_model_parallel_size);
@@ -703,6 +699,12 @@ double PaperActivationBytesPerLayer(const SearchSpec& spec) {
   if (t == 1) return s * b * h * (34 + attn);
   if (spec.parallel.sequence_parallel) return s * b * h * (34 / t + attn / t);
   return s * b * h * (10 + 24 / t + attn / t);
+}
+
+int64_t PaddedVocabSize(const SearchSpec& spec) {
+  const int64_t divisor = 128LL * std::max(1, spec.parallel.tensor_model_parallel_size);
+  const int64_t v = std::max(0, spec.model.vocab_size);
+  return (v + divisor - 1) / divisor * divisor;
 }
 
 }  // namespace remat::search

@@ -85,6 +85,11 @@ double LabelRecomputeFlops(const SearchSpec& spec, Label label);
 // Parameter count on the most loaded rank of the first pipeline stage.
 double ParameterCount(const SearchSpec& spec);
 
+// Megatron's padded vocabulary: vocab_size rounded up to a multiple of 128 * TP
+// (make_vocab_size_divisible_by = 128); the embedding, the output layer, the logits and the FLOP
+// formula all use it.
+int64_t PaddedVocabSize(const SearchSpec& spec);
+
 // Megatron's model FLOPs for one step (one micro-batch per data-parallel replica), on one rank.
 double ModelFlopsPerStep(const SearchSpec& spec);
 

@@ -7,11 +7,10 @@
 
 #include "search/frontier.h"
 #include "search/rules.h"
+#include "search/units.h"
 
 namespace remat::search {
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // A label whose predicted extra saving on top of a policy is below this fraction of the
 // predicted peak cannot move the frontier: it is not proposed as a neighbour.
@@ -256,7 +255,7 @@ class GuidedStrategy : public Strategy {
         best_gain = gain;
         best = MakeCandidate(spec_, p,
                              "one change from " + anchor.policy.ToString() + ": " + change +
-                                 Fmt(" (predicted %.2f GiB", mem / kGiB) +
+                                 Fmt(" (predicted %.2f GiB", BytesToGib(mem)) +
                                  Fmt(", %.0f tokens/s)", tps));
       }
     };
@@ -383,7 +382,7 @@ std::vector<Candidate> InitialPlan(const SearchSpec& spec) {
     plan.push_back(MakeCandidate(
         spec, Policy::Selective({l}),
         std::string("single label ") + LabelName(l) +
-            Fmt(": predicted %.2f GiB less", (base.peak_bytes - e.peak_bytes) / kGiB) +
+            Fmt(": predicted %.2f GiB less", BytesToGib(base.peak_bytes - e.peak_bytes)) +
             Fmt(" for %.1f GFLOP replayed per step", e.recompute_flops / 1e9)));
   }
   if (flash && LabelProblem(spec, Label::kCoreAttn).empty()) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "search/status.h"
+#include "search/units.h"
 
 namespace remat::search {
 
@@ -152,7 +153,7 @@ struct SearchOptions {
   std::vector<int> proxy_layers;
 
   uint64_t MemoryBudgetBytes() const {
-    return static_cast<uint64_t>(memory_budget_gib * 1024.0 * 1024.0 * 1024.0);
+    return GibToBytes(memory_budget_gib);
   }
 };
 

@@ -9,6 +9,21 @@ constexpr const char* kStatus[] = {"ok", "oom", "failed", "timeout", "invalid", 
 
 const char* Name(TrialStatus s) { return kStatus[static_cast<int>(s)]; }
 
+double MedianStepTime(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::vector<double> MeasuredSteps(const std::vector<double>& all, int warmup_steps,
+                                  int measure_steps) {
+  const size_t begin = std::min(all.size(), static_cast<size_t>(std::max(0, warmup_steps)));
+  const size_t end =
+      std::min(all.size(), begin + static_cast<size_t>(std::max(0, measure_steps)));
+  return std::vector<double>(all.begin() + begin, all.begin() + end);
+}
+
 std::optional<TrialStatus> ParseTrialStatus(const std::string& s) {
   for (int i = 0; i < 6; ++i) {
     if (s == kStatus[i]) return static_cast<TrialStatus>(i);

@@ -61,6 +61,13 @@ struct TrialResult {
 // (0 when step_time_s is not positive).
 double TokensPerSecond(const SearchSpec& spec, double step_time_s);
 
+// The median of measured step times (0 when there are none): the one step time a rank reports.
+double MedianStepTime(std::vector<double> step_times_s);
+// The measure window of a run's step times: after the first `warmup_steps`, at most
+// `measure_steps` of them (fewer when the run had fewer).
+std::vector<double> MeasuredSteps(const std::vector<double>& step_times_s, int warmup_steps,
+                                  int measure_steps);
+
 // A measured step time is noisy when its measured steps spread by more than this fraction of
 // it (max - min over median): its tokens/s may be off by as much. Reports mark such trials.
 inline constexpr double kNoisyStepSpread = 0.10;

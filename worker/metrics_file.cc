@@ -8,7 +8,9 @@
 #include <sstream>
 
 #include "absl/status/status.h"
+#include "search/trial.h"
 #include "worker/result_combiner.h"
+#include "worker/trial_executor.h"
 
 namespace remat::worker {
 namespace {
@@ -44,15 +46,6 @@ absl::Status ReadList(const json& obj, const char* key, const std::string& where
   }
   return absl::OkStatus();
 }
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-int SpecInt(bool has, int value, int fallback) { return has ? value : fallback; }
 
 }  // namespace
 
@@ -159,9 +152,9 @@ absl::StatusOr<JobMetrics> ReadMetricsFiles(const std::string& path) {
 }
 
 v1::TrialResult MetricsToResult(const v1::TrialAssignment& assignment, const JobMetrics& metrics) {
-  const auto& so = assignment.spec().search();
-  const int warmup = SpecInt(so.has_warmup_steps(), so.warmup_steps(), 2);
-  const int measure = SpecInt(so.has_measure_steps(), so.measure_steps(), 5);
+  const search::SearchSpec spec = AssignmentSpec(assignment);
+  const int warmup = spec.search.warmup_steps;
+  const int measure = spec.search.measure_steps;
 
   v1::TrialResult out;
   *out.mutable_policy() = assignment.policy();
@@ -192,9 +185,8 @@ v1::TrialResult MetricsToResult(const v1::TrialAssignment& assignment, const Job
       }
       continue;
     }
-    const size_t end = std::min(r.step_times_s.size(), static_cast<size_t>(warmup + measure));
-    std::vector<double> measured(r.step_times_s.begin() + warmup, r.step_times_s.begin() + end);
-    const double median = Median(measured);
+    const std::vector<double> measured = search::MeasuredSteps(r.step_times_s, warmup, measure);
+    const double median = search::MedianStepTime(measured);
     rr->set_step_time_s(median);
     step = std::max(step, median);
     auto [mn, mx] = std::minmax_element(measured.begin(), measured.end());
@@ -222,7 +214,7 @@ v1::TrialResult MetricsToResult(const v1::TrialAssignment& assignment, const Job
     out.set_status(v1::TRIAL_STATUS_OK);
     out.set_step_time_s(step);
     out.set_step_time_spread_s(hi - lo);
-    out.set_tokens_per_s(TokensPerSecond(assignment.spec(), step));
+    out.set_tokens_per_s(search::TokensPerSecond(spec, step));
   }
   return out;
 }

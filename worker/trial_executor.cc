@@ -1,6 +1,7 @@
 // The replay executor, and what all executors share.
 #include "worker/trial_executor.h"
 
+#include "proto/convert.h"
 #include "worker/result_combiner.h"
 
 namespace remat::worker {
@@ -39,10 +40,13 @@ class ReplayExecutor : public TrialExecutor {
 
 }  // namespace
 
+search::SearchSpec AssignmentSpec(const v1::TrialAssignment& assignment) {
+  auto spec = proto::FromProto(assignment.spec());
+  return spec.ok() ? *spec : search::SearchSpec();
+}
+
 double TrialTimeoutSeconds(const v1::TrialAssignment& assignment) {
-  const auto& so = assignment.spec().search();
-  if (so.has_trial_timeout_s() && so.trial_timeout_s() > 0) return so.trial_timeout_s();
-  return 900;
+  return AssignmentSpec(assignment).search.trial_timeout_s;
 }
 
 std::unique_ptr<TrialExecutor> MakeReplayExecutor() { return std::make_unique<ReplayExecutor>(); }

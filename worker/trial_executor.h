@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "remat/v1/remat.pb.h"
+#include "search/spec.h"
 #include "worker/cancel_token.h"
 #include "worker/command_template.h"
 #include "worker/process_runner.h"
@@ -38,7 +39,12 @@ class TrialExecutor {
   virtual v1::TrialResult Run(const TrialContext& context) = 0;
 };
 
-// search.trial_timeout_s of the assignment's spec (900 when unset or not positive).
+// The assignment's spec in domain form: proto::FromProto fills in every omitted field with its
+// default (search/spec.h, the one home of the defaults). The defaults alone when the spec cannot
+// be read (the coordinator validated it, so only a foreign coordinator gets there).
+search::SearchSpec AssignmentSpec(const v1::TrialAssignment& assignment);
+
+// search.trial_timeout_s of the assignment's spec.
 double TrialTimeoutSeconds(const v1::TrialAssignment& assignment);
 
 struct BuiltinExecutorOptions {
