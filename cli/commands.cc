@@ -15,7 +15,6 @@
 
 #include "absl/strings/ascii.h"
 #include "cli/client.h"
-#include "cli/local_search.h"
 #include "cli/plan_validate.h"
 #include "cli/progress_printer.h"
 #include "cli/render.h"
@@ -155,7 +154,7 @@ int RunList(int limit, const ClientOptions& options) {
 }
 
 // Runs the local search with SIGINT/SIGTERM turned into a polite cancel.
-int RunSearchWithSignals(LocalSearchOptions options) {
+int RunSearchWithSignals(LocalSearchOptions options, const LocalSearchRunner& run) {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
@@ -171,7 +170,7 @@ int RunSearchWithSignals(LocalSearchOptions options) {
   });
   options.interrupted = &interrupted;
   options.tty = isatty(STDOUT_FILENO);
-  int code = RunLocalSearch(options, std::cout, std::cerr);
+  int code = run(options, std::cout, std::cerr);
   done = true;
   watcher.join();
   return code;
@@ -179,7 +178,7 @@ int RunSearchWithSignals(LocalSearchOptions options) {
 
 }  // namespace
 
-int RunCli(int argc, char** argv) {
+int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
   CLI::App app{
       "remat: finds the best activation-recompute policy for a Megatron job by "
       "measuring it"};
@@ -261,6 +260,7 @@ int RunCli(int argc, char** argv) {
   if (plan->parsed()) return RunPlan(spec_path, json, std::cout, std::cerr);
   if (validate->parsed()) return RunValidate(spec_path, policy, std::cout, std::cerr);
   if (search->parsed()) {
+    if (!local_search) return Fail(1, "search: this build of remat has no embedded search");
     // The embedded services log to stderr: stdout carries the progress and the result.
     spdlog::set_default_logger(spdlog::stderr_color_mt("remat"));
     spdlog::set_level(spdlog::level::from_str(log_level));
@@ -273,7 +273,7 @@ int RunCli(int argc, char** argv) {
     options.trial_binary = trial_binary;
     options.command_templates = templates;
     options.work_dir = work_dir;
-    return RunSearchWithSignals(options);
+    return RunSearchWithSignals(options, local_search);
   }
   ClientOptions options;
   if (int code = client.Resolve(&options); code != 0) return code;

@@ -10,10 +10,22 @@
 //
 // Flags and the environment are read here and nowhere else. Returns the process exit code
 // (0 ok, 2 bad input, 1 other); errors go to stderr as one line starting with "error:".
+//
+// `remat search` embeds a coordinator and a worker; remat_cli links neither. The composition
+// root (cli/remat_main.cc) hands RunCli the runner (RunLocalSearch of the remat_local_search
+// library); without one, `remat search` is refused with exit 1.
 #pragma once
+
+#include <functional>
+#include <ostream>
+
+#include "cli/local_search_options.h"
 
 namespace remat::cli {
 
-int RunCli(int argc, char** argv);
+using LocalSearchRunner =
+    std::function<int(const LocalSearchOptions&, std::ostream& out, std::ostream& err)>;
+
+int RunCli(int argc, char** argv, const LocalSearchRunner& local_search = nullptr);
 
 }  // namespace remat::cli

@@ -11,26 +11,17 @@
 // so), 2 for a bad spec (the message names the field), 1 for anything else (the search failed,
 // was interrupted, or could not start). Writes the JSON whenever a search ran.
 // Thread-safety: one call at a time per process (it owns the process's embedded services).
+//
+// Library remat_local_search (cli/CMakeLists.txt): the one place that composes the CLI with the
+// coordinator (server/) and the worker (worker/); the `remat` main links it.
 #pragma once
 
-#include <atomic>
 #include <ostream>
-#include <string>
+
+#include "cli/local_search_options.h"
 
 namespace remat::cli {
 
-struct LocalSearchOptions {
-  std::string spec_path;
-  std::string json_path;          // "" = no JSON file
-  std::string svg_path;           // "" = no SVG file
-  std::string db_path;            // "" = a database in a temporary folder
-  std::string gpus;               // as remat-worker --gpus; "" = every GPU
-  std::string trial_binary;       // "" = remat-trial beside the running remat
-  std::string command_templates;  // YAML file for backend command; "" = none
-  std::string work_dir;           // "" = a temporary folder (removed afterwards)
-  bool tty = false;               // progress as a redrawn bar instead of plain lines
-  const std::atomic<bool>* interrupted = nullptr;  // set by a signal handler: cancel and stop
-};
 
 int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::ostream& err);
 

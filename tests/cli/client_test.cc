@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/local_search.h"
 #include "cli/submit_request.h"
 
 namespace remat::cli {
@@ -68,7 +69,7 @@ TEST(ClientErrors, MessagesAndExitCodes) {
   EXPECT_EQ(ExitCode(absl::PermissionDeniedError("")), 1);
 }
 
-// Runs the CLI in-process, capturing stdout and stderr.
+// Runs the CLI in-process, composed as remat's main composes it, capturing stdout and stderr.
 int Cli(std::vector<std::string> args, std::string* out, std::string* err) {
   args.insert(args.begin(), "remat");
   std::vector<char*> argv;
@@ -76,7 +77,7 @@ int Cli(std::vector<std::string> args, std::string* out, std::string* err) {
   std::ostringstream o, e;
   auto* old_out = std::cout.rdbuf(o.rdbuf());
   auto* old_err = std::cerr.rdbuf(e.rdbuf());
-  int code = RunCli(static_cast<int>(argv.size()), argv.data());
+  int code = RunCli(static_cast<int>(argv.size()), argv.data(), RunLocalSearch);
   std::cout.rdbuf(old_out);
   std::cerr.rdbuf(old_err);
   *out = o.str();
@@ -107,6 +108,19 @@ TEST(Cli, BadArgumentsExitTwo) {
                 &out, &err),
             2);
   EXPECT_EQ(err, "error: --token-file: cannot read /nonexistent\n");
+}
+
+// remat_cli links neither the coordinator nor the worker: `remat search` needs the runner that
+// remat's main (the composition root) hands it.
+TEST(Cli, SearchWithoutTheComposedRunnerIsRefused) {
+  std::string arg0 = "remat", arg1 = "search", arg2 = Example("replay/llama3-8b-h100.yaml");
+  char* argv[] = {arg0.data(), arg1.data(), arg2.data()};
+  std::ostringstream e;
+  auto* old_err = std::cerr.rdbuf(e.rdbuf());
+  const int code = RunCli(3, argv);
+  std::cerr.rdbuf(old_err);
+  EXPECT_EQ(code, 1);
+  EXPECT_EQ(e.str(), "error: search: this build of remat has no embedded search\n");
 }
 
 TEST(Cli, HelpExitsZero) {
