@@ -35,6 +35,36 @@ std::string Architecture(const search::SearchSpec& spec) {
   return a;
 }
 
+// With pipeline stages: one row per stage, one column per candidate (the numbers of the table
+// above), each cell the stage's activation at its peak / its peak, in GiB. The row's own columns
+// say how many layers the stage has and how many micro-batches its schedule holds at the peak.
+void PrintStages(const std::vector<search::Candidate>& plan, std::ostream& out) {
+  out << "\nper pipeline stage: activation / peak GiB under candidate #; 'in flight': micro-batches"
+         "\n(chunk-forwards when interleaved) the schedule holds at the stage's peak\n";
+  char cell[64];
+  std::snprintf(cell, sizeof(cell), "%-6s %6s %9s", "stage", "layers", "in flight");
+  out << cell;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    std::snprintf(cell, sizeof(cell), " %15s", ("#" + std::to_string(i + 1)).c_str());
+    out << cell;
+  }
+  out << "\n";
+  const auto& stages = plan.front().estimate.stages;
+  for (size_t p = 0; p < stages.size(); ++p) {
+    std::snprintf(cell, sizeof(cell), "%-6zu %6d %9d", p, stages[p].layers, stages[p].in_flight);
+    out << cell;
+    for (const auto& c : plan) {
+      const auto& st = c.estimate.stages.at(p);
+      const std::string v = Gib(st.activation_bytes) + "/" + Gib(st.peak_bytes) +
+                            (static_cast<int>(p) == c.estimate.peak_stage ? "*" : " ");
+      std::snprintf(cell, sizeof(cell), " %15s", v.c_str());
+      out << cell;
+    }
+    out << "\n";
+  }
+  out << "(* the stage with the highest peak: it decides the fit)\n";
+}
+
 }  // namespace
 
 int RunPlan(const std::string& spec_path, bool json, std::ostream& out, std::ostream& err) {
@@ -56,7 +86,19 @@ int RunPlan(const std::string& spec_path, bool json, std::ostream& out, std::ost
     j["strategy"] = search::Name(spec->search.strategy);
     j["memory_budget_bytes"] = budget;
     j["candidates"] = nlohmann::json::array();
+    j["num_microbatches"] = spec->NumMicrobatches();
     for (const auto& c : plan) {
+      nlohmann::json stages = nlohmann::json::array();
+      for (const auto& st : c.estimate.stages) {
+        stages.push_back({
+            {"stage", st.stage},
+            {"predicted_activation_bytes", static_cast<uint64_t>(st.activation_bytes)},
+            {"predicted_peak_bytes", static_cast<uint64_t>(st.peak_bytes)},
+            {"predicted_static_bytes", static_cast<uint64_t>(st.static_bytes)},
+            {"layers", st.layers},
+            {"in_flight_microbatches", st.in_flight},
+        });
+      }
       j["candidates"].push_back({
           {"policy", c.policy.ToString()},
           {"reason", c.reason},
@@ -65,20 +107,27 @@ int RunPlan(const std::string& spec_path, bool json, std::ostream& out, std::ost
           {"predicted_static_bytes", static_cast<uint64_t>(c.estimate.static_bytes)},
           {"predicted_recompute_flops", c.estimate.recompute_flops},
           {"predicted_fits", c.estimate.peak_bytes <= static_cast<double>(budget)},
+          {"peak_stage", c.estimate.peak_stage},
+          {"stages", std::move(stages)},
       });
     }
     out << j.dump(2) << "\n";
     return 0;
   }
   const auto& est = plan.front().estimate;
-  out << "plan for " << spec->name << ": " << Architecture(*spec) << ", "
-      << spec->model.num_layers << " layers, seq " << spec->model.seq_length << ", TP "
-      << spec->parallel.tensor_model_parallel_size << " PP "
-      << spec->parallel.pipeline_model_parallel_size << " DP "
-      << spec->parallel.data_parallel_size << "\n";
-  out << "static (weights, grads, optimizer): " << Gib(est.static_bytes)
-      << " GiB per rank; budget " << Gib(budget) << " GiB ("
-      << search::Name(spec->search.memory_metric) << ")\n\n";
+  const auto& par = spec->parallel;
+  out << "plan for " << spec->name << ": " << Architecture(*spec) << ", " << spec->model.num_layers
+      << " layers, seq " << spec->model.seq_length << ", TP " << par.tensor_model_parallel_size;
+  if (par.context_parallel_size > 1) out << " CP " << par.context_parallel_size;
+  out << " PP " << par.pipeline_model_parallel_size;
+  if (par.VirtualChunks() > 1) out << " (VPP " << par.VirtualChunks() << ")";
+  if (par.expert_model_parallel_size > 1) out << " EP " << par.expert_model_parallel_size;
+  out << " DP " << par.data_parallel_size << ", " << spec->NumMicrobatches()
+      << (spec->NumMicrobatches() == 1 ? " micro-batch" : " micro-batches") << " per step\n";
+  out << "static (weights, grads, optimizer): " << Gib(est.static_bytes) << " GiB per rank";
+  if (est.stages.size() > 1) out << " on stage " << est.peak_stage << " (the highest peak)";
+  out << "; budget " << Gib(budget) << " GiB (" << search::Name(spec->search.memory_metric)
+      << ")\n\n";
   char line[256];
   std::snprintf(line, sizeof(line), "%-3s %-34s %12s %12s %6s  %s\n", "#", "policy",
                 "activ. GiB", "peak GiB", "fits", "reason");
@@ -91,6 +140,7 @@ int RunPlan(const std::string& spec_path, bool json, std::ostream& out, std::ost
                   c.estimate.peak_bytes <= static_cast<double>(budget) ? "yes" : "no");
     out << line << c.reason << "\n";
   }
+  if (est.stages.size() > 1) PrintStages(plan, out);
   out << "\nPredictions come from the analytic model (docs/memory-model.md); the search measures."
       << "\nAfter these, the guided search changes one label at a time from frontier points.\n";
   return 0;

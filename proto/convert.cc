@@ -165,6 +165,7 @@ StatusOr<search::SearchSpec> FromProto(const v1::SearchSpec& msg) {
     spec.train.use_distributed_optimizer = t.use_distributed_optimizer();
   }
   if (t.has_seed()) spec.train.seed = t.seed();
+  if (t.has_global_batch_size()) spec.train.global_batch_size = t.global_batch_size();
 
   const auto& p = msg.parallel();
   auto& sp = spec.parallel;
@@ -175,6 +176,22 @@ StatusOr<search::SearchSpec> FromProto(const v1::SearchSpec& msg) {
   if (p.has_sequence_parallel()) sp.sequence_parallel = p.sequence_parallel();
   if (p.has_expert_model_parallel_size()) sp.expert_model_parallel_size = p.expert_model_parallel_size();
   if (p.has_data_parallel_size()) sp.data_parallel_size = p.data_parallel_size();
+  if (p.has_virtual_pipeline_model_parallel_size()) {
+    sp.virtual_pipeline_model_parallel_size = p.virtual_pipeline_model_parallel_size();
+  }
+  if (p.has_context_parallel_size()) sp.context_parallel_size = p.context_parallel_size();
+  if (p.has_num_layers_in_first_pipeline_stage()) {
+    sp.num_layers_in_first_pipeline_stage = p.num_layers_in_first_pipeline_stage();
+  }
+  if (p.has_num_layers_in_last_pipeline_stage()) {
+    sp.num_layers_in_last_pipeline_stage = p.num_layers_in_last_pipeline_stage();
+  }
+  if (p.has_account_for_embedding_in_pipeline_split()) {
+    sp.account_for_embedding_in_pipeline_split = p.account_for_embedding_in_pipeline_split();
+  }
+  if (p.has_account_for_loss_in_pipeline_split()) {
+    sp.account_for_loss_in_pipeline_split = p.account_for_loss_in_pipeline_split();
+  }
 
   const auto& s = msg.search();
   auto& so = spec.search;
@@ -207,12 +224,26 @@ v1::SearchSpec ToProto(const search::SearchSpec& spec) {
   t->set_precision(search::Name(spec.train.precision));
   t->set_use_distributed_optimizer(spec.train.use_distributed_optimizer);
   t->set_seed(spec.train.seed);
+  if (spec.train.global_batch_size) t->set_global_batch_size(*spec.train.global_batch_size);
   auto* p = msg.mutable_parallel();
   p->set_tensor_model_parallel_size(spec.parallel.tensor_model_parallel_size);
   p->set_pipeline_model_parallel_size(spec.parallel.pipeline_model_parallel_size);
   p->set_sequence_parallel(spec.parallel.sequence_parallel);
   p->set_expert_model_parallel_size(spec.parallel.expert_model_parallel_size);
   p->set_data_parallel_size(spec.parallel.data_parallel_size);
+  const auto& par = spec.parallel;
+  if (par.virtual_pipeline_model_parallel_size) {
+    p->set_virtual_pipeline_model_parallel_size(*par.virtual_pipeline_model_parallel_size);
+  }
+  p->set_context_parallel_size(par.context_parallel_size);
+  if (par.num_layers_in_first_pipeline_stage) {
+    p->set_num_layers_in_first_pipeline_stage(*par.num_layers_in_first_pipeline_stage);
+  }
+  if (par.num_layers_in_last_pipeline_stage) {
+    p->set_num_layers_in_last_pipeline_stage(*par.num_layers_in_last_pipeline_stage);
+  }
+  p->set_account_for_embedding_in_pipeline_split(par.account_for_embedding_in_pipeline_split);
+  p->set_account_for_loss_in_pipeline_split(par.account_for_loss_in_pipeline_split);
   auto* s = msg.mutable_search();
   const auto& so = spec.search;
   s->set_memory_budget_gib(so.memory_budget_gib);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "search/pipeline.h"
+
 namespace remat::search {
 namespace {
 
@@ -20,9 +22,10 @@ double NormStatsBytes(const ModelSpec& m) {
 // The shape of one micro-batch on one rank. Sizes are doubles: products overflow 32 bits and
 // every result is a byte or FLOP count anyway.
 struct Dims {
-  double e = 2;        // bytes per activation element: 2 (bf16) or 4 (fp32)
-  double s = 0, b = 0, h = 0;
-  double tokens = 0;   // s * b: tokens of full-sequence tensors (attention, MLP internals)
+  double e = 2;                // bytes per activation element: 2 (bf16) or 4 (fp32)
+  double s = 0, b = 0, h = 0;  // s: the sequence this rank holds (seq_length / CP)
+  double s_kv = 0;    // keys each query attends over: the whole sequence (ring attention under CP)
+  double tokens = 0;  // s * b: tokens of full-sequence tensors (attention, MLP internals)
   double seq_tokens = 0;  // tokens of sequence-level tensors (norms, residual): tokens / t with SP
   double t = 1;        // tensor parallel size
   double heads = 0;    // attention heads on this rank
@@ -37,7 +40,8 @@ Dims MakeDims(const SearchSpec& spec) {
   const ModelSpec& m = spec.model;
   Dims x;
   x.e = spec.train.precision == Precision::kFp32 ? 4 : 2;
-  x.s = m.seq_length;
+  x.s = static_cast<double>(m.seq_length) / std::max(1, spec.parallel.context_parallel_size);
+  x.s_kv = m.seq_length;
   x.b = spec.train.micro_batch_size;
   x.h = m.hidden_size;
   x.tokens = x.s * x.b;
@@ -62,15 +66,6 @@ double ExpertTensorParallel(const SearchSpec& spec) {
 // Megatron pads the vocabulary to a multiple of 128 * TP (make_vocab_size_divisible_by = 128);
 // the embedding, the output layer, the logits and the FLOP formula all use the padded size.
 double PaddedVocab(const SearchSpec& spec) { return static_cast<double>(PaddedVocabSize(spec)); }
-
-int StageLayers(const SearchSpec& spec) {
-  const int p = std::max(1, spec.parallel.pipeline_model_parallel_size);
-  return std::max(0, spec.model.num_layers / p);
-}
-
-bool IsLastStage(const SearchSpec& spec) {
-  return std::max(1, spec.parallel.pipeline_model_parallel_size) == 1;
-}
 
 // The MoE shape on this rank, balanced routing.
 struct MoeDims {
@@ -190,12 +185,12 @@ LayerFlops EstimateLayerFlops(const SearchSpec& spec, int layer) {
     const double kv_down = 2 * x.tokens * x.h * (kvl + pe) / x.t;
     const double out = 2 * x.tokens * x.heads * vd * x.h;
     f.attn_linear = q_down + kv_down + f.mla_up + out;
-    f.core = x.b * x.s * x.s * x.heads * (qk + pe + vd);
+    f.core = x.b * x.s * x.s_kv * x.heads * (qk + pe + vd);
   } else {
     const double qkv = (x.heads + 2 * x.groups) * x.d;
     f.attn_linear = 2 * x.tokens * x.h * qkv + 2 * x.tokens * x.heads * x.d * x.h;
     // QK^T and PV, 2 * s^2 * d FLOPs each per head, halved by the causal mask.
-    f.core = 2 * x.b * x.s * x.s * x.heads * x.d;
+    f.core = 2 * x.b * x.s * x.s_kv * x.heads * x.d;
   }
   f.norms = 2 * x.seq_tokens * x.h *
             (m.normalization == Normalization::kLayerNorm ? kLayerNormFlops : kRmsNormFlops);
@@ -239,7 +234,7 @@ LayerWork EstimateLayerWork(const SearchSpec& spec, int layer) {
   }
   double core = 0;
   if (m.attention_backend == AttentionBackend::kUnfused) {
-    core = x.b * x.heads * x.s * x.s * UnfusedScoreChain(m, x.e).backward_peak;
+    core = x.b * x.heads * x.s * x.s_kv * UnfusedScoreChain(m, x.e).backward_peak;
   } else {
     core = 4 * x.tokens * q_width;  // fp32 dq accumulator of the fused kernel
   }
@@ -318,7 +313,8 @@ struct ParamCount {
   double expert = 0;  // routed-expert parameters on this rank
 };
 
-ParamCount CountParams(const SearchSpec& spec) {
+// Parameters on the most loaded rank of pipeline stage `pp_rank`.
+ParamCount CountParams(const SearchSpec& spec, int pp_rank) {
   const ModelSpec& m = spec.model;
   const double h = m.hidden_size, t = std::max(1, spec.parallel.tensor_model_parallel_size);
   const bool ln = m.normalization == Normalization::kLayerNorm;
@@ -329,8 +325,14 @@ ParamCount CountParams(const SearchSpec& spec) {
   auto mlp = [&](double ffn) { return (h * ffn * gl + bias * ffn * gl + ffn * h) / t + bias * h; };
 
   ParamCount p;
-  const int layers = StageLayers(spec);
-  for (int i = 0; i < layers; ++i) {
+  std::vector<int> layers;
+  bool first_stage = false, last_stage = false;
+  for (const StageChunk& c : ChunksOf(spec, pp_rank)) {
+    for (int i = 0; i < c.num_layers; ++i) layers.push_back(c.first_layer + i);
+    first_stage = first_stage || c.has_embedding;
+    last_stage = last_stage || c.has_loss;
+  }
+  for (int i : layers) {
     p.dense += 2 * norm(h);
     if (m.multi_latent_attention) {
       const double a = m.num_attention_heads;
@@ -362,15 +364,19 @@ ParamCount CountParams(const SearchSpec& spec) {
       p.dense += mlp(m.EffectiveFfnHiddenSize());
     }
   }
-  // The first stage holds the embedding; the last the final norm and the output layer.
+  // The first stage holds the embedding; the last the final norm and the output layer. With
+  // tied weights and PP > 1 the last stage keeps its own copy of the word embedding for the
+  // output layer (Megatron all-reduces the two copies' gradients).
   const double vocab = PaddedVocab(spec);
-  p.dense += vocab * h / t;
-  if (m.position_embedding_type == PositionEmbedding::kLearnedAbsolute) {
-    p.dense += 1.0 * m.seq_length * h;
+  if (first_stage) {
+    p.dense += vocab * h / t;
+    if (m.position_embedding_type == PositionEmbedding::kLearnedAbsolute) {
+      p.dense += 1.0 * m.seq_length * h;
+    }
   }
-  if (IsLastStage(spec)) {
+  if (last_stage) {
     p.dense += norm(h);
-    if (!m.share_embeddings_and_output_weights) p.dense += vocab * h / t;
+    if (!m.share_embeddings_and_output_weights || !first_stage) p.dense += vocab * h / t;
   }
   return p;
 }
@@ -387,10 +393,14 @@ double BytesPerParameter(const SearchSpec& spec, double dp) {
 
 double StaticParameterBytes(const SearchSpec& spec, const ParamCount& p) {
   const double t = std::max(1, spec.parallel.tensor_model_parallel_size);
+  const double cp = std::max(1, spec.parallel.context_parallel_size);
   const double dp = std::max(1, spec.parallel.data_parallel_size);
   const double ep = std::max(1, spec.parallel.expert_model_parallel_size);
-  const double expert_dp = t * dp / (ExpertTensorParallel(spec) * ep);
-  return p.dense * BytesPerParameter(spec, dp) + p.expert * BytesPerParameter(spec, expert_dp);
+  // Megatron reduces dense gradients over DP x CP (the CP ranks hold the same weights) and the
+  // distributed optimizer shards over that group; expert parameters over the expert-DP group,
+  // TP x CP x DP / (ETP x EP) ranks.
+  const double expert_dp = t * cp * dp / (ExpertTensorParallel(spec) * ep);
+  return p.dense * BytesPerParameter(spec, dp * cp) + p.expert * BytesPerParameter(spec, expert_dp);
 }
 
 // Activations outside the layers, and the backward working sets around them.
@@ -407,13 +417,12 @@ OuterActivations EstimateOuter(const SearchSpec& spec) {
   const Dims x = MakeDims(spec);
   const double vocab = PaddedVocab(spec);
   OuterActivations o;
-  o.embedding = 8 * x.tokens + (x.t > 1 ? x.tokens : 0) +
-                (m.hidden_dropout > 0 ? x.seq_tokens * x.h : 0);
-  o.embedding_work = x.e * vocab * x.h / x.t +
-                     (m.position_embedding_type == PositionEmbedding::kLearnedAbsolute
-                          ? x.e * x.s * x.h
-                          : 0);
-  if (!IsLastStage(spec)) return o;
+  o.embedding =
+      8 * x.tokens + (x.t > 1 ? x.tokens : 0) + (m.hidden_dropout > 0 ? x.seq_tokens * x.h : 0);
+  o.embedding_work =
+      x.e * vocab * x.h / x.t + (m.position_embedding_type == PositionEmbedding::kLearnedAbsolute
+                                     ? x.e * x.s_kv * x.h  // the whole position table's gradient
+                                     : 0);
   o.final_norm = 2 * x.e * x.seq_tokens * x.h + NormStatsBytes(m) * x.seq_tokens;
   // Megatron's vocab-parallel cross-entropy upcasts the logits to fp32, computes the softmax in
   // place and keeps it (plus the target mask and indices); the bf16 logits are then freed.
@@ -431,13 +440,14 @@ OuterActivations EstimateOuter(const SearchSpec& spec) {
   return o;
 }
 
-double PersistentBufferBytes(const SearchSpec& spec) {
-  if (spec.model.attention_backend != AttentionBackend::kUnfused || StageLayers(spec) == 0) {
+double PersistentBufferBytes(const SearchSpec& spec, int pp_rank) {
+  if (spec.model.attention_backend != AttentionBackend::kUnfused ||
+      StageLayerCount(spec, pp_rank) == 0) {
     return 0;
   }
   const Dims x = MakeDims(spec);
   // Megatron's global memory buffer for the baddbmm input, [b * heads, s, s], kept across steps.
-  return x.e * x.b * x.heads * x.s * x.s;
+  return x.e * x.b * x.heads * x.s * x.s_kv;
 }
 
 }  // namespace
@@ -468,7 +478,7 @@ LayerActivations EstimateLayerActivations(const SearchSpec& spec, int layer) {
   }
 
   const bool unfused = m.attention_backend == AttentionBackend::kUnfused;
-  const double scores = x.b * x.heads * x.s * x.s;  // score elements on this rank
+  const double scores = x.b * x.heads * x.s * x.s_kv;  // score elements on this rank
   const ScoreChain chain = UnfusedScoreChain(m, x.e);
   const double lse = 4 * x.tokens * x.heads;  // flash: fp32 logsumexp per query and head
   const double full = x.e * x.tokens;         // bytes per unit width of a full-sequence tensor
@@ -531,25 +541,32 @@ LayerActivations EstimateLayerActivations(const SearchSpec& spec, int layer) {
   return a;
 }
 
-MemoryEstimate EstimateMemory(const SearchSpec& spec, const Policy& policy) {
-  const ModelSpec& m = spec.model;
-  const int layers = StageLayers(spec);
-  const double t = std::max(1, spec.parallel.tensor_model_parallel_size);
+namespace {
 
-  MemoryEstimate est;
-  const ParamCount params = CountParams(spec);
-  est.parameters = params.dense + params.expert;
-  est.buffer_bytes = PersistentBufferBytes(spec);
-  est.static_bytes = StaticParameterBytes(spec, params) + est.buffer_bytes;
-  est.model_flops = ModelFlopsPerStep(spec);
+// One micro-batch through one model chunk under a policy: what it holds for backward and the
+// highest its own backward reaches (both above everything else the rank holds).
+struct ChunkEstimate {
+  double activation = 0;        // held between its forward and its backward
+  double layer_activation = 0;  // the part held by transformer layers
+  double logits = 0;            // the part held for the loss (last chunk of the last stage)
+  double backward_peak = 0;     // highest live bytes during its backward (>= activation)
+  double recompute_flops = 0;   // extra forward FLOPs its backward replays
+};
+
+ChunkEstimate EstimateChunk(const SearchSpec& spec, const Policy& policy, const StageChunk& chunk) {
+  const ModelSpec& m = spec.model;
+  const int layers = chunk.num_layers;
+  const double t = std::max(1, spec.parallel.tensor_model_parallel_size);
+  ChunkEstimate est;
 
   std::vector<LayerActivations> acts(layers);
   std::vector<LayerWork> work(layers);
   std::vector<double> kept(layers);
   for (int i = 0; i < layers; ++i) {
-    acts[i] = EstimateLayerActivations(spec, i);
-    work[i] = EstimateLayerWork(spec, i);
+    acts[i] = EstimateLayerActivations(spec, chunk.first_layer + i);
+    work[i] = EstimateLayerWork(spec, chunk.first_layer + i);
   }
+  // Megatron applies recompute_num_layers to each model chunk (one TransformerBlock) alone.
 
   const bool full = policy.IsFull();
   const int n = full ? std::clamp(policy.num_layers, 1, std::max(1, layers)) : 0;
@@ -560,7 +577,8 @@ MemoryEstimate EstimateMemory(const SearchSpec& spec, const Policy& policy) {
   auto checkpoint_input = [&](int i) { return acts[i].input / (distribute ? t : 1); };
   std::vector<Discard> discard(layers);
   for (int i = 0; i < layers; ++i) {
-    const LayerFlops flops = EstimateLayerFlops(spec, i);
+    const int global = chunk.first_layer + i;
+    const LayerFlops flops = EstimateLayerFlops(spec, global);
     if (uniform) {
       kept[i] = i % n == 0 ? checkpoint_input(i) : 0;
       est.recompute_flops += flops.Forward();
@@ -568,24 +586,25 @@ MemoryEstimate EstimateMemory(const SearchSpec& spec, const Policy& policy) {
       kept[i] = checkpoint_input(i);
       est.recompute_flops += flops.Forward();
     } else {
-      discard[i] = SelectiveDiscard(spec, policy, acts[i], i);
+      discard[i] = SelectiveDiscard(spec, policy, acts[i], global);
       kept[i] = acts[i].Total() - discard[i].Total();
-      est.recompute_flops += SelectiveFlops(spec, policy, flops, i);
+      est.recompute_flops += SelectiveFlops(spec, policy, flops, global);
     }
-    est.layer_activation_bytes += kept[i];
+    est.layer_activation += kept[i];
   }
 
   const OuterActivations outer = EstimateOuter(spec);
-  est.logits_bytes = outer.logits;
-  est.activation_bytes =
-      outer.embedding + est.layer_activation_bytes + outer.final_norm + outer.logits;
+  const double embedding = chunk.has_embedding ? outer.embedding : 0;
+  const double final_norm = chunk.has_loss ? outer.final_norm : 0;
+  est.logits = chunk.has_loss ? outer.logits : 0;
+  est.activation = embedding + est.layer_activation + final_norm + est.logits;
 
   // Walk the backward pass: the loss, then the layers from last to first, each freeing what it
   // held once done. A recomputed region is live again while its layer's backward runs.
-  double held = est.activation_bytes;
+  double held = est.activation;
   double peak = held;
-  peak = std::max(peak, held + outer.logits_work);
-  held -= outer.logits + outer.final_norm;
+  if (chunk.has_loss) peak = std::max(peak, held + outer.logits_work);
+  held -= est.logits + final_norm;
   // A checkpointed layer re-runs its whole forward at once; its MLP half is freed before the
   // attention half's backward.
   auto layer_work = [&](int i) {
@@ -608,18 +627,82 @@ MemoryEstimate EstimateMemory(const SearchSpec& spec, const Policy& policy) {
     }
     held -= kept[i];
   }
-  peak = std::max(peak, held + outer.embedding_work);
+  if (chunk.has_embedding) peak = std::max(peak, held + outer.embedding_work);
+  est.backward_peak = peak;
+  return est;
+}
 
-  est.transient_bytes = std::max(0.0, peak - est.activation_bytes);
-  est.peak_bytes = est.static_bytes + est.activation_bytes + est.transient_bytes;
+StageMemory EstimateStage(const SearchSpec& spec, const Policy& policy, int pp_rank) {
+  StageMemory st;
+  st.stage = pp_rank;
+  const ParamCount params = CountParams(spec, pp_rank);
+  st.parameters = params.dense + params.expert;
+  st.static_bytes = StaticParameterBytes(spec, params) + PersistentBufferBytes(spec, pp_rank);
+  std::vector<ChunkEstimate> chunks;
+  for (const StageChunk& c : ChunksOf(spec, pp_rank)) {
+    chunks.push_back(EstimateChunk(spec, policy, c));
+    st.layers += c.num_layers;
+    st.microbatch_activation_bytes += chunks.back().activation;
+    st.recompute_flops += chunks.back().recompute_flops * spec.NumMicrobatches();
+  }
+  // The peak comes just before one of the schedule's backwards: everything in flight is held,
+  // and the backward's own working set comes on top of its micro-batch.
+  double best = -1;
+  for (const InFlightState& state : InFlightStates(spec, pp_rank)) {
+    double held = 0, layers = 0, logits = 0;
+    int in_flight = 0;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      held += state.live_per_chunk[c] * chunks[c].activation;
+      layers += state.live_per_chunk[c] * chunks[c].layer_activation;
+      logits += state.live_per_chunk[c] * chunks[c].logits;
+      in_flight += state.live_per_chunk[c];
+    }
+    const ChunkEstimate& running = chunks[state.backward_chunk];
+    const double peak = held - running.activation + running.backward_peak;
+    if (peak > best) {
+      best = peak;
+      st.activation_bytes = held;
+      st.layer_activation_bytes = layers;
+      st.logits_bytes = logits;
+      st.in_flight = in_flight;
+    }
+  }
+  st.transient_bytes = std::max(0.0, best - st.activation_bytes);
+  st.peak_bytes = st.static_bytes + st.activation_bytes + st.transient_bytes;
+  return st;
+}
+
+}  // namespace
+
+MemoryEstimate EstimateMemory(const SearchSpec& spec, const Policy& policy) {
+  MemoryEstimate est;
+  est.model_flops = ModelFlopsPerStep(spec);
+  const int pp = std::max(1, spec.parallel.pipeline_model_parallel_size);
+  for (int p = 0; p < pp; ++p) {
+    est.stages.push_back(EstimateStage(spec, policy, p));
+    if (est.stages[p].peak_bytes > est.stages[est.peak_stage].peak_bytes) est.peak_stage = p;
+  }
+  const StageMemory& top = est.stages[est.peak_stage];
+  est.parameters = top.parameters;
+  est.buffer_bytes = PersistentBufferBytes(spec, est.peak_stage);
+  est.static_bytes = top.static_bytes;
+  est.activation_bytes = top.activation_bytes;
+  est.layer_activation_bytes = top.layer_activation_bytes;
+  est.logits_bytes = top.logits_bytes;
+  est.transient_bytes = top.transient_bytes;
+  est.peak_bytes = top.peak_bytes;
+  est.recompute_flops = top.recompute_flops;
+  est.in_flight = top.in_flight;
   return est;
 }
 
 double LabelSavingBytes(const SearchSpec& spec, Label label) {
   const Policy policy = Policy::Selective({label});
   double bytes = 0;
-  for (int i = 0; i < StageLayers(spec); ++i) {
-    bytes += SelectiveDiscard(spec, policy, EstimateLayerActivations(spec, i), i).Total();
+  for (const StageChunk& c : ChunksOf(spec, 0)) {
+    for (int i = c.first_layer; i < c.first_layer + c.num_layers; ++i) {
+      bytes += SelectiveDiscard(spec, policy, EstimateLayerActivations(spec, i), i).Total();
+    }
   }
   return bytes;
 }
@@ -627,23 +710,25 @@ double LabelSavingBytes(const SearchSpec& spec, Label label) {
 double LabelRecomputeFlops(const SearchSpec& spec, Label label) {
   const Policy policy = Policy::Selective({label});
   double flops = 0;
-  for (int i = 0; i < StageLayers(spec); ++i) {
-    flops += SelectiveFlops(spec, policy, EstimateLayerFlops(spec, i), i);
+  for (const StageChunk& c : ChunksOf(spec, 0)) {
+    for (int i = c.first_layer; i < c.first_layer + c.num_layers; ++i) {
+      flops += SelectiveFlops(spec, policy, EstimateLayerFlops(spec, i), i);
+    }
   }
-  return flops;
+  return flops * spec.NumMicrobatches();
 }
 
 double ParameterCount(const SearchSpec& spec) {
-  const ParamCount p = CountParams(spec);
+  const ParamCount p = CountParams(spec, 0);
   return p.dense + p.expert;
 }
 
 double ModelFlopsPerStep(const SearchSpec& spec) {
-  // Megatron-LM's num_floating_point_operations (transformer path), for one micro-batch per
-  // data-parallel replica, divided over the ranks of one replica (TP x PP).
+  // Megatron-LM's num_floating_point_operations (transformer path), for the micro-batches of one
+  // step on one data-parallel replica, divided over the ranks of one replica (TP x CP x PP).
   const ModelSpec& m = spec.model;
   const double h = m.hidden_size, a = m.num_attention_heads, s = m.seq_length;
-  const double tokens = s * spec.train.micro_batch_size;
+  const double tokens = s * spec.train.micro_batch_size * spec.NumMicrobatches();
   const double s2 = s * tokens;  // b * s^2
   const double layers = m.num_layers;
   const double moe_layers = m.NumMoeLayers();
@@ -676,14 +761,14 @@ double ModelFlopsPerStep(const SearchSpec& spec) {
                                  fwd_bwd * fma * h * PaddedVocab(spec)) +
                        s2 * core * layers;
   const double ranks = std::max(1, spec.parallel.tensor_model_parallel_size) *
+                       std::max(1, spec.parallel.context_parallel_size) *
                        std::max(1, spec.parallel.pipeline_model_parallel_size);
   return total / ranks;
 }
 
 std::optional<int> SmallestFittingBlock(const SearchSpec& spec, double budget_bytes) {
-  for (int n = 1; n <= StageLayers(spec); ++n) {
-    if (EstimateMemory(spec, Policy::Full(RecomputeMethod::kBlock, n)).peak_bytes <=
-        budget_bytes) {
+  for (int n = 1; n <= MaxChunkLayers(spec); ++n) {
+    if (EstimateMemory(spec, Policy::Full(RecomputeMethod::kBlock, n)).peak_bytes <= budget_bytes) {
       return n;
     }
   }

@@ -49,8 +49,8 @@ uint64_t TrialResult::PeakBytes(MemoryMetric metric) const {
 
 double TokensPerSecond(const SearchSpec& spec, double step_time_s) {
   if (!(step_time_s > 0)) return 0;
-  return static_cast<double>(spec.train.micro_batch_size) * spec.model.seq_length *
-         spec.parallel.data_parallel_size / step_time_s;
+  return static_cast<double>(spec.EffectiveGlobalBatchSize()) * spec.model.seq_length /
+         step_time_s;
 }
 
 }  // namespace remat::search

@@ -57,8 +57,8 @@ struct TrialResult {
   uint64_t PeakBytes(MemoryMetric metric) const;
 };
 
-// The contract's throughput: micro_batch_size * seq_length * data_parallel_size / step_time_s
-// (0 when step_time_s is not positive).
+// The contract's throughput: global_batch_size * seq_length / step_time_s (the default global
+// batch is micro_batch_size * data_parallel_size); 0 when step_time_s is not positive.
 double TokensPerSecond(const SearchSpec& spec, double step_time_s);
 
 // The median of measured step times (0 when there are none): the one step time a rank reports.

@@ -236,6 +236,7 @@ Status ReadModel(Section& s, search::ModelSpec* m) {
 Status ReadTrain(Section& s, search::TrainSpec* t) {
   REMAT_SEARCH_RETURN_IF_ERROR(s.CheckIsMap());
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("micro_batch_size", &t->micro_batch_size));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.OptionalInt("global_batch_size", &t->global_batch_size));
   REMAT_SEARCH_RETURN_IF_ERROR(
       s.Enum<search::Precision>("precision", search::ParsePrecision, "bf16, fp32", &t->precision));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("use_distributed_optimizer", &t->use_distributed_optimizer));
@@ -251,6 +252,17 @@ Status ReadParallel(Section& s, search::ParallelSpec* p) {
   REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("sequence_parallel", &p->sequence_parallel));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("expert_model_parallel_size", &p->expert_model_parallel_size));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("data_parallel_size", &p->data_parallel_size));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.OptionalInt("virtual_pipeline_model_parallel_size",
+                                             &p->virtual_pipeline_model_parallel_size));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("context_parallel_size", &p->context_parallel_size));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.OptionalInt("num_layers_in_first_pipeline_stage",
+                                             &p->num_layers_in_first_pipeline_stage));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.OptionalInt("num_layers_in_last_pipeline_stage",
+                                             &p->num_layers_in_last_pipeline_stage));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("account_for_embedding_in_pipeline_split",
+                                      &p->account_for_embedding_in_pipeline_split));
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      s.Bool("account_for_loss_in_pipeline_split", &p->account_for_loss_in_pipeline_split));
   return s.RejectUnknown();
 }
 

@@ -4,7 +4,7 @@
 // list holds its own RankResult). CombineRankResults merges them:
 //   - ranks: every rank's RankResult, sorted by rank;
 //   - step_time_s / step_time_spread_s / setup_s: max over ranks (the slowest rank sets the pace);
-//   - tokens_per_s: micro_batch_size * seq_length * data_parallel_size / step_time_s;
+//   - tokens_per_s: global_batch_size * seq_length / step_time_s (search::TokensPerSecond);
 //   - model_tflops: min over ranks (per GPU, the slowest); loss, grad_norm: the lowest rank's;
 //   - status: the worst over ranks, in this order (later is worse, and wins):
 //       ok < failed < oom < invalid < timeout < cancelled

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -47,6 +48,44 @@ TEST(PlanTest, ControlFirstThenTheArchitecturesFirstBoundary) {
             "selective:[mla_up_proj]");
   EXPECT_EQ(PlanJson("qwen-moe-proxy.yaml").at("candidates")[2].at("policy"),
             "selective:[moe_act]");
+}
+
+TEST(PlanTest, EveryCandidateListsItsPipelineStages) {
+  const struct {
+    const char* spec;
+    size_t stages;
+    int first_layers, last_layers, first_in_flight;
+  } cases[] = {
+      {"llama3-8b-proxy.yaml", 1, 4, 4, 1},
+      // PP 4, VPP 5, M = 128: stage 0 holds (4 - 0 - 1) x 2 + (5 - 1) x 4 + 1 chunk-forwards.
+      {"large/llama3-70b.yaml", 4, 20, 20, 23},
+      // (126 + embedding + loss) / 16 = 8 places: 7 layers on the first and last stages.
+      {"large/llama31-405b.yaml", 16, 7, 7, 15 * 2 + 3 * 16 + 1},
+      {"large/mixtral-8x22b.yaml", 8, 6, 8, 8},  // uneven split, 1F1B: PP in flight
+  };
+  for (const auto& c : cases) {
+    const nlohmann::json plan = PlanJson(c.spec);
+    for (const auto& cand : plan.at("candidates")) {
+      const auto& stages = cand.at("stages");
+      ASSERT_EQ(stages.size(), c.stages) << c.spec;
+      uint64_t most = 0;
+      for (size_t p = 0; p < stages.size(); ++p) {
+        EXPECT_EQ(stages[p].at("stage"), static_cast<int>(p));
+        EXPECT_GT(stages[p].at("predicted_activation_bytes").get<uint64_t>(), 0u);
+        most = std::max(most, stages[p].at("predicted_peak_bytes").get<uint64_t>());
+      }
+      EXPECT_EQ(cand.at("predicted_peak_bytes").get<uint64_t>(), most) << c.spec;
+      EXPECT_EQ(stages[0].at("layers"), c.first_layers) << c.spec;
+      EXPECT_EQ(stages.back().at("layers"), c.last_layers) << c.spec;
+      if (cand.at("policy") == "selective:[]") {
+        EXPECT_EQ(stages[0].at("in_flight_microbatches"), c.first_in_flight) << c.spec;
+      }
+    }
+  }
+  std::ostringstream out, err;
+  EXPECT_EQ(RunPlan(Example("large/llama3-70b.yaml"), false, out, err), 0) << err.str();
+  EXPECT_NE(out.str().find("PP 4 (VPP 5)"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("per pipeline stage"), std::string::npos) << out.str();
 }
 
 TEST(PlanTest, TableNamesTheSpecAndBadSpecsExitTwo) {

@@ -48,6 +48,39 @@ TEST(ConvertTest, SpecRoundTripsWithDefaultsResolved) {
   EXPECT_EQ(back->search.strategy, search::StrategyKind::kExhaustive);
 }
 
+TEST(ConvertTest, PipelineLayoutFieldsRoundTrip) {
+  search::SearchSpec s;
+  s.model.num_layers = 14;
+  s.model.hidden_size = 128;
+  s.model.num_attention_heads = 8;
+  s.model.seq_length = 32;
+  s.model.vocab_size = 100;
+  s.train.global_batch_size = 64;
+  s.parallel.pipeline_model_parallel_size = 4;
+  s.parallel.virtual_pipeline_model_parallel_size = 2;
+  s.parallel.context_parallel_size = 2;
+  s.parallel.account_for_embedding_in_pipeline_split = true;
+  s.parallel.account_for_loss_in_pipeline_split = true;
+  auto back = FromProto(ToProto(s));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(*back->train.global_batch_size, 64);
+  EXPECT_EQ(*back->parallel.virtual_pipeline_model_parallel_size, 2);
+  EXPECT_EQ(back->parallel.context_parallel_size, 2);
+  EXPECT_TRUE(back->parallel.account_for_embedding_in_pipeline_split);
+  EXPECT_TRUE(back->parallel.account_for_loss_in_pipeline_split);
+  EXPECT_FALSE(back->parallel.num_layers_in_first_pipeline_stage.has_value());
+  s.parallel.account_for_embedding_in_pipeline_split = false;
+  s.parallel.account_for_loss_in_pipeline_split = false;
+  s.parallel.num_layers_in_first_pipeline_stage = 2;
+  s.parallel.num_layers_in_last_pipeline_stage = 4;
+  s.train.global_batch_size.reset();  // unset stays unset: its default depends on DP
+  back = FromProto(ToProto(s));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(*back->parallel.num_layers_in_first_pipeline_stage, 2);
+  EXPECT_EQ(*back->parallel.num_layers_in_last_pipeline_stage, 4);
+  EXPECT_FALSE(back->train.global_batch_size.has_value());
+}
+
 TEST(ConvertTest, UnknownEnumNamesTheField) {
   v1::SearchSpec msg;
   msg.mutable_model()->set_normalization("BatchNorm");

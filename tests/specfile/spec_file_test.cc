@@ -54,6 +54,32 @@ TEST(SpecFileTest, MlaAndMoeFields) {
   EXPECT_TRUE(s->model.IsMoeLayer(3));
 }
 
+TEST(SpecFileTest, PipelineLayoutFields) {
+  auto s = ParseSpecYaml(std::string(kMinimal) + R"(
+  attention_backend: flash
+train:
+  global_batch_size: 16
+parallel:
+  pipeline_model_parallel_size: 2
+  virtual_pipeline_model_parallel_size: null
+  context_parallel_size: 2
+  num_layers_in_first_pipeline_stage: 1
+  num_layers_in_last_pipeline_stage: 1
+  account_for_embedding_in_pipeline_split: false
+  account_for_loss_in_pipeline_split: false
+)");
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(*s->train.global_batch_size, 16);
+  EXPECT_FALSE(s->parallel.virtual_pipeline_model_parallel_size.has_value());
+  EXPECT_EQ(s->parallel.context_parallel_size, 2);
+  EXPECT_EQ(*s->parallel.num_layers_in_first_pipeline_stage, 1);
+  EXPECT_EQ(s->NumMicrobatches(), 16);
+  auto bad = ParseSpecYaml(std::string(kMinimal) + "parallel:\n  context_parallel_size: two\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message().rfind("parallel.context_parallel_size:", 0), 0u)
+      << bad.status().message();
+}
+
 TEST(SpecFileTest, ReplayTablePathIsRelativeToTheSpec) {
   const std::string path = std::string(REMAT_SOURCE_DIR) + "/examples/replay/llama3-8b-h100.yaml";
   auto s = LoadSpecFile(path);
