@@ -184,6 +184,9 @@ StatusOr<search::SearchSpec> FromProto(const v1::SearchSpec& msg) {
                                         &so.memory_metric));
   REMAT_SEARCH_RETURN_IF_ERROR(ReadEnum(s.has_strategy(), s.strategy(), "search.strategy",
                                         search::ParseStrategyKind, &so.strategy));
+  REMAT_SEARCH_RETURN_IF_ERROR(ReadEnum(s.has_objective(), s.objective(), "search.objective",
+                                        search::ParseObjective, &so.objective));
+  if (s.has_memory_headroom_gib()) so.memory_headroom_gib = s.memory_headroom_gib();
   if (s.has_max_trials()) so.max_trials = s.max_trials();
   if (s.has_warmup_steps()) so.warmup_steps = s.warmup_steps();
   if (s.has_measure_steps()) so.measure_steps = s.measure_steps();
@@ -218,6 +221,8 @@ v1::SearchSpec ToProto(const search::SearchSpec& spec) {
   s->set_memory_budget_gib(so.memory_budget_gib);
   s->set_memory_metric(search::Name(so.memory_metric));
   s->set_strategy(search::Name(so.strategy));
+  s->set_objective(search::Name(so.objective));
+  s->set_memory_headroom_gib(so.memory_headroom_gib);
   s->set_max_trials(so.max_trials);
   s->set_warmup_steps(so.warmup_steps);
   s->set_measure_steps(so.measure_steps);
