@@ -22,9 +22,7 @@ constexpr double kMinHypervolumeGain = 0.002;
 // The frontier objective stops when every untried policy together is predicted to add less than
 // this fraction of the measured frontier's hypervolume (the goal is 0.97 of the exhaustive one).
 // Both thresholds were chosen on the replay bench (bench/search, docs/results.md): lower ones
-// buy little hypervolume for many trials on the 80-layer surfaces; ranking by an optimistic
-// prediction (a little faster or smaller than predicted, to catch lucky measurements) raised the
-// hypervolume of noisy tables but cost the 76-policy MLA table 38% of its trials.
+// buy little hypervolume for many trials on the 80-layer surfaces.
 constexpr double kStopHypervolumeGain = 0.003;
 
 // A prediction up to this fraction over a budget may still fit: the anchored model's error.
@@ -223,8 +221,8 @@ class GuidedStrategy : public Strategy {
       with.push_back(point);
       // Ranked as if a selective policy came out half a caching spread smaller than predicted:
       // its reserved peak carries its own caching, which no neighbour predicts. (A whole spread
-      // cost the MLA table three more trials for no more hypervolume; none lost the 80-layer
-      // flash surface 0.01 of its hypervolume. bench/search.)
+      // cost the MLA tables two more trials for no more hypervolume; none lost the 80-layer
+      // flash surface 0.01 of its hypervolume: docs/results.md.)
       if (!p.IsFull()) {
         with.back().memory_bytes =
             static_cast<uint64_t>(point.memory_bytes * (1 - 0.5 * caching_spread));
