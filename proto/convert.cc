@@ -322,4 +322,26 @@ v1::TrialResult ToProto(const search::TrialResult& r) {
   return msg;
 }
 
+namespace {
+void FillCandidate(const search::RecommendationCandidate& c, v1::RecommendationCandidate* out) {
+  out->set_policy(c.policy.ToString());
+  out->set_memory_bytes(c.memory_bytes);
+  out->set_tokens_per_s(c.tokens_per_s);
+  out->set_noise(c.noise);
+  out->set_recompute_flops(c.recompute_flops);
+  out->set_below_best(c.below_best);
+  out->set_tolerance(c.tolerance);
+}
+}  // namespace
+
+v1::RecommendationDetail ToProto(const search::Recommendation& recommendation) {
+  v1::RecommendationDetail msg;
+  FillCandidate(recommendation.choice, msg.mutable_choice());
+  FillCandidate(recommendation.best, msg.mutable_best());
+  for (const auto& c : recommendation.tied) FillCandidate(c, msg.add_tied());
+  msg.set_budget_bytes(recommendation.budget_bytes);
+  msg.set_reason(recommendation.reason);
+  return msg;
+}
+
 }  // namespace remat::proto
