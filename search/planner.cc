@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <map>
 #include <set>
-#include <tuple>
 
 #include "search/frontier.h"
 #include "search/predict.h"
@@ -120,7 +119,9 @@ std::vector<Candidate> FullRecomputePlan(const SearchSpec& spec) {
 //              with less recompute); the search ends when none could. Full recompute is tried only
 //              when no selective policy fits as measured and none is predicted to.
 // While nothing fits, the policy with the highest predicted throughput among those predicted to
-// fit goes first (selective before full under recommend).
+// fit goes first (under recommend: the plan's order first, and full recompute only once no
+// selective policy may fit). Beyond the plan nothing is proposed on the model alone: while nothing
+// fits and trials are outstanding, the strategy waits for them.
 class GuidedStrategy : public Strategy {
  public:
   explicit GuidedStrategy(const SearchSpec& spec)
@@ -193,7 +194,7 @@ class GuidedStrategy : public Strategy {
             .empty()) {
       // What is still running may fit: wait for it rather than guess from the model alone.
       if (Outstanding()) return std::nullopt;
-      return NextToFit(spec_.search.MemoryBudgetBytes(), /*selective_first=*/false);
+      return NextToFit(spec_.search.MemoryBudgetBytes());
     }
     return NextForFrontier(results);
   }
@@ -269,16 +270,14 @@ class GuidedStrategy : public Strategy {
 
   // Nothing fits yet: the untried policy with the highest predicted throughput among those
   // predicted to fit `budget` (without a time to go on, the lowest predicted memory).
-  std::optional<Candidate> NextToFit(uint64_t budget, bool selective_first) const {
+  std::optional<Candidate> NextToFit(uint64_t budget) const {
     std::optional<Candidate> best;
-    std::tuple<bool, double, double> best_key;
+    std::pair<double, double> best_key;
     for (const Policy& p : all_) {
       if (tried_.count(p.ToString())) continue;
       const Prediction pred = predictor_.Predict(results_, p);
       if (!MayFit(pred, budget)) continue;
-      // Larger is better: selective (when it goes first), throughput, less memory.
-      const std::tuple<bool, double, double> key{selective_first && !p.IsFull(), pred.tokens_per_s,
-                                                 -pred.memory_bytes};
+      const std::pair<double, double> key{pred.tokens_per_s, -pred.memory_bytes};
       if (!best || key > best_key) {
         best_key = key;
         best = MakeCandidate(spec_, p,
