@@ -60,20 +60,6 @@ std::vector<FrontierPoint> ComputeFrontier(const std::vector<TrialResult>& trial
   return ParetoFrontier(EligiblePoints(trials, metric, budget_bytes));
 }
 
-std::optional<FrontierPoint> Recommend(const std::vector<FrontierPoint>& frontier) {
-  std::optional<FrontierPoint> best;
-  for (const auto& p : frontier) {
-    if (!best || p.tokens_per_s > best->tokens_per_s ||
-        (p.tokens_per_s == best->tokens_per_s &&
-         (p.memory_bytes < best->memory_bytes ||
-          (p.memory_bytes == best->memory_bytes &&
-           p.policy.ToString() < best->policy.ToString())))) {
-      best = p;
-    }
-  }
-  return best;
-}
-
 std::optional<Recommendation> RecommendPolicy(const SearchSpec& spec,
                                               const std::vector<TrialResult>& trials) {
   const MemoryMetric metric = spec.search.memory_metric;

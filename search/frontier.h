@@ -32,10 +32,6 @@ std::vector<FrontierPoint> ParetoFrontier(const std::vector<FrontierPoint>& poin
 std::vector<FrontierPoint> ComputeFrontier(const std::vector<TrialResult>& trials,
                                            MemoryMetric metric, uint64_t budget_bytes);
 
-// The frontier point with the highest throughput (ties: lower memory, then policy string).
-// The live "best so far" of a running search; the final recommendation is RecommendPolicy's.
-std::optional<FrontierPoint> Recommend(const std::vector<FrontierPoint>& frontier);
-
 // The smallest tie band of the recommendation rule: throughputs closer than this fraction of the
 // best are never told apart, however steady the steps look (run-to-run drift on one GPU is about
 // this large; docs/results.md).

@@ -118,7 +118,9 @@ TEST(Render, FixtureFrontierMatchesTheSearchCore) {
   std::vector<std::string> got;
   for (const auto& p : frontier) got.push_back(p.policy.ToString());
   EXPECT_EQ(got, std::vector<std::string>(s.frontier().begin(), s.frontier().end()));
-  EXPECT_EQ(search::Recommend(frontier)->policy.ToString(), s.recommendation());
+  auto spec = proto::FromProto(s.spec());
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(search::RecommendPolicy(*spec, results)->choice.policy.ToString(), s.recommendation());
   EXPECT_EQ(s.fragmentation_size(), 1);
 }
 
