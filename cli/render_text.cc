@@ -147,9 +147,9 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
       out << "why: " << d.reason() << "\n";
       if (d.tied_size() > 1) {
         out << "tied within the noise of the best (least recompute first):\n";
-        out << "  " << Pad("policy", 44) << Pad("tokens/s", 10, true)
-            << Pad("below best", 12, true) << Pad("band", 7, true)
-            << Pad("replayed GFLOP/step", 21, true) << Pad(metric + " peak", 16, true) << "\n";
+        out << "  " << Pad("policy", 44) << Pad("tokens/s", 10, true) << Pad("below best", 12, true)
+            << Pad("band", 7, true) << Pad("replayed GFLOP/step", 21, true)
+            << Pad(metric + " peak", 16, true) << "\n";
         for (const v1::RecommendationCandidate& c : d.tied()) {
           out << "  " << Pad(c.policy(), 44) << Pad(Tokens(c.tokens_per_s()), 10, true)
               << Pad(Format("%.1f%%", 100 * c.below_best()), 12, true)
