@@ -88,6 +88,32 @@ std::string ResultJson(const v1::Search& s) {
     j["recommendation"] = nullptr;
     j["apply"] = nullptr;
   }
+  // Why the recommendation fell where it did (the coordinator's search::RecommendPolicy).
+  if (s.has_recommendation_detail()) {
+    const v1::RecommendationDetail& d = s.recommendation_detail();
+    ordered_json tied = ordered_json::array();
+    for (const v1::RecommendationCandidate& c : d.tied()) {
+      ordered_json cj;
+      cj["policy"] = c.policy();
+      cj["memory_bytes"] = c.memory_bytes();
+      cj["tokens_per_s"] = c.tokens_per_s();
+      cj["step_spread"] = c.noise();
+      cj["recompute_flops"] = c.recompute_flops();
+      cj["below_best"] = c.below_best();
+      cj["tolerance"] = c.tolerance();
+      tied.push_back(std::move(cj));
+    }
+    ordered_json dj;
+    dj["choice"] = d.choice().policy();
+    dj["best"] = d.best().policy();
+    dj["best_tokens_per_s"] = d.best().tokens_per_s();
+    dj["budget_bytes"] = d.budget_bytes();
+    dj["tied"] = std::move(tied);
+    dj["reason"] = d.reason();
+    j["recommendation_detail"] = std::move(dj);
+  } else {
+    j["recommendation_detail"] = nullptr;
+  }
   j["message"] = s.message();
   j["trials_done"] = s.trials_done();
   j["trials_planned"] = s.trials_planned();

@@ -142,6 +142,23 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
           << " peak per rank, " << Tokens(it->second->result().tokens_per_s()) << " tokens/s)";
     }
     out << "\n";
+    if (s.has_recommendation_detail()) {
+      const v1::RecommendationDetail& d = s.recommendation_detail();
+      out << "why: " << d.reason() << "\n";
+      if (d.tied_size() > 1) {
+        out << "tied within the noise of the best (least recompute first):\n";
+        out << "  " << Pad("policy", 44) << Pad("tokens/s", 10, true) << Pad("below best", 12, true)
+            << Pad("band", 7, true) << Pad("replayed GFLOP/step", 21, true)
+            << Pad(metric + " peak", 16, true) << "\n";
+        for (const v1::RecommendationCandidate& c : d.tied()) {
+          out << "  " << Pad(c.policy(), 44) << Pad(Tokens(c.tokens_per_s()), 10, true)
+              << Pad(Format("%.1f%%", 100 * c.below_best()), 12, true)
+              << Pad(Format("%.1f%%", 100 * c.tolerance()), 7, true)
+              << Pad(Format("%.1f", c.recompute_flops() / 1e9), 21, true)
+              << Pad(Memory(c.memory_bytes()), 16, true) << "\n";
+        }
+      }
+    }
     const v1::Apply& apply = s.apply();
     out << "apply with Megatron Bridge:  " << apply.megatron_bridge() << "\n";
     out << "apply with Megatron-LM:      "

@@ -201,6 +201,9 @@ StatusOr<search::SearchSpec> FromProto(const v1::SearchSpec& msg) {
                                         &so.memory_metric));
   REMAT_SEARCH_RETURN_IF_ERROR(ReadEnum(s.has_strategy(), s.strategy(), "search.strategy",
                                         search::ParseStrategyKind, &so.strategy));
+  REMAT_SEARCH_RETURN_IF_ERROR(ReadEnum(s.has_objective(), s.objective(), "search.objective",
+                                        search::ParseObjective, &so.objective));
+  if (s.has_memory_headroom_gib()) so.memory_headroom_gib = s.memory_headroom_gib();
   if (s.has_max_trials()) so.max_trials = s.max_trials();
   if (s.has_warmup_steps()) so.warmup_steps = s.warmup_steps();
   if (s.has_measure_steps()) so.measure_steps = s.measure_steps();
@@ -249,6 +252,8 @@ v1::SearchSpec ToProto(const search::SearchSpec& spec) {
   s->set_memory_budget_gib(so.memory_budget_gib);
   s->set_memory_metric(search::Name(so.memory_metric));
   s->set_strategy(search::Name(so.strategy));
+  s->set_objective(search::Name(so.objective));
+  s->set_memory_headroom_gib(so.memory_headroom_gib);
   s->set_max_trials(so.max_trials);
   s->set_warmup_steps(so.warmup_steps);
   s->set_measure_steps(so.measure_steps);
@@ -345,6 +350,28 @@ v1::TrialResult ToProto(const search::TrialResult& r) {
   msg.set_reused(r.reused);
   msg.set_predicted(r.predicted);
   msg.set_message(r.message);
+  return msg;
+}
+
+namespace {
+void FillCandidate(const search::RecommendationCandidate& c, v1::RecommendationCandidate* out) {
+  out->set_policy(c.policy.ToString());
+  out->set_memory_bytes(c.memory_bytes);
+  out->set_tokens_per_s(c.tokens_per_s);
+  out->set_noise(c.noise);
+  out->set_recompute_flops(c.recompute_flops);
+  out->set_below_best(c.below_best);
+  out->set_tolerance(c.tolerance);
+}
+}  // namespace
+
+v1::RecommendationDetail ToProto(const search::Recommendation& recommendation) {
+  v1::RecommendationDetail msg;
+  FillCandidate(recommendation.choice, msg.mutable_choice());
+  FillCandidate(recommendation.best, msg.mutable_best());
+  for (const auto& c : recommendation.tied) FillCandidate(c, msg.add_tied());
+  msg.set_budget_bytes(recommendation.budget_bytes);
+  msg.set_reason(recommendation.reason);
   return msg;
 }
 

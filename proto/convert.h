@@ -3,6 +3,7 @@
 #pragma once
 
 #include "remat/v1/remat.pb.h"
+#include "search/frontier.h"
 #include "search/spec.h"
 #include "search/status.h"
 #include "search/trial.h"
@@ -21,6 +22,9 @@ search::StatusOr<search::TrialResult> FromProto(const v1::TrialResult& msg);
 v1::TrialResult ToProto(const search::TrialResult& result);
 
 v1::TrialStatus ToProto(search::TrialStatus status);
+
+// The recommendation and why (search/frontier.h RecommendPolicy).
+v1::RecommendationDetail ToProto(const search::Recommendation& recommendation);
 // nullopt for UNSPECIFIED / PENDING / RUNNING (not final).
 std::optional<search::TrialStatus> FromProto(v1::TrialStatus status);
 

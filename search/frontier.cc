@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "search/units.h"
+#include "search/memory_model.h"
 
 namespace remat::search {
 namespace {
@@ -58,18 +59,77 @@ std::vector<FrontierPoint> ComputeFrontier(const std::vector<TrialResult>& trial
   return ParetoFrontier(EligiblePoints(trials, metric, budget_bytes));
 }
 
-std::optional<FrontierPoint> Recommend(const std::vector<FrontierPoint>& frontier) {
-  std::optional<FrontierPoint> best;
-  for (const auto& p : frontier) {
-    if (!best || p.tokens_per_s > best->tokens_per_s ||
-        (p.tokens_per_s == best->tokens_per_s &&
-         (p.memory_bytes < best->memory_bytes ||
-          (p.memory_bytes == best->memory_bytes &&
-           p.policy.ToString() < best->policy.ToString())))) {
-      best = p;
-    }
+std::optional<Recommendation> RecommendPolicy(const SearchSpec& spec,
+                                              const std::vector<TrialResult>& trials) {
+  const MemoryMetric metric = spec.search.memory_metric;
+  const uint64_t budget = spec.search.RecommendBudgetBytes();
+  std::vector<RecommendationCandidate> fit;
+  for (const auto& t : trials) {
+    if (t.status != TrialStatus::kOk || t.ranks.empty() || !(t.tokens_per_s > 0)) continue;
+    if (t.PeakBytes(metric) > budget) continue;
+    RecommendationCandidate c;
+    c.policy = t.policy;
+    c.memory_bytes = t.PeakBytes(metric);
+    c.tokens_per_s = t.tokens_per_s;
+    c.noise = t.RelativeSpread();
+    c.recompute_flops = EstimateMemory(spec, t.policy).recompute_flops;
+    fit.push_back(std::move(c));
   }
-  return best;
+  if (fit.empty()) return std::nullopt;
+  Recommendation rec;
+  rec.budget_bytes = budget;
+  const RecommendationCandidate best =
+      *std::max_element(fit.begin(), fit.end(),
+                        [](const RecommendationCandidate& a, const RecommendationCandidate& b) {
+                          if (a.tokens_per_s != b.tokens_per_s)
+                            return a.tokens_per_s < b.tokens_per_s;
+                          if (a.memory_bytes != b.memory_bytes)
+                            return a.memory_bytes > b.memory_bytes;
+                          return a.policy.ToString() > b.policy.ToString();
+                        });
+  for (auto& c : fit) {
+    c.below_best = (best.tokens_per_s - c.tokens_per_s) / best.tokens_per_s;
+    c.tolerance = std::max({kMinNoiseTolerance, best.noise, c.noise});
+    if (c.below_best <= c.tolerance) rec.tied.push_back(c);
+    if (c.policy == best.policy) rec.best = c;
+  }
+  // Least recompute first; the FLOP model gives equal figures to policies that replay the same
+  // work (every full:uniform:N), which then go to the smaller memory.
+  std::sort(rec.tied.begin(), rec.tied.end(),
+            [](const RecommendationCandidate& a, const RecommendationCandidate& b) {
+              if (a.recompute_flops != b.recompute_flops) {
+                return a.recompute_flops < b.recompute_flops;
+              }
+              if (a.memory_bytes != b.memory_bytes) return a.memory_bytes < b.memory_bytes;
+              return a.policy.ToString() < b.policy.ToString();
+            });
+  rec.choice = rec.tied.front();
+  std::string within = Gib(budget);
+  if (spec.search.memory_headroom_gib > 0) {
+    within += " (the budget less " + Gib(spec.search.MemoryBudgetBytes() - budget) + " headroom)";
+  }
+  char buf[512];
+  if (rec.tied.size() == 1) {
+    std::snprintf(buf, sizeof(buf),
+                  "the highest throughput within %s; no other policy that fits is within %.1f%% "
+                  "(the measurement noise) of it",
+                  within.c_str(), 100 * rec.best.tolerance);
+  } else if (rec.choice.policy == rec.best.policy) {
+    std::snprintf(buf, sizeof(buf),
+                  "the highest throughput within %s and, of the %zu policies within the "
+                  "measurement noise of it, the one that replays the least (%.1f GFLOP per step)",
+                  within.c_str(), rec.tied.size(), rec.choice.recompute_flops / 1e9);
+  } else {
+    std::snprintf(buf, sizeof(buf),
+                  "%zu policies within %s are within the measurement noise of the best "
+                  "throughput (%s, %.0f tokens/s); this one is %.1f%% below it, inside its %.1f%% "
+                  "band, and replays the least of them (%.1f GFLOP per step against %.1f)",
+                  rec.tied.size(), within.c_str(), rec.best.policy.ToString().c_str(),
+                  rec.best.tokens_per_s, 100 * rec.choice.below_best, 100 * rec.choice.tolerance,
+                  rec.choice.recompute_flops / 1e9, rec.best.recompute_flops / 1e9);
+  }
+  rec.reason = buf;
+  return rec;
 }
 
 std::string NothingFitsMessage(const std::vector<TrialResult>& trials, MemoryMetric metric,

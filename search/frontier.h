@@ -32,8 +32,42 @@ std::vector<FrontierPoint> ParetoFrontier(const std::vector<FrontierPoint>& poin
 std::vector<FrontierPoint> ComputeFrontier(const std::vector<TrialResult>& trials,
                                            MemoryMetric metric, uint64_t budget_bytes);
 
-// The frontier point with the highest throughput (ties: lower memory, then policy string).
-std::optional<FrontierPoint> Recommend(const std::vector<FrontierPoint>& frontier);
+// The smallest tie band of the recommendation rule: throughputs closer than this fraction of the
+// best are never told apart, however steady the steps look (run-to-run drift on one GPU is about
+// this large; docs/results.md).
+inline constexpr double kMinNoiseTolerance = 0.01;
+
+// One measured policy as the recommendation rule saw it.
+struct RecommendationCandidate {
+  Policy policy;
+  uint64_t memory_bytes = 0;  // per memory_metric, max over ranks
+  double tokens_per_s = 0;
+  double noise = 0;            // TrialResult::RelativeSpread
+  double recompute_flops = 0;  // replayed per step on the busiest rank, by the FLOP model
+  double below_best = 0;       // (best - this) / best throughput
+  double tolerance = 0;        // the band it was compared with: max(1%, its noise, the best's)
+};
+
+// The contract's recommendation: among the ok trials whose memory is at or under the budget less
+// search.memory_headroom_gib, those whose throughput is within the measurement noise of the best
+// (a band of at least kMinNoiseTolerance: max of 1%, the best's relative spread and the
+// candidate's) are tied; of the tied, the one with the least recompute (fewest replayed FLOPs by
+// the memory/FLOP model) is recommended, ties to less memory, then the policy string. So a longer
+// module list never wins on noise alone: the decision guide's "smallest measured replay cost
+// that satisfies the memory target".
+struct Recommendation {
+  RecommendationCandidate choice;
+  RecommendationCandidate best;               // the highest throughput that fits
+  std::vector<RecommendationCandidate> tied;  // within the band of `best`, the choice first,
+                                              // then by recompute ascending; includes `best`
+  uint64_t budget_bytes = 0;                  // budget less headroom, what the choice fits
+  std::string reason;                         // why the choice fell where it did, one sentence
+};
+
+// nullopt when no ok trial fits the budget less headroom. Predicted (depth-proxy) trials count
+// as measured. Pure; `spec` supplies the budget, the headroom, the metric and the FLOP model.
+std::optional<Recommendation> RecommendPolicy(const SearchSpec& spec,
+                                              const std::vector<TrialResult>& trials);
 
 // When nothing fits: a sentence saying so and which trial came closest (lowest memory among
 // trials with memory figures), e.g. "no policy fits 80.0 GiB; closest: full:uniform:1 at 83.2 GiB".

@@ -53,13 +53,21 @@ class Strategy {
                        const std::vector<TrialResult>& results) = 0;
 };
 
-// The guided strategy (the decision guide) or the exhaustive one, per spec.search.strategy.
+// The guided strategy (the decision guide) or the exhaustive one, per spec.search.strategy. The
+// guided one follows spec.search.objective: `frontier` maps the memory/throughput frontier and
+// stops when every untried policy together is predicted to add under 0.3% of its hypervolume;
+// `recommend` measures only what could change the recommendation (RecommendPolicy) and tries
+// full recompute only when no selective policy fits, as measured or predicted. Both walk the
+// initial plan first and predict every other policy from the measurements (search/predict.h).
 std::unique_ptr<Strategy> MakeStrategy(const SearchSpec& spec);
 std::unique_ptr<Strategy> MakeGuidedStrategy(const SearchSpec& spec);
 std::unique_ptr<Strategy> MakeExhaustiveStrategy(const SearchSpec& spec);
 
 // What `remat plan` shows: the control, the valid single labels led by the architecture's first
-// boundary, then the full-recompute policies; each with its reason and estimate.
+// boundary, then the full-recompute policies; each with its reason and estimate. Under the
+// recommend objective the full-recompute policies are listed only when the model predicts that
+// no selective policy fits the budget less headroom, and the search may end before the plan does
+// (as soon as nothing untried could change the recommendation).
 std::vector<Candidate> InitialPlan(const SearchSpec& spec);
 
 }  // namespace remat::search

@@ -23,6 +23,7 @@ constexpr const char* kPositionEmbedding[] = {"learned_absolute", "rope", "none"
 constexpr const char* kPrecision[] = {"bf16", "fp32"};
 constexpr const char* kMemoryMetric[] = {"reserved", "allocated"};
 constexpr const char* kStrategy[] = {"guided", "exhaustive"};
+constexpr const char* kObjective[] = {"frontier", "recommend"};
 constexpr const char* kBackend[] = {"builtin", "command", "replay"};
 constexpr const char* kDevice[] = {"auto", "cuda", "cpu"};
 
@@ -226,6 +227,14 @@ Status ValidateSearch(const SearchOptions& s) {
   if (!(s.memory_budget_gib > 0) || !std::isfinite(s.memory_budget_gib)) {
     return InvalidArgument("search.memory_budget_gib: must be a positive number");
   }
+  if (!(s.memory_headroom_gib >= 0) || !std::isfinite(s.memory_headroom_gib)) {
+    return InvalidArgument("search.memory_headroom_gib: must be 0 or a positive number");
+  }
+  if (s.memory_headroom_gib >= s.memory_budget_gib) {
+    return InvalidArgument(
+        "search.memory_headroom_gib: must be less than search.memory_budget_gib (nothing could be "
+        "recommended)");
+  }
   REMAT_SEARCH_RETURN_IF_ERROR(Positive("search.max_trials", s.max_trials));
   if (s.warmup_steps < 0) return InvalidArgument("search.warmup_steps: must be 0 or more");
   REMAT_SEARCH_RETURN_IF_ERROR(Positive("search.measure_steps", s.measure_steps));
@@ -322,6 +331,7 @@ const char* Name(PositionEmbedding v) { return kPositionEmbedding[static_cast<in
 const char* Name(Precision v) { return kPrecision[static_cast<int>(v)]; }
 const char* Name(MemoryMetric v) { return kMemoryMetric[static_cast<int>(v)]; }
 const char* Name(StrategyKind v) { return kStrategy[static_cast<int>(v)]; }
+const char* Name(Objective v) { return kObjective[static_cast<int>(v)]; }
 const char* Name(Backend v) { return kBackend[static_cast<int>(v)]; }
 const char* Name(Device v) { return kDevice[static_cast<int>(v)]; }
 
@@ -342,6 +352,9 @@ std::optional<MemoryMetric> ParseMemoryMetric(const std::string& s) {
 }
 std::optional<StrategyKind> ParseStrategyKind(const std::string& s) {
   return ParseByName<StrategyKind>(s, kStrategy);
+}
+std::optional<Objective> ParseObjective(const std::string& s) {
+  return ParseByName<Objective>(s, kObjective);
 }
 std::optional<Backend> ParseBackend(const std::string& s) {
   return ParseByName<Backend>(s, kBackend);

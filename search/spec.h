@@ -24,6 +24,9 @@ enum class PositionEmbedding { kLearnedAbsolute, kRope, kNone };
 enum class Precision { kBf16, kFp32 };
 enum class MemoryMetric { kReserved, kAllocated };
 enum class StrategyKind { kGuided, kExhaustive };
+// What the guided search maps: the whole memory/throughput frontier, or only what decides the
+// recommendation (the decision guide's path; search/planner.h).
+enum class Objective { kFrontier, kRecommend };
 enum class Backend { kBuiltin, kCommand, kReplay };
 enum class Device { kAuto, kCuda, kCpu };
 
@@ -140,6 +143,10 @@ struct SearchOptions {
   double memory_budget_gib = 80;
   MemoryMetric memory_metric = MemoryMetric::kReserved;
   StrategyKind strategy = StrategyKind::kGuided;
+  Objective objective = Objective::kFrontier;  // guided only
+  // Kept free under the budget for the recommendation (not the frontier): a policy is recommended
+  // only when its peak is at or under memory_budget_gib - memory_headroom_gib.
+  double memory_headroom_gib = 0;
   int max_trials = 40;
   int warmup_steps = 2;
   int measure_steps = 5;
@@ -154,6 +161,11 @@ struct SearchOptions {
 
   uint64_t MemoryBudgetBytes() const {
     return GibToBytes(memory_budget_gib);
+  }
+  // The budget less the headroom: what a recommended policy must fit.
+  uint64_t RecommendBudgetBytes() const {
+    return static_cast<uint64_t>((memory_budget_gib - memory_headroom_gib) * 1024.0 * 1024.0 *
+                                 1024.0);
   }
 };
 
@@ -191,6 +203,7 @@ const char* Name(PositionEmbedding v);
 const char* Name(Precision v);
 const char* Name(MemoryMetric v);
 const char* Name(StrategyKind v);
+const char* Name(Objective v);
 const char* Name(Backend v);
 const char* Name(Device v);
 
@@ -201,6 +214,7 @@ std::optional<PositionEmbedding> ParsePositionEmbedding(const std::string& s);
 std::optional<Precision> ParsePrecision(const std::string& s);
 std::optional<MemoryMetric> ParseMemoryMetric(const std::string& s);
 std::optional<StrategyKind> ParseStrategyKind(const std::string& s);
+std::optional<Objective> ParseObjective(const std::string& s);
 std::optional<Backend> ParseBackend(const std::string& s);
 std::optional<Device> ParseDevice(const std::string& s);
 

@@ -47,6 +47,19 @@ uint64_t TrialResult::PeakBytes(MemoryMetric metric) const {
   return metric == MemoryMetric::kReserved ? PeakReservedBytes() : PeakAllocatedBytes();
 }
 
+double TrialResult::RelativeSpread() const {
+  if (!(step_time_s > 0)) return 0;
+  double spread = step_time_spread_s;
+  if (!(spread > 0)) {
+    for (const auto& r : ranks) {
+      if (r.step_times_s.size() < 2) continue;
+      const auto [lo, hi] = std::minmax_element(r.step_times_s.begin(), r.step_times_s.end());
+      spread = std::max(spread, *hi - *lo);
+    }
+  }
+  return spread / step_time_s;
+}
+
 double TokensPerSecond(const SearchSpec& spec, double step_time_s) {
   if (!(step_time_s > 0)) return 0;
   return static_cast<double>(spec.EffectiveGlobalBatchSize()) * spec.model.seq_length /

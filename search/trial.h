@@ -55,6 +55,10 @@ struct TrialResult {
   uint64_t PeakAllocatedBytes() const;  // max over ranks
   uint64_t PeakReservedBytes() const;   // max over ranks
   uint64_t PeakBytes(MemoryMetric metric) const;
+  // The trial's measurement noise: how far its measured steps spread, as a fraction of its step
+  // time ((max - min) / median). From step_time_spread_s, or from the ranks' step_times_s when
+  // that is unset; 0 when neither says anything (a single step, or no timing).
+  double RelativeSpread() const;
 };
 
 // The contract's throughput: global_batch_size * seq_length / step_time_s (the default global

@@ -49,6 +49,8 @@ std::string ResultsCacheKey(const v1::SearchSpec& spec, const std::string& polic
   measured.clear_name();
   v1::SearchOptions* options = measured.mutable_search();
   options->clear_strategy();
+  options->clear_objective();
+  options->clear_memory_headroom_gib();
   options->clear_max_trials();
   options->clear_memory_metric();
   options->clear_replay_table();

@@ -226,10 +226,11 @@ void SearchRun::FillFrontier(SearchRecord* out) const {
   out->frontier.clear();
   std::vector<search::FrontierPoint> frontier = Frontier();
   for (const auto& p : frontier) out->frontier.push_back(p.policy.ToString());
-  if (auto best = search::Recommend(frontier)) {
-    out->recommendation = best->policy.ToString();
-    out->apply.set_megatron_bridge(best->policy.MegatronBridgeOverrides());
-    out->apply.set_megatron_lm(best->policy.MegatronLmFlags());
+  if (auto rec = search::RecommendPolicy(spec, results)) {
+    const search::Policy& best = rec->choice.policy;
+    out->recommendation = best.ToString();
+    out->apply.set_megatron_bridge(best.MegatronBridgeOverrides());
+    out->apply.set_megatron_lm(best.MegatronLmFlags());
   } else {
     out->recommendation.reset();
     out->apply.Clear();

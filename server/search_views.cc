@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "proto/convert.h"
+#include "search/frontier.h"
 
 namespace remat::server {
 namespace {
@@ -21,6 +22,17 @@ std::vector<search::TrialResult> FinalResults(const std::vector<TrialRecord>& tr
 search::SearchSpec StoredSpec(const SearchRecord& rec) {
   auto spec = proto::FromProto(rec.spec);
   return spec.ok() ? *spec : search::SearchSpec();
+}
+
+// Why the recommendation fell where it did: the rule (search::RecommendPolicy) applied again to
+// the finished trials, so nothing more is stored. Left out when it does not name the recorded
+// recommendation (a search concluded by an older coordinator under the old rule).
+void FillRecommendationDetail(const SearchRecord& rec, const search::SearchSpec& spec,
+                              const std::vector<search::TrialResult>& results, v1::Search* out) {
+  if (!rec.recommendation) return;
+  auto detail = search::RecommendPolicy(spec, results);
+  if (!detail || detail->choice.policy.ToString() != *rec.recommendation) return;
+  *out->mutable_recommendation_detail() = proto::ToProto(*detail);
 }
 
 }  // namespace
@@ -66,6 +78,7 @@ v1::Search SearchView(const SearchRecord& rec, const std::vector<const TrialReco
   }
   out.set_trials_done(done);
   out.set_trials_planned(std::max<int>(planned, static_cast<int>(trials.size())));
+  FillRecommendationDetail(rec, spec, results, &out);
   return out;
 }
 
@@ -96,10 +109,10 @@ v1::SearchProgress ProgressView(const SearchRun& s, const RunTrial* last, int64_
   p.set_trials_running(s.running);
   std::vector<search::FrontierPoint> frontier = s.Frontier();
   for (const auto& f : frontier) p.add_frontier(f.policy.ToString());
-  if (auto best = search::Recommend(frontier)) {
-    p.set_best_policy(best->policy.ToString());
-    p.set_best_tokens_per_s(best->tokens_per_s);
-    p.set_best_peak_bytes(best->memory_bytes);
+  if (auto rec = search::RecommendPolicy(s.spec, s.results)) {
+    p.set_best_policy(rec->choice.policy.ToString());
+    p.set_best_tokens_per_s(rec->choice.tokens_per_s);
+    p.set_best_peak_bytes(rec->choice.memory_bytes);
   }
   if (last != nullptr) *p.mutable_last_trial() = TrialView(last->rec);
   const double elapsed = std::max<int64_t>(0, unix_now_ms - s.rec.created_unix_ms) / 1000.0;

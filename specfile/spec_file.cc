@@ -273,6 +273,9 @@ Status ReadSearch(Section& s, search::SearchOptions* o) {
       "memory_metric", search::ParseMemoryMetric, "reserved, allocated", &o->memory_metric));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Enum<search::StrategyKind>(
       "strategy", search::ParseStrategyKind, "guided, exhaustive", &o->strategy));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Enum<search::Objective>(
+      "objective", search::ParseObjective, "frontier, recommend", &o->objective));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Double("memory_headroom_gib", &o->memory_headroom_gib));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("max_trials", &o->max_trials));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("warmup_steps", &o->warmup_steps));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("measure_steps", &o->measure_steps));

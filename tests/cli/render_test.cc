@@ -118,7 +118,9 @@ TEST(Render, FixtureFrontierMatchesTheSearchCore) {
   std::vector<std::string> got;
   for (const auto& p : frontier) got.push_back(p.policy.ToString());
   EXPECT_EQ(got, std::vector<std::string>(s.frontier().begin(), s.frontier().end()));
-  EXPECT_EQ(search::Recommend(frontier)->policy.ToString(), s.recommendation());
+  auto spec = proto::FromProto(s.spec());
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(search::RecommendPolicy(*spec, results)->choice.policy.ToString(), s.recommendation());
   EXPECT_EQ(s.fragmentation_size(), 1);
 }
 
@@ -222,6 +224,55 @@ TEST(Render, ReportShowsTableFrontierRecommendationAndFindings) {
   EXPECT_LT(text.find("full:uniform:1", f), text.find("selective:[core_attn]", f));
   // The dominated trial carries no frontier mark.
   EXPECT_EQ(text.find("* selective:[mlp]"), std::string::npos);
+}
+
+// The recommendation's detail (issue 11): why the choice fell where it did, and the tied policies.
+v1::Search WithDetail() {
+  v1::Search s = FixedSearch();
+  v1::RecommendationDetail* d = s.mutable_recommendation_detail();
+  auto fill = [](v1::RecommendationCandidate* c, const std::string& policy, double tokens,
+                 double below, double flops) {
+    c->set_policy(policy);
+    c->set_tokens_per_s(tokens);
+    c->set_below_best(below);
+    c->set_tolerance(0.03);
+    c->set_recompute_flops(flops);
+    c->set_memory_bytes(9 * kGiB);
+  };
+  fill(d->mutable_choice(), "selective:[]", 1000, 0.02, 0);
+  fill(d->mutable_best(), "selective:[core_attn]", 1020, 0, 5e9);
+  fill(d->add_tied(), "selective:[]", 1000, 0.02, 0);
+  fill(d->add_tied(), "selective:[core_attn]", 1020, 0, 5e9);
+  d->set_budget_bytes(10 * kGiB);
+  d->set_reason("2 policies within 10.00 GiB are within the measurement noise of the best");
+  return s;
+}
+
+TEST(Render, ReportShowsWhyAndTheTiedPolicies) {
+  std::ostringstream out;
+  RenderReport(WithDetail(), out);
+  const std::string text = out.str();
+  for (const char* needle : {"why: 2 policies within 10.00 GiB are within the measurement noise",
+                             "tied within the noise of the best (least recompute first):",
+                             "replayed GFLOP/step", "2.0%", "3.0%", "5.0"}) {
+    EXPECT_NE(text.find(needle), std::string::npos) << "missing '" << needle << "' in\n" << text;
+  }
+  // Without a detail (nothing tied, or an older coordinator) there is no table.
+  std::ostringstream plain;
+  RenderReport(FixedSearch(), plain);
+  EXPECT_EQ(plain.str().find("tied within"), std::string::npos);
+}
+
+TEST(Render, JsonCarriesTheRecommendationDetail) {
+  auto j = nlohmann::json::parse(ResultJson(WithDetail()));
+  const auto& d = j.at("recommendation_detail");
+  EXPECT_EQ(d.at("choice"), "selective:[]");
+  EXPECT_EQ(d.at("best"), "selective:[core_attn]");
+  ASSERT_EQ(d.at("tied").size(), 2u);
+  EXPECT_DOUBLE_EQ(d.at("tied")[0].at("below_best").get<double>(), 0.02);
+  EXPECT_DOUBLE_EQ(d.at("tied")[1].at("recompute_flops").get<double>(), 5e9);
+  EXPECT_NE(d.at("reason").get<std::string>().find("measurement noise"), std::string::npos);
+  EXPECT_TRUE(nlohmann::json::parse(ResultJson(FixedSearch())).at("recommendation_detail").is_null());
 }
 
 TEST(Render, ReportSaysWhyNothingFits) {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "search/frontier.h"
@@ -33,7 +34,7 @@ TrialResult Simulate(const SearchSpec& spec, const Policy& p) {
   r.step_time_s = 1.0 + e.recompute_flops / std::max(e.model_flops, 1.0);
   r.tokens_per_s = TokensPerSecond(spec, r.step_time_s);
   r.status = rr.peak_reserved_bytes <= spec.search.MemoryBudgetBytes() ? TrialStatus::kOk
-                                                                        : TrialStatus::kOom;
+                                                                       : TrialStatus::kOom;
   return r;
 }
 
@@ -45,7 +46,8 @@ std::vector<TrialResult> RunToEnd(Strategy& s, const SearchSpec& spec, int paral
     EXPECT_FALSE(batch.empty()) << "not done but nothing proposed with nothing outstanding";
     if (batch.empty()) break;
     for (const auto& c : batch) {
-      EXPECT_TRUE(seen.insert(c.policy.ToString()).second) << "proposed twice: " << c.policy.ToString();
+      EXPECT_TRUE(seen.insert(c.policy.ToString()).second)
+          << "proposed twice: " << c.policy.ToString();
       EXPECT_TRUE(ValidatePolicy(spec, c.policy).ok()) << c.policy.ToString();
       EXPECT_FALSE(c.reason.empty());
       results.push_back(Simulate(spec, c.policy));
@@ -157,7 +159,8 @@ TEST(PlannerTest, RestoreContinuesWhereTheStrategyLeftOff) {
   EXPECT_FALSE(b->Done());
   std::set<std::string> before;
   for (const auto& c : proposed) before.insert(c.policy.ToString());
-  for (const auto& c : b->Propose(100)) EXPECT_FALSE(before.count(c.policy.ToString())) << c.policy.ToString();
+  for (const auto& c : b->Propose(100))
+    EXPECT_FALSE(before.count(c.policy.ToString())) << c.policy.ToString();
 }
 
 TEST(PlannerTest, ExhaustiveEnumeratesEveryValidPolicyOnce) {
@@ -204,6 +207,75 @@ TEST(PlannerTest, GuidedCoversMostOfTheExhaustiveHypervolumeOnTheModelOracle) {
                            << exhaustive.size();
     EXPECT_LT(guided.size(), exhaustive.size()) << spec.name;
   }
+}
+
+}  // namespace
+}  // namespace remat::search
+
+namespace remat::search {
+namespace {
+
+using testing::DenseSpec;
+
+double MinPeak(const SearchSpec& spec, bool full) {
+  double best = 1e300;
+  for (const Policy& p : EnumerateValidPolicies(spec)) {
+    if (p.IsFull() == full) best = std::min(best, EstimateMemory(spec, p).peak_bytes);
+  }
+  return best;
+}
+
+SearchSpec WithBudget(SearchSpec spec, double bytes, Objective objective) {
+  spec.search.memory_budget_gib = bytes / (1024.0 * 1024.0 * 1024.0);
+  spec.search.objective = objective;
+  return spec;
+}
+
+// The control fits: nothing replays less, so nothing else is worth a trial.
+TEST(PlannerRecommendTest, ControlThatFitsIsTheWholeSearch) {
+  SearchSpec spec = DenseSpec();
+  spec = WithBudget(spec, 1.2 * EstimateMemory(spec, Policy::None()).peak_bytes,
+                    Objective::kRecommend);
+  auto s = MakeGuidedStrategy(spec);
+  auto results = RunToEnd(*s, spec, 4);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].policy.ToString(), "selective:[]");
+  EXPECT_EQ(RecommendPolicy(spec, results)->choice.policy.ToString(), "selective:[]");
+}
+
+// A selective policy fits: full recompute is neither planned nor tried.
+TEST(PlannerRecommendTest, NoFullRecomputeWhileASelectivePolicyFits) {
+  SearchSpec spec = DenseSpec();
+  const double control = EstimateMemory(spec, Policy::None()).peak_bytes;
+  spec = WithBudget(spec, 0.5 * (control + MinPeak(spec, /*full=*/false)), Objective::kRecommend);
+  for (const auto& c : InitialPlan(spec)) EXPECT_FALSE(c.policy.IsFull()) << c.policy.ToString();
+  auto s = MakeGuidedStrategy(spec);
+  auto results = RunToEnd(*s, spec, 1);
+  for (const auto& r : results) EXPECT_FALSE(r.policy.IsFull()) << r.policy.ToString();
+  auto rec = RecommendPolicy(spec, results);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_FALSE(rec->choice.policy.IsFull());
+  // Fewer trials than the frontier objective, which maps the full-recompute end as well.
+  SearchSpec frontier = spec;
+  frontier.search.objective = Objective::kFrontier;
+  auto f = MakeGuidedStrategy(frontier);
+  EXPECT_LT(results.size(), RunToEnd(*f, frontier, 1).size());
+}
+
+// The model says no selective policy fits: full recompute is planned, and found.
+TEST(PlannerRecommendTest, FullRecomputeWhenNoSelectivePolicyFits) {
+  SearchSpec spec = DenseSpec();
+  const double selective = MinPeak(spec, false), full = MinPeak(spec, true);
+  ASSERT_LT(full, selective);
+  spec = WithBudget(spec, 0.5 * (selective + full), Objective::kRecommend);
+  bool planned_full = false;
+  for (const auto& c : InitialPlan(spec)) planned_full |= c.policy.IsFull();
+  EXPECT_TRUE(planned_full);
+  auto s = MakeGuidedStrategy(spec);
+  auto results = RunToEnd(*s, spec, 1);
+  auto rec = RecommendPolicy(spec, results);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_TRUE(rec->choice.policy.IsFull());
 }
 
 }  // namespace

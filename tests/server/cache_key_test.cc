@@ -29,6 +29,8 @@ TEST_F(CacheKeyTest, IgnoresWhatCannotChangeAMeasurement) {
   other.name = "renamed";
   other.search.strategy = search::StrategyKind::kExhaustive;
   other.search.max_trials = 7;
+  other.search.objective = search::Objective::kRecommend;
+  other.search.memory_headroom_gib = 3;
   other.search.memory_metric = search::MemoryMetric::kAllocated;
   other.search.trial_timeout_s = 5;
   other.search.replay_table = "elsewhere.json";

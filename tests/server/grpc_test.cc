@@ -187,8 +187,13 @@ TEST_F(GrpcTest, SubmitLeaseReportFrontierAndWatch) {
   for (size_t i = 0; i < expected.size(); ++i) {
     EXPECT_EQ(s.frontier(static_cast<int>(i)), expected[i].policy.ToString());
   }
-  EXPECT_EQ(s.recommendation(), search::Recommend(expected)->policy.ToString());
-  EXPECT_EQ(s.apply().megatron_bridge(), search::Recommend(expected)->policy.MegatronBridgeOverrides());
+  const auto rec = search::RecommendPolicy(spec, results);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(s.recommendation(), rec->choice.policy.ToString());
+  EXPECT_EQ(s.apply().megatron_bridge(), rec->choice.policy.MegatronBridgeOverrides());
+  EXPECT_EQ(s.recommendation_detail().choice().policy(), s.recommendation());
+  EXPECT_EQ(s.recommendation_detail().reason(), rec->reason);
+  EXPECT_EQ(s.recommendation_detail().tied_size(), static_cast<int>(rec->tied.size()));
 
   v1::ListSearchesResponse list;
   ASSERT_TRUE(users_->ListSearches(Ctx().get(), v1::ListSearchesRequest(), &list).ok());

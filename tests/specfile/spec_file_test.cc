@@ -27,7 +27,18 @@ TEST(SpecFileTest, OmittedFieldsTakeMegatronDefaults) {
   EXPECT_EQ(s->model.normalization, search::Normalization::kLayerNorm);
   EXPECT_EQ(s->search.memory_metric, search::MemoryMetric::kReserved);
   EXPECT_EQ(s->search.max_trials, 40);
+  EXPECT_EQ(s->search.objective, search::Objective::kFrontier);
+  EXPECT_DOUBLE_EQ(s->search.memory_headroom_gib, 0);
   EXPECT_EQ(s->train.precision, search::Precision::kBf16);
+}
+
+TEST(SpecFileTest, ObjectiveAndHeadroom) {
+  auto s = ParseSpecYaml(std::string(kMinimal) +
+                         "search:\n  objective: recommend\n  memory_headroom_gib: 2.5\n");
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->search.objective, search::Objective::kRecommend);
+  EXPECT_DOUBLE_EQ(s->search.memory_headroom_gib, 2.5);
+  EXPECT_EQ(s->search.RecommendBudgetBytes(), static_cast<uint64_t>(77.5 * (1ull << 30)));
 }
 
 TEST(SpecFileTest, ReadsEveryExample) {
@@ -116,6 +127,8 @@ TEST(SpecFileTest, BadInputNamesTheKey) {
       {base + "extra: 1\n", "extra: unknown key"},
       {base + "search:\n  memory_metric: peak\n",
        "search.memory_metric: must be one of reserved, allocated, got 'peak'"},
+      {base + "search:\n  objective: fastest\n",
+       "search.objective: must be one of frontier, recommend, got 'fastest'"},
       {base + "search:\n  memory_budget_gib: lots\n",
        "search.memory_budget_gib: must be a number"},
       {base + "  gated_linear_unit: maybe\n",

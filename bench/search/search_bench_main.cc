@@ -1,0 +1,125 @@
+// remat-search-bench: how many trials the guided search needs on large surfaces, and what it
+// keeps of the exhaustive search's frontier and recommendation (issue 11, step 4).
+//
+//   remat-search-bench [--seeds N] [--source DIR] [--frontiers]
+//
+// For each synthetic surface (tests/search/replay_surfaces.h: 70B-class and other large
+// models, every valid policy "measured" by the model with realistic errors and step-time noise)
+// and N seeds of its noise, and for the measured H200 tables under DIR/docs/results when --source
+// names the repository, it replays the guided search with both objectives and prints the trials
+// used, the share of the exhaustive trials, the hypervolume ratio (frontier objective) and
+// whether the recommendation is the exhaustive one within noise. docs/results.md records them.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "search/memory_model.h"
+#include "search/rules.h"
+#include "specfile/spec_file.h"
+#include "tests/search/replay_surfaces.h"
+
+namespace {
+
+using remat::search::Objective;
+using remat::search::SearchSpec;
+namespace replay = remat::search::replay;
+
+bool g_frontiers = false;
+
+struct Tally {
+  int runs = 0, matches = 0;
+  double worst_share = 0, worst_hv = 1, sum_share = 0, sum_hv = 0;
+};
+
+void Run(const std::string& name, SearchSpec spec, const replay::Table& table, Tally* frontier,
+         Tally* recommend) {
+  for (Objective obj : {Objective::kFrontier, Objective::kRecommend}) {
+    spec.search.objective = obj;
+    spec.search.max_trials = 1000;  // the bench measures what the strategy asks for
+    const replay::Outcome o = replay::Replay(spec, table);
+    Tally* t = obj == Objective::kFrontier ? frontier : recommend;
+    const double share = static_cast<double>(o.guided_trials) / o.exhaustive_trials;
+    ++t->runs;
+    t->matches += o.recommendation_matches ? 1 : 0;
+    t->worst_share = std::max(t->worst_share, share);
+    t->worst_hv = std::min(t->worst_hv, o.hypervolume_ratio);
+    t->sum_share += share;
+    t->sum_hv += o.hypervolume_ratio;
+    std::printf("[%s] %s\n", remat::search::Name(obj),
+                replay::Describe(name, o, g_frontiers).c_str());
+  }
+}
+
+void Summary(const char* what, const Tally& f, const Tally& r) {
+  if (f.runs == 0) return;
+  std::printf(
+      "%s: frontier: trials mean %.1f%% worst %.1f%%, hypervolume mean %.4f worst %.4f, "
+      "recommendation within noise %d/%d | recommend: trials mean %.1f%% worst %.1f%%, "
+      "recommendation within noise %d/%d\n",
+      what, 100 * f.sum_share / f.runs, 100 * f.worst_share, f.sum_hv / f.runs, f.worst_hv,
+      f.matches, f.runs, 100 * r.sum_share / r.runs, 100 * r.worst_share, r.matches, r.runs);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int seeds = 5;
+  std::string source;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--seeds") && i + 1 < argc) {
+      seeds = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--frontiers")) {
+      g_frontiers = true;
+    } else if (!std::strcmp(argv[i], "--source") && i + 1 < argc) {
+      source = argv[++i];
+    } else {
+      std::fprintf(stderr,
+                   "error: %s: unknown argument (usage: remat-search-bench [--seeds N] "
+                   "[--source REPO_DIR] [--frontiers])\n",
+                   argv[i]);
+      return 2;
+    }
+  }
+  if (seeds < 1) {
+    std::fprintf(stderr, "error: --seeds: must be a positive integer\n");
+    return 2;
+  }
+  for (const std::string& name : replay::SurfaceNames()) {
+    const auto surface = replay::MakeSurface(name);
+    const SearchSpec& spec = surface->spec;
+    const auto control = remat::search::EstimateMemory(spec, remat::search::Policy::None());
+    std::printf(
+        "== %s: %zu valid policies, budget %.0f GiB, model control peak %.1f GiB, "
+        "static %.1f GiB\n",
+        name.c_str(), remat::search::EnumerateValidPolicies(spec).size(),
+        spec.search.memory_budget_gib, control.peak_bytes / (1 << 30),
+        control.static_bytes / (1 << 30));
+    Tally f, r;
+    for (int seed = 1; seed <= seeds; ++seed) {
+      const auto table = replay::SyntheticTable(spec, surface->step_time_s, surface->noise, seed);
+      Run(name + " seed " + std::to_string(seed), spec, table, &f, &r);
+    }
+    Summary(name.c_str(), f, r);
+  }
+  if (!source.empty()) {
+    for (const char* model : {"dense", "moe", "mla"}) {
+      for (const char* run : {"", "-r2"}) {
+        auto spec = remat::spec::LoadSpecFile(source + "/examples/replay/h200-" + model + ".yaml");
+        auto table = remat::spec::LoadReplayTableFile(source + "/docs/results/h200-" + model +
+                                                      "-exhaustive-table" + run + ".json");
+        if (!spec.ok() || !table.ok()) {
+          std::fprintf(stderr, "error: --source: cannot read the H200 %s%s spec or table\n", model,
+                       run);
+          return 2;
+        }
+        replay::Table t;
+        for (const auto& [k, entry] : *table) t[k] = entry.result;
+        Tally f, r;
+        Run(std::string("h200-") + model + run, *spec, t, &f, &r);
+      }
+    }
+  }
+  return 0;
+}

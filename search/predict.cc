@@ -1,0 +1,160 @@
+#include "search/predict.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "search/rules.h"
+
+namespace remat::search {
+namespace {
+
+// A trial whose figures can anchor a prediction: it ran to the end and has memory and a time.
+bool Usable(const TrialResult& r) {
+  return r.status == TrialStatus::kOk && !r.ranks.empty() && r.tokens_per_s > 0;
+}
+
+int SymmetricDifference(const Policy& a, const Policy& b) {
+  int d = 0;
+  for (Label l : a.labels) d += b.Has(l) ? 0 : 1;
+  for (Label l : b.labels) d += a.Has(l) ? 0 : 1;
+  return d;
+}
+
+}  // namespace
+
+Predictor::Predictor(const SearchSpec& spec)
+    : spec_(spec), model_flops_(std::max(ModelFlopsPerStep(spec), 1.0)) {}
+
+const MemoryEstimate& Predictor::Model(const Policy& policy) {
+  const std::string key = policy.ToString();
+  auto it = cache_.find(key);
+  if (it == cache_.end()) it = cache_.emplace(key, EstimateMemory(spec_, policy)).first;
+  return it->second;
+}
+
+double Predictor::StepCost(const Policy& policy) {
+  double elementwise = 0;
+  for (Label l : policy.labels) {
+    if (l == Label::kLayernorm || l == Label::kMoeAct) elementwise += 0.01;
+  }
+  return 1.0 + Model(policy).recompute_flops / model_flops_ + elementwise;
+}
+
+Prediction Predictor::PredictFrom(const TrialResult& anchor, const Policy& policy) {
+  const MemoryMetric metric = spec_.search.memory_metric;
+  Prediction out;
+  const double model_anchor = Model(anchor.policy).peak_bytes;
+  const double ratio = model_anchor > 0 ? Model(policy).peak_bytes / model_anchor : 1;
+  out.memory_bytes = anchor.PeakBytes(metric) * ratio;
+  out.tokens_per_s = anchor.tokens_per_s * StepCost(anchor.policy) / StepCost(policy);
+  return out;
+}
+
+std::optional<Prediction> Predictor::PredictFamily(
+    const std::map<std::string, TrialResult>& measured, const Policy& policy) {
+  const MemoryMetric metric = spec_.search.memory_metric;
+  const uint64_t budget = spec_.search.MemoryBudgetBytes();
+  const int layers = LayersPerStage(spec_);
+  const bool block = policy.method == RecomputeMethod::kBlock;
+  // N -> measured member. full:uniform:1 is block's N = layers (each layer checkpointed alone).
+  std::map<int, const TrialResult*> family;
+  for (const auto& [key, r] : measured) {
+    if (!r.policy.IsFull()) continue;
+    if (r.policy.method == policy.method) {
+      family[r.policy.num_layers] = &r;
+    } else if (block && r.policy.num_layers == 1 && !family.count(layers)) {
+      family[layers] = &r;  // uniform:1
+    }
+  }
+  Prediction out;
+  const int n = policy.num_layers;
+  const TrialResult* below = nullptr;  // largest usable N under n
+  const TrialResult* above = nullptr;  // smallest usable N over n
+  int n_below = 0, n_above = 0;
+  for (const auto& [k, r] : family) {
+    const bool fits = Usable(*r) && r->PeakBytes(metric) <= budget;
+    const bool no_fit = r->status == TrialStatus::kOom || (Usable(*r) && !fits);
+    // Block memory falls as N grows, so a block N that did not fit rules out every smaller N.
+    if (block && no_fit && k >= n) out.known_not_to_fit = true;
+    if (!Usable(*r)) continue;
+    if (k < n) {
+      below = r;
+      n_below = k;
+    } else if (k > n && !above) {
+      above = r;
+      n_above = k;
+    }
+  }
+  if (!below && !above) return out;  // no anchor in the family: only what did not fit
+  // Ratios measured/model of memory and of tokens x cost, interpolated linearly in N.
+  const double model_mem = Model(policy).peak_bytes;
+  const double cost = StepCost(policy);
+  auto mem_ratio = [&](const TrialResult* r) {
+    const double m = Model(r->policy).peak_bytes;
+    return m > 0 ? r->PeakBytes(metric) / m : 1;
+  };
+  auto speed = [&](const TrialResult* r) { return r->tokens_per_s * StepCost(r->policy); };
+  double rm = 0, sp = 0;
+  if (below && above) {
+    const double w = static_cast<double>(n - n_below) / (n_above - n_below);
+    rm = mem_ratio(below) + w * (mem_ratio(above) - mem_ratio(below));
+    sp = speed(below) + w * (speed(above) - speed(below));
+  } else {
+    const TrialResult* a = below ? below : above;
+    rm = mem_ratio(a);
+    sp = speed(a);
+  }
+  out.memory_bytes = model_mem * rm;
+  out.tokens_per_s = sp / cost;
+  if (block) {
+    // Monotone: between its measured neighbours in both memory and throughput.
+    if (below) {
+      out.memory_bytes = std::min(out.memory_bytes, static_cast<double>(below->PeakBytes(metric)));
+      out.tokens_per_s = std::min(out.tokens_per_s, below->tokens_per_s);
+    }
+    if (above) {
+      out.memory_bytes = std::max(out.memory_bytes, static_cast<double>(above->PeakBytes(metric)));
+      out.tokens_per_s = std::max(out.tokens_per_s, above->tokens_per_s);
+    }
+  }
+  return out;
+}
+
+Prediction Predictor::Predict(const std::map<std::string, TrialResult>& measured,
+                              const Policy& policy) {
+  bool known_not_to_fit = false;
+  if (policy.IsFull()) {
+    if (auto p = PredictFamily(measured, policy)) {
+      if (p->tokens_per_s > 0) return *p;
+      known_not_to_fit = p->known_not_to_fit;
+    }
+  }
+  // The nearest measured trial: by labels for a selective policy, by the model's peak otherwise.
+  const double model_peak = Model(policy).peak_bytes;
+  const TrialResult* anchor = nullptr;
+  int best_diff = 0;
+  double best_gap = 0;
+  for (const auto& [key, r] : measured) {
+    if (!Usable(r)) continue;
+    const int diff = policy.IsFull() || r.policy.IsFull()
+                         ? (policy.IsFull() == r.policy.IsFull() ? 0 : kNumLabels + 1)
+                         : SymmetricDifference(policy, r.policy);
+    const double gap = std::fabs(Model(r.policy).peak_bytes - model_peak);
+    if (!anchor || diff < best_diff || (diff == best_diff && gap < best_gap)) {
+      anchor = &r;
+      best_diff = diff;
+      best_gap = gap;
+    }
+  }
+  Prediction out;
+  if (anchor) {
+    out = PredictFrom(*anchor, policy);
+  } else {
+    out.memory_bytes = model_peak;  // nothing measured: the model alone, no time
+  }
+  out.known_not_to_fit = known_not_to_fit;
+  return out;
+}
+
+}  // namespace remat::search

@@ -1,0 +1,67 @@
+// Predicting an unmeasured policy's figures from the policies measured so far: the planner's
+// way to "predict, then measure only what can move the outcome".
+//
+// The analytic model (search/memory_model.h) is right about differences between policies of one
+// model and less right about absolute figures, so every prediction is anchored on measurements:
+//   - a selective policy takes the model's ratio to the measured selective policy that differs
+//     from it by the fewest labels (ties: the nearest by the model's peak). Adding up measured
+//     single-label savings was tried and predicted worse: reserved peaks carry 1-8% of allocator
+//     caching that differs from policy to policy (the H200 tables), and a sum of differences adds
+//     up that noise, where one ratio to a neighbour carries it once;
+//   - full:block:N and full:uniform:N are one-dimensional families: N is predicted from the
+//     measured N on either side (the measured/model ratio interpolated in N) and clamped by them,
+//     since memory falls and step time grows with N (block; full:uniform:1 is block's end N =
+//     layers per stage);
+//   - failing all that, the measured trial nearest by the model's peak is the anchor.
+// Only ok trials anchor memory (an oom trial stops at its failing allocation), but an oom trial,
+// or an ok one over the budget, marks its family member as not fitting: the block N below it
+// cannot fit either.
+//
+// Thread-safety: none (caches model estimates); one Predictor per strategy, used under its lock.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "search/memory_model.h"
+#include "search/policy.h"
+#include "search/spec.h"
+#include "search/trial.h"
+
+namespace remat::search {
+
+struct Prediction {
+  double memory_bytes = 0;  // per spec.search.memory_metric
+  double tokens_per_s = 0;  // 0 when nothing measured can anchor a time
+  // True when the policy is known not to fit: a measured member of its monotone family at or
+  // below it in memory did not fit (full:block:N below a block N that did not fit).
+  bool known_not_to_fit = false;
+};
+
+class Predictor {
+ public:
+  explicit Predictor(const SearchSpec& spec);
+
+  // The model's estimate, computed once per policy.
+  const MemoryEstimate& Model(const Policy& policy);
+
+  // Relative step cost under `policy` by the model: 1 + replayed FLOPs / model FLOPs, plus a small
+  // charge for output-discarding labels whose replay is elementwise (memory-bound, so FLOPs
+  // understate it).
+  double StepCost(const Policy& policy);
+
+  // `measured`: every trial observed so far, keyed by canonical policy string.
+  Prediction Predict(const std::map<std::string, TrialResult>& measured, const Policy& policy);
+
+ private:
+  std::optional<Prediction> PredictFamily(const std::map<std::string, TrialResult>& measured,
+                                          const Policy& policy);
+  Prediction PredictFrom(const TrialResult& anchor, const Policy& policy);
+
+  SearchSpec spec_;
+  double model_flops_ = 1;
+  std::map<std::string, MemoryEstimate> cache_;
+};
+
+}  // namespace remat::search

@@ -1,0 +1,284 @@
+#include "tests/search/replay_surfaces.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "search/memory_model.h"
+#include "search/planner.h"
+#include "search/rules.h"
+
+namespace remat::search::replay {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+// FNV-1a: a seed per policy that does not depend on the enumeration order or the library.
+uint64_t Hash(uint64_t seed, const std::string& s) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+double Uniform(std::mt19937_64& rng, double half_width) {
+  return std::uniform_real_distribution<double>(-half_width, half_width)(rng);
+}
+
+// Extra relative step time of a label's replay that is elementwise and memory-bound: what the
+// FLOP model understates (the planner charges 1% each; the "true" cost here is other).
+double ElementwiseCost(Label l) {
+  if (l == Label::kLayernorm) return 0.02;
+  if (l == Label::kMoeAct) return 0.015;
+  return 0;
+}
+
+SearchSpec Llama70b(AttentionBackend attention) {
+  SearchSpec s;
+  s.name = attention == AttentionBackend::kFlash ? "llama70b-flash" : "llama70b-unfused";
+  ModelSpec& m = s.model;
+  m.num_layers = 80;
+  m.hidden_size = 8192;
+  m.num_attention_heads = 64;
+  m.num_query_groups = 8;
+  m.ffn_hidden_size = 28672;
+  m.gated_linear_unit = true;
+  m.normalization = Normalization::kRMSNorm;
+  m.seq_length = 4096;
+  m.vocab_size = 128256;
+  m.attention_backend = attention;
+  m.attention_dropout = 0;
+  m.hidden_dropout = 0;
+  m.add_bias_linear = false;
+  m.position_embedding_type = PositionEmbedding::kRope;
+  s.train.use_distributed_optimizer = true;
+  s.parallel.tensor_model_parallel_size = 8;
+  s.parallel.sequence_parallel = true;
+  s.parallel.data_parallel_size = 8;
+  s.search.memory_budget_gib = attention == AttentionBackend::kFlash ? 80 : 110;
+  return s;
+}
+
+SearchSpec Dense48() {
+  SearchSpec s = Llama70b(AttentionBackend::kUnfused);
+  s.name = "dense48";
+  ModelSpec& m = s.model;
+  m.num_layers = 48;
+  m.hidden_size = 5120;
+  m.num_attention_heads = 40;
+  m.num_query_groups = 8;
+  m.ffn_hidden_size = 13824;
+  s.parallel.tensor_model_parallel_size = 4;
+  s.search.memory_budget_gib = 80;
+  return s;
+}
+
+SearchSpec MixtralLike() {
+  SearchSpec s = Llama70b(AttentionBackend::kFlash);
+  s.name = "mixtral-like";
+  ModelSpec& m = s.model;
+  m.num_layers = 32;
+  m.hidden_size = 4096;
+  m.num_attention_heads = 32;
+  m.num_query_groups = 8;
+  m.ffn_hidden_size = 14336;
+  m.num_moe_experts = 8;
+  m.moe_router_topk = 2;
+  m.moe_grouped_gemm = true;
+  s.parallel.tensor_model_parallel_size = 1;
+  s.parallel.sequence_parallel = false;
+  s.parallel.expert_model_parallel_size = 8;
+  s.parallel.data_parallel_size = 8;
+  s.search.memory_budget_gib = 130;
+  return s;
+}
+
+}  // namespace
+
+Table SyntheticTable(const SearchSpec& spec, double step_time_s, const Noise& noise,
+                     uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  // Systematic errors, drawn once per table.
+  const double activation_error = Uniform(rng, noise.label_memory_error);
+  std::map<Label, double> label_error, label_cost_error;
+  for (Label l : AllLabels()) {
+    label_error[l] = Uniform(rng, noise.label_memory_error);
+    label_cost_error[l] = Uniform(rng, noise.replay_cost_error);
+  }
+  const double full_cost_error = Uniform(rng, noise.replay_cost_error);
+  const double phase_block = Uniform(rng, kPi), phase_uniform = Uniform(rng, kPi);
+  const double caching_block = Uniform(rng, kPi), caching_uniform = Uniform(rng, kPi);
+  const int layers = std::max(1, LayersPerStage(spec));
+  const uint64_t budget = spec.search.MemoryBudgetBytes();
+  const MemoryEstimate control = EstimateMemory(spec, Policy::None());
+
+  Table table;
+  for (const Policy& p : EnumerateValidPolicies(spec)) {
+    std::mt19937_64 prng(Hash(seed, p.ToString()));
+    const MemoryEstimate e = EstimateMemory(spec, p);
+    const double held = e.peak_bytes - e.static_bytes;
+    double allocated = e.static_bytes + held * (1 + activation_error);
+    double cost = 0;
+    if (p.IsFull()) {
+      const double phase = p.method == RecomputeMethod::kBlock ? phase_block : phase_uniform;
+      allocated += held * noise.full_memory_error *
+                   std::sin(phase + kPi * p.num_layers / static_cast<double>(layers));
+      cost = e.recompute_flops / control.model_flops * (1 + full_cost_error);
+    } else {
+      for (Label l : p.labels) {
+        allocated -= label_error[l] * LabelSavingBytes(spec, l);
+        cost += LabelRecomputeFlops(spec, l) / control.model_flops * (1 + label_cost_error[l]) +
+                ElementwiseCost(l);
+      }
+    }
+    allocated *= 1 + Uniform(prng, 0.001);
+    // Caching over allocated: independent per selective policy, smooth in N along a family.
+    double caching = std::uniform_real_distribution<double>(0, noise.fragmentation)(prng);
+    if (p.IsFull()) {
+      const double phase = p.method == RecomputeMethod::kBlock ? caching_block : caching_uniform;
+      caching = noise.fragmentation *
+                (0.5 + 0.5 * std::sin(phase + kPi * p.num_layers / static_cast<double>(layers)));
+    }
+    const double grid = noise.reserved_grid_gib * 1024.0 * 1024.0 * 1024.0;
+    const double reserved = std::ceil(allocated * (1 + caching) / grid) * grid;
+
+    TrialResult r;
+    r.policy = p;
+    RankResult rank;
+    if (reserved > budget) {
+      r.status = TrialStatus::kOom;
+      r.message = "synthetic: out of memory";
+      rank.peak_reserved_bytes = budget;
+      rank.peak_allocated_bytes = static_cast<uint64_t>(0.98 * budget);
+    } else {
+      r.status = TrialStatus::kOk;
+      rank.peak_allocated_bytes = static_cast<uint64_t>(allocated);
+      rank.peak_reserved_bytes = static_cast<uint64_t>(reserved);
+      const double t = step_time_s * (1 + cost);
+      std::normal_distribution<double> jitter(0, noise.step_jitter);
+      std::uniform_real_distribution<double> unit(0, 1);
+      for (int i = 0; i < noise.measure_steps; ++i) {
+        double step = t * (1 + jitter(prng));
+        if (unit(prng) < noise.outlier_step) step *= 1.3;
+        rank.step_times_s.push_back(step);
+      }
+      std::vector<double> sorted = rank.step_times_s;
+      std::sort(sorted.begin(), sorted.end());
+      rank.step_time_s = sorted[sorted.size() / 2];
+      r.step_time_s = rank.step_time_s;
+      r.step_time_spread_s = sorted.back() - sorted.front();
+      r.tokens_per_s = TokensPerSecond(spec, r.step_time_s);
+    }
+    r.ranks.push_back(rank);
+    table[p.ToString()] = std::move(r);
+  }
+  return table;
+}
+
+std::vector<std::string> SurfaceNames() {
+  return {"llama70b-unfused", "llama70b-flash", "dense48", "mixtral-like"};
+}
+
+std::optional<Surface> MakeSurface(const std::string& name) {
+  Surface s;
+  if (name == "llama70b-unfused") {
+    s.spec = Llama70b(AttentionBackend::kUnfused);
+    s.step_time_s = 9.0;
+  } else if (name == "llama70b-flash") {
+    s.spec = Llama70b(AttentionBackend::kFlash);
+    s.step_time_s = 7.5;
+  } else if (name == "dense48") {
+    s.spec = Dense48();
+    s.step_time_s = 3.0;
+  } else if (name == "mixtral-like") {
+    s.spec = MixtralLike();
+    s.step_time_s = 1.2;
+    // MoE step times scatter more (routing of random tokens; docs/results.md).
+    s.noise.step_jitter = 0.03;
+    s.noise.outlier_step = 0.05;
+  } else {
+    return std::nullopt;
+  }
+  return s;
+}
+
+Outcome Replay(const SearchSpec& spec, const Table& table) {
+  auto answer = [&](const Policy& p) {
+    auto it = table.find(p.ToString());
+    if (it != table.end()) {
+      TrialResult r = it->second;
+      r.policy = p;
+      r.tokens_per_s = TokensPerSecond(spec, r.step_time_s);
+      return r;
+    }
+    TrialResult r;
+    r.policy = p;
+    r.status = TrialStatus::kFailed;
+    r.message = "not in replay table";
+    return r;
+  };
+  Outcome o;
+  auto strategy = MakeGuidedStrategy(spec);
+  std::vector<TrialResult> guided;
+  for (int guard = 0; guard < 1000 && !strategy->Done(); ++guard) {
+    const auto batch = strategy->Propose(1);
+    if (batch.empty()) break;
+    for (const auto& c : batch) {
+      guided.push_back(answer(c.policy));
+      o.order.push_back(c.policy.ToString());
+      strategy->Observe(guided.back());
+    }
+  }
+  std::vector<TrialResult> all;
+  for (const auto& p : EnumerateValidPolicies(spec)) all.push_back(answer(p));
+  const uint64_t budget = spec.search.MemoryBudgetBytes();
+  const auto fe = ComputeFrontier(all, spec.search.memory_metric, budget);
+  const auto fg = ComputeFrontier(guided, spec.search.memory_metric, budget);
+  double t_min = 0;
+  for (const auto& p : fe) t_min = t_min == 0 ? p.tokens_per_s : std::min(t_min, p.tokens_per_s);
+  o.guided_frontier = fg;
+  o.exhaustive_frontier = fe;
+  o.guided_trials = guided.size();
+  o.exhaustive_trials = all.size();
+  const double hv_e = Hypervolume(fe, budget, 0.9 * t_min);
+  o.hypervolume_ratio = hv_e > 0 ? Hypervolume(fg, budget, 0.9 * t_min) / hv_e : 1;
+  o.guided = RecommendPolicy(spec, guided);
+  o.exhaustive = RecommendPolicy(spec, all);
+  if (!o.guided || !o.exhaustive) {
+    o.recommendation_matches = !o.guided && !o.exhaustive;
+  } else {
+    for (const auto& c : o.exhaustive->tied) {
+      if (c.policy == o.guided->choice.policy) o.recommendation_matches = true;
+    }
+  }
+  return o;
+}
+
+std::string Describe(const std::string& name, const Outcome& o, bool frontiers) {
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "%s: guided %zu trials of %zu (%.1f%%); hypervolume %.4f; recommendation %s "
+                "(exhaustive %s, %zu tied): %s",
+                name.c_str(), o.guided_trials, o.exhaustive_trials,
+                100.0 * o.guided_trials / std::max<size_t>(1, o.exhaustive_trials),
+                o.hypervolume_ratio, o.guided ? o.guided->choice.policy.ToString().c_str() : "none",
+                o.exhaustive ? o.exhaustive->choice.policy.ToString().c_str() : "none",
+                o.exhaustive ? o.exhaustive->tied.size() : size_t{0},
+                o.recommendation_matches ? "within noise" : "MISSED");
+  std::string out = buf;
+  out += "\n  order:";
+  for (const auto& p : o.order) out += " " + p;
+  if (frontiers) {
+    for (const auto* f : {&o.exhaustive_frontier, &o.guided_frontier}) {
+      out += f == &o.guided_frontier ? "\n  guided frontier:" : "\n  exhaustive frontier:";
+      for (const auto& p : *f) {
+        std::snprintf(buf, sizeof(buf), " %s %.2fGiB %.0f", p.policy.ToString().c_str(),
+                      p.memory_bytes / 1073741824.0, p.tokens_per_s);
+        out += buf;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace remat::search::replay

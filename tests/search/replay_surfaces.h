@@ -1,0 +1,79 @@
+// Replaying a guided search against an exhaustive table, and large synthetic tables to replay.
+//
+// Shared by the replay tests (tests/search/planner_h200_test.cc, planner_large_test.cc) and the
+// bench that prints their figures (bench/search/, remat-search-bench). Standard library only.
+//
+// A synthetic table stands for an exhaustive search of a model too large for the GPUs at hand:
+// every valid policy "measured" as the memory/FLOP model predicts it, with the errors a real
+// measurement has against the model: a systematic error per label and per full-recompute family
+// member (smooth in N), allocator caching on reserved memory, a true replay cost off the FLOP
+// model's, and step-time noise per step. Reserved memory follows what the six H200 exhaustive
+// tables show (docs/results/h200-*-exhaustive-table*.json): 1-8% over allocated, on a grid of
+// about 1-2 GiB, and monotone along full:block:N and full:uniform:N (the caching follows the
+// allocation pattern, which changes smoothly with N), not independent noise per trial.
+// Deterministic for a seed. Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "search/frontier.h"
+#include "search/spec.h"
+#include "search/trial.h"
+
+namespace remat::search::replay {
+
+using Table = std::map<std::string, TrialResult>;  // canonical policy -> what it measured
+
+// What a synthetic table's measurements get wrong against the model.
+struct Noise {
+  double label_memory_error = 0.05;  // each label's saving off by up to this fraction
+  double full_memory_error = 0.03;   // full-recompute activations off by up to this (smooth in N)
+  double fragmentation = 0.04;       // reserved over allocated: up to this fraction
+  double reserved_grid_gib = 1;      // reserved peaks are multiples of this
+  double replay_cost_error = 0.15;   // the true replay time off the FLOP model's by up to this
+  double step_jitter = 0.01;         // standard deviation of one step's time, relative
+  double outlier_step = 0.0;         // chance that a step is 30% slow (MoE routing, say)
+  int measure_steps = 5;
+};
+
+// Every valid policy of `spec` measured as above, with a base step time `step_time_s` for the
+// control. Policies over the budget come back oom (their peak as at the failing allocation).
+Table SyntheticTable(const SearchSpec& spec, double step_time_s, const Noise& noise, uint64_t seed);
+
+// Large surfaces for the goals of issue 11 (model, layout and budget of each in the .cc):
+//   "llama70b-unfused"  80 layers, TP 8 + SP, DP 8, unfused attention: 168 policies
+//   "llama70b-flash"    the same with flash attention: 168 policies
+//   "dense48"           a 48-layer 13B-class dense model: 104 policies
+//   "mixtral-like"      32 layers, 8 experts top-2, grouped GEMM, flash: 76 policies
+struct Surface {
+  SearchSpec spec;
+  double step_time_s = 1;
+  Noise noise;
+};
+std::vector<std::string> SurfaceNames();
+std::optional<Surface> MakeSurface(const std::string& name);
+
+// A guided search replayed against `table` (a policy missing from it is a failed trial), with
+// the exhaustive search's figures beside it.
+struct Outcome {
+  size_t guided_trials = 0;
+  size_t exhaustive_trials = 0;
+  double hypervolume_ratio = 0;  // guided / exhaustive, the contract's hypervolume
+  std::optional<Recommendation> guided, exhaustive;
+  // The guided recommendation is the exhaustive one within noise: it is among the policies the
+  // exhaustive search found tied with its best (or both find nothing fits).
+  bool recommendation_matches = false;
+  std::vector<std::string> order;  // the guided trials, in the order proposed
+  std::vector<FrontierPoint> guided_frontier, exhaustive_frontier;
+};
+Outcome Replay(const SearchSpec& spec, const Table& table);
+
+// One line of figures and the guided order, for logs and the bench; with `frontiers`, both
+// frontiers point by point as well.
+std::string Describe(const std::string& name, const Outcome& o, bool frontiers = false);
+
+}  // namespace remat::search::replay
