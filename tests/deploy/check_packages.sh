@@ -19,9 +19,9 @@ expect() {  # expect PACKAGE PATH...: each PATH is in the package
   for p in "$@"; do grep -qx "\.$p" <<<"$listing" || fail "$(basename "$deb") lacks $p"; done
 }
 expect remat /usr/bin/remat
-expect rematd /usr/bin/rematd /lib/systemd/system/rematd.service /lib/sysusers.d/remat.conf \
+expect rematd /usr/bin/rematd /usr/lib/systemd/system/rematd.service /usr/lib/sysusers.d/remat.conf \
   /etc/default/rematd
-expect remat-worker /usr/bin/remat-worker /lib/systemd/system/remat-worker.service \
+expect remat-worker /usr/bin/remat-worker /usr/lib/systemd/system/remat-worker.service \
   /etc/default/remat-worker /usr/share/remat/megatron_bridge/remat_metrics_callback.py
 if [ -x "$build/bin/remat-trial" ]; then expect remat-engine /usr/bin/remat-trial; fi
 
@@ -31,7 +31,7 @@ for p in rematd remat-worker; do
   dpkg-deb -I "$(pkg $p)" conffiles | grep -q "^/etc/default/" || fail "$p has no conffiles"
 done
 # The CLI package holds the CLI alone (no daemons pulled onto a laptop).
-[ "$(dpkg-deb -c "$(pkg remat)" | awk '{print $6}' | grep -c '^\./usr/bin/')" = 1 ] ||
+[ "$(dpkg-deb -c "$(pkg remat)" | awk '{print $6}' | grep -c '^\./usr/bin/.')" = 1 ] ||
   fail "remat holds more than the CLI"
 
 # Unpack everything into one root and let systemd check the units as installed.
@@ -40,7 +40,7 @@ for deb in "$work"/out/*.deb; do dpkg-deb -x "$deb" "$root"; done
 for unit in rematd remat-worker; do
   [ -x "$root/usr/bin/$unit" ] || fail "/usr/bin/$unit is not executable in the package"
   # verify resolves ExecStart against the real /usr/bin: point it at the unpacked binary.
-  sed "s#/usr/bin/$unit#$root/usr/bin/$unit#" "$root/lib/systemd/system/$unit.service" \
+  sed "s#/usr/bin/$unit#$root/usr/bin/$unit#" "$root/usr/lib/systemd/system/$unit.service" \
     >"$work/$unit.service"
   out=$(cd "$work" && systemd-analyze verify "./$unit.service" 2>&1) || { echo "$out" >&2; fail "$unit.service does not verify"; }
   if grep -v "Failed to \(read\|open\) .*/etc/default\|nvidia-persistenced" <<<"$out" | grep -q .; then

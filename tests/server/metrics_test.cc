@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 #include <prometheus/collectable.h>
+#include <prometheus/metric_family.h>
 
 #include <string>
 
