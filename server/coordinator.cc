@@ -63,7 +63,9 @@ class Coordinator::Impl {
   std::unique_ptr<RematServiceImpl> remat_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> health_server_;  // plaintext, health service only
   int port_ = 0;
+  int health_port_ = 0;
   int metrics_port_ = 0;
 
   std::thread timer_;
@@ -94,6 +96,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   REMAT_RETURN_IF_ERROR(CheckHostPort("listen", options.listen));
   if (!options.metrics_listen.empty()) {
     REMAT_RETURN_IF_ERROR(CheckHostPort("metrics-listen", options.metrics_listen));
+  }
+  if (!options.health_listen.empty()) {
+    REMAT_RETURN_IF_ERROR(CheckHostPort("health-listen", options.health_listen));
   }
   if (options.db_path.empty()) return absl::InvalidArgumentError("db: a database path is required");
   if (!(options.heartbeat_interval_s > 0)) {
@@ -181,12 +186,30 @@ absl::Status Coordinator::Start() {
                                                " (address in use or not available?)"));
   }
   im.server_->GetHealthCheckService()->SetServingStatus(true);
+  if (!o.health_listen.empty()) {
+    // Built after the main server: EnableDefaultHealthCheckService above gives it the standard
+    // health service, and it registers nothing else.
+    grpc::ServerBuilder health;
+    health.AddListeningPort(o.health_listen, grpc::InsecureServerCredentials(), &im.health_port_);
+    health.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    im.health_server_ = health.BuildAndStart();
+    if (im.health_server_ == nullptr || im.health_port_ == 0) {
+      im.health_server_.reset();
+      im.server_->Shutdown();
+      im.server_.reset();
+      return absl::UnavailableError(absl::StrCat("health-listen: cannot listen on ",
+                                                 o.health_listen,
+                                                 " (address in use or not available?)"));
+    }
+    im.health_server_->GetHealthCheckService()->SetServingStatus(true);
+  }
   if (!o.clock_ms) im.timer_ = std::thread([&im] { im.TimerLoop(); });
   im.log_->info("listening on {} (gRPC{}{}{}), database {}, metrics {}", address(),
                 o.tls_cert_file.empty() ? "" : ", TLS",
                 im.auth_.users_enabled() ? ", user tokens" : "",
                 im.auth_.workers_enabled() ? ", worker tokens" : "", o.db_path,
                 im.metrics_port_ ? absl::StrCat("on port ", im.metrics_port_) : "off");
+  if (im.health_port_) im.log_->info("plaintext health service on port {}", im.health_port_);
   return absl::OkStatus();
 }
 
@@ -201,6 +224,8 @@ std::string Coordinator::address() const {
 
 int Coordinator::metrics_port() const { return impl_->metrics_port_; }
 
+int Coordinator::health_port() const { return impl_->health_port_; }
+
 void Coordinator::Shutdown(std::chrono::milliseconds drain) {
   Impl& im = *impl_;
   {
@@ -213,11 +238,18 @@ void Coordinator::Shutdown(std::chrono::milliseconds drain) {
     im.log_->info("shutting down: draining calls for up to {} ms", drain.count());
     im.server_->GetHealthCheckService()->SetServingStatus(false);
   }
+  if (im.health_server_ != nullptr) {
+    im.health_server_->GetHealthCheckService()->SetServingStatus(false);
+  }
   // Long polls answer empty and watch streams end, so the drain is not held up by them.
   if (im.scheduler_ != nullptr) im.scheduler_->Shutdown();
   if (im.server_ != nullptr) {
     im.server_->Shutdown(std::chrono::system_clock::now() + drain);
     im.server_->Wait();
+  }
+  if (im.health_server_ != nullptr) {
+    im.health_server_->Shutdown(std::chrono::system_clock::now());
+    im.health_server_->Wait();
   }
   if (im.timer_.joinable()) im.timer_.join();
   im.exposer_.reset();

@@ -34,6 +34,10 @@ struct CoordinatorOptions {
   std::string db_path;
   // HOST:PORT for the Prometheus page (/metrics); "" = no metrics endpoint. Port 0 = free port.
   std::string metrics_listen;
+  // HOST:PORT for a plaintext gRPC server that serves only the standard health service, with the
+  // main server's status: probes that cannot speak TLS (kubelet's) use it while `listen` serves
+  // TLS. It answers nothing else, so it exposes no API. "" = none. Port 0 = free port.
+  std::string health_listen;
   // "" = no auth for users. Otherwise lines "TOKEN USER" ('#' comments, blank lines ignored).
   std::string user_tokens_file;
   // "" = no auth for workers. Otherwise lines "TOKEN [NAME]".
@@ -81,6 +85,8 @@ class Coordinator {
   std::string address() const;
   // The bound metrics port; 0 without a metrics endpoint.
   int metrics_port() const;
+  // The plaintext health server's port, or 0 when health_listen was empty.
+  int health_port() const;
 
   // Graceful: stops accepting calls, ends long polls and watch streams, lets calls in flight
   // finish for up to `drain`, then cancels the rest. The store stays consistent (every accepted

@@ -73,7 +73,10 @@ Metrics::Metrics(const std::string& version)
   }
 
   auto& trials =
-      BuildCounter().Name("remat_trials_total").Help("Trials finished, by final status").Register(r);
+      BuildCounter()
+          .Name("remat_trials_total")
+          .Help("Trials that ran (not cache hits), by final status")
+          .Register(r);
   for (v1::TrialStatus s : {v1::TRIAL_STATUS_OK, v1::TRIAL_STATUS_OOM, v1::TRIAL_STATUS_FAILED,
                             v1::TRIAL_STATUS_TIMEOUT, v1::TRIAL_STATUS_INVALID,
                             v1::TRIAL_STATUS_CANCELLED}) {
@@ -152,12 +155,14 @@ void Metrics::SetSearches(v1::SearchState state, int64_t count) {
 }
 
 void Metrics::TrialFinished(v1::TrialStatus status, bool reused, double duration_s) {
-  if (auto it = trials_.find(status); it != trials_.end()) it->second->Increment();
+  // A cache hit is not a trial that ran: counting it in remat_trials_total would hide the GPU
+  // work actually done (and dilute the failure rate the alert rules read).
   if (reused) {
     reused_->Increment();
-  } else if (duration_s > 0) {
-    trial_duration_->Observe(duration_s);
+    return;
   }
+  if (auto it = trials_.find(status); it != trials_.end()) it->second->Increment();
+  if (duration_s > 0) trial_duration_->Observe(duration_s);
 }
 
 void Metrics::SetQueueDepth(int64_t n) { queue_depth_->Set(static_cast<double>(n)); }

@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--metrics-listen", options.metrics_listen,
                  "Prometheus /metrics address HOST:PORT (default: no metrics endpoint)");
+  app.add_option("--health-listen", options.health_listen,
+                 "plaintext gRPC health-only address HOST:PORT for probes that cannot speak TLS");
   app.add_option("--user-tokens", options.user_tokens_file,
                  "file of \"TOKEN USER\" lines: users must send a bearer token");
   app.add_option("--worker-tokens", options.worker_tokens_file,
@@ -79,7 +81,7 @@ int main(int argc, char** argv) {
   auto logger = spdlog::stderr_color_mt("rematd");
   spdlog::set_default_logger(logger);
   spdlog::set_level(level);
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%n] %v");
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %^%l%$ [%n] %v");  // ISO 8601 with the zone
 
   // Signals are taken by one thread with sigwait; every other thread has them blocked.
   sigset_t signals;

@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("remat-worker"));
   spdlog::set_level(spdlog::level::from_str(log_level));
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%n] %v");
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %^%l%$ [%n] %v");  // ISO 8601 with the zone
 
   remat::worker::WorkerDaemonOptions options;
   options.connection.target = coordinator;

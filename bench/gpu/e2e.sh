@@ -20,8 +20,8 @@ bench/gpu/build_engine.sh build-gpu remat-compare > "$OUT/build.log" 2>&1 ||
   { tail -30 "$OUT/build.log"; exit 1; }
 cp build-gpu/bin/remat-trial "$CARRY/bin/"
 svc() { local b=$1; shift; LD_LIBRARY_PATH="$CARRY/lib" "$CARRY/bin/$b" "$@"; }
-ADDR=127.0.0.1:7070
-svc rematd --listen $ADDR --db "$OUT/remat.db" --metrics-listen 127.0.0.1:9091 \
+ADDR=127.0.0.1:50051
+svc rematd --listen $ADDR --db "$OUT/remat.db" --metrics-listen 127.0.0.1:9464 \
   > "$OUT/rematd.log" 2>&1 &
 svc remat-worker --coordinator $ADDR --trial-binary "$CARRY/bin/remat-trial" \
   --work-dir /tmp/remat-work --log-level info > "$OUT/worker.log" 2>&1 &
@@ -81,4 +81,4 @@ for m in $MODELS; do
   echo "== $m: guided vs exhaustive"
   build-gpu/bin/remat-compare "$OUT/$m-guided.json" "$OUT/$m-exhaustive.json" | tee "$OUT/$m-compare.txt"
 done
-curl -s 127.0.0.1:9091/metrics > "$OUT/metrics.txt" 2>/dev/null || true
+curl -s 127.0.0.1:9464/metrics > "$OUT/metrics.txt" 2>/dev/null || true
