@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "proto/convert.h"
 #include "worker/result_combiner.h"
 #include "worker/trial_executor.h"
 
@@ -18,34 +19,36 @@ namespace remat::worker {
 namespace {
 
 namespace fs = std::filesystem;
+using search::TrialStatus;
 
 class BuiltinExecutor : public TrialExecutor {
  public:
   explicit BuiltinExecutor(BuiltinExecutorOptions options) : options_(std::move(options)) {}
 
-  v1::TrialResult Run(const TrialContext& context) override {
-    const v1::TrialAssignment& a = *context.assignment;
-    const int world = std::max(1, a.world_size());
+  search::TrialResult Run(const TrialContext& context) override {
+    const Assignment& a = *context.assignment;
+    const int world = a.world_size;
     if (static_cast<int>(context.slots.size()) < world) {
-      return StatusResult(a, v1::TRIAL_STATUS_FAILED,
+      return StatusResult(TrialStatus::kFailed,
                           "worker gave the trial " + std::to_string(context.slots.size()) +
                               " slots; it needs " + std::to_string(world));
     }
-    const double timeout = TrialTimeoutSeconds(a);
+    const double timeout = a.spec.search.trial_timeout_s;
     const fs::path dir(context.trial_dir);
     const fs::path rendezvous = dir / "rendezvous";
     std::error_code ec;
     fs::create_directories(rendezvous, ec);
     if (ec) {
-      return StatusResult(a, v1::TRIAL_STATUS_FAILED,
-                          "cannot create " + rendezvous.string() + ": " + ec.message());
+      return StatusResult(TrialStatus::kFailed, "cannot create " + rendezvous.string() + ": " + ec.message());
     }
 
+    // The hand-off to remat-trial is a wire edge of its own: the spec with every field resolved.
+    const v1::SearchSpec wire_spec = proto::ToProto(a.spec);
     std::vector<ChildSpec> children;
     for (int r = 0; r < world; ++r) {
       v1::TrialRequest request;
-      *request.mutable_spec() = a.spec();
-      *request.mutable_policy() = a.policy();
+      *request.mutable_spec() = wire_spec;
+      request.mutable_policy()->set_canonical(a.policy_name);
       request.set_rank(r);
       request.set_world_size(world);
       request.set_rendezvous_dir(rendezvous.string());
@@ -54,7 +57,7 @@ class BuiltinExecutor : public TrialExecutor {
       {
         std::ofstream out(request_path, std::ios::binary | std::ios::trunc);
         if (!out || !request.SerializeToOstream(&out)) {
-          return StatusResult(a, v1::TRIAL_STATUS_FAILED, "cannot write " + request_path.string());
+          return StatusResult(TrialStatus::kFailed, "cannot write " + request_path.string());
         }
       }
       ChildSpec child;
@@ -73,37 +76,38 @@ class BuiltinExecutor : public TrialExecutor {
     GroupLimits limits = options_.limits;
     limits.timeout_s = timeout;
     GroupOutcome outcome = RunProcessGroup(children, limits, context.cancel);
-    if (outcome.cancelled) return StatusResult(a, v1::TRIAL_STATUS_CANCELLED, "cancelled");
+    if (outcome.cancelled) return StatusResult(TrialStatus::kCancelled, "cancelled");
     if (outcome.timed_out) {
       std::string msg = "killed after search.trial_timeout_s = " + Seconds(timeout);
       std::string tail = FileTail(StderrPath(dir, 0), 3, 600);
       if (!tail.empty()) msg += "; rank 0 stderr: " + tail;
-      return StatusResult(a, v1::TRIAL_STATUS_TIMEOUT, msg);
+      return StatusResult(TrialStatus::kTimeout, msg);
     }
 
-    std::vector<v1::TrialResult> per_rank;
+    std::vector<search::TrialResult> per_rank;
     for (int r = 0; r < world; ++r) {
       const ChildExit& exit = outcome.children[r];
-      v1::TrialResult rank_result;
+      v1::TrialResult rank_file;
       bool have_result = false;
       if (exit.started) {
         std::ifstream in(ResultPath(dir, r), std::ios::binary);
-        have_result = in && rank_result.ParseFromIstream(&in) &&
-                      rank_result.status() != v1::TRIAL_STATUS_UNSPECIFIED;
+        have_result = in && rank_file.ParseFromIstream(&in) &&
+                      rank_file.status() != v1::TRIAL_STATUS_UNSPECIFIED;
       }
       const std::string prefix = "rank " + std::to_string(r) + ": ";
       if (have_result) {
-        if (rank_result.ranks_size() == 1) rank_result.mutable_ranks(0)->set_rank(r);
-        if (!rank_result.message().empty()) rank_result.set_message(prefix + rank_result.message());
-        if (!exit.ok() && rank_result.status() == v1::TRIAL_STATUS_OK) {
-          rank_result.set_status(v1::TRIAL_STATUS_FAILED);
-          rank_result.set_message(prefix + "remat-trial " + exit.Describe() +
-                                  " after writing an ok result");
+        search::TrialResult rank_result = ResultFromWire(rank_file);
+        if (rank_result.ranks.size() == 1) rank_result.ranks[0].rank = r;
+        if (!rank_result.message.empty()) rank_result.message = prefix + rank_result.message;
+        if (!exit.ok() && rank_result.status == TrialStatus::kOk) {
+          rank_result.status = TrialStatus::kFailed;
+          rank_result.message =
+              prefix + "remat-trial " + exit.Describe() + " after writing an ok result";
         }
         per_rank.push_back(std::move(rank_result));
         continue;
       }
-      v1::TrialResult failed = StatusResult(a, v1::TRIAL_STATUS_FAILED, "");
+      search::TrialResult failed = StatusResult(TrialStatus::kFailed, "");
       std::string msg = prefix + "remat-trial " + exit.Describe();
       if (outcome.lingered_kill && r != outcome.first_ended &&
           (exit.signal == SIGTERM || exit.signal == SIGKILL)) {
@@ -119,7 +123,7 @@ class BuiltinExecutor : public TrialExecutor {
         std::string tail = FileTail(StderrPath(dir, r));
         if (!tail.empty()) msg += ": " + tail;
       }
-      failed.set_message(msg);
+      failed.message = msg;
       per_rank.push_back(std::move(failed));
     }
     return CombineRankResults(a, per_rank);

@@ -4,7 +4,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include "search/policy.h"
 #include "worker/metrics_file.h"
 #include "worker/result_combiner.h"
 #include "worker/trial_executor.h"
@@ -13,6 +12,7 @@ namespace remat::worker {
 namespace {
 
 namespace fs = std::filesystem;
+using search::TrialStatus;
 
 // Whether the end of a log says the job ran out of device memory.
 bool MentionsOom(const std::string& path) {
@@ -32,27 +32,23 @@ class CommandExecutor : public TrialExecutor {
  public:
   explicit CommandExecutor(CommandExecutorOptions options) : options_(std::move(options)) {}
 
-  v1::TrialResult Run(const TrialContext& context) override {
-    const v1::TrialAssignment& a = *context.assignment;
-    const auto& so = a.spec().search();
-    const std::string& name = so.command_template();
+  search::TrialResult Run(const TrialContext& context) override {
+    const Assignment& a = *context.assignment;
+    const search::SearchOptions& so = a.spec.search;
+    const std::string& name = so.command_template;
     auto it = options_.templates.find(name);
     if (it == options_.templates.end()) {
       std::string known;
       for (const auto& [n, t] : options_.templates) known += (known.empty() ? "" : ", ") + n;
-      return StatusResult(a, v1::TRIAL_STATUS_FAILED,
+      return StatusResult(TrialStatus::kFailed,
                           "search.command_template '" + name +
                               "' is not configured on this worker (configured: " +
                               (known.empty() ? "none" : known) + ")");
     }
     const CommandTemplate& templ = it->second;
-    auto policy = search::ParsePolicy(a.policy().canonical());
-    if (!policy.ok()) {
-      return StatusResult(a, v1::TRIAL_STATUS_INVALID, policy.status().message());
-    }
-    const int world = std::max(1, a.world_size());
-    const int warmup = so.has_warmup_steps() ? so.warmup_steps() : 2;
-    const int measure = so.has_measure_steps() ? so.measure_steps() : 5;
+    const int world = a.world_size;
+    const int warmup = so.warmup_steps;
+    const int measure = so.measure_steps;
     const fs::path dir(context.trial_dir);
     const std::string metrics_path = (dir / "metrics.json").string();
     std::string gpus;
@@ -62,24 +58,22 @@ class CommandExecutor : public TrialExecutor {
       any_gpu = any_gpu || context.slots[r].gpu;
     }
     std::map<std::string, std::string> values = {
-        {"overrides", ShellQuoteWords(policy->MegatronBridgeOverrides())},
-        {"megatron_lm_flags", ShellQuoteWords(policy->MegatronLmFlags())},
+        {"overrides", ShellQuoteWords(a.policy.MegatronBridgeOverrides())},
+        {"megatron_lm_flags", ShellQuoteWords(a.policy.MegatronLmFlags())},
         {"metrics_file", ShellQuote(metrics_path)},
         {"nproc", std::to_string(world)},
         {"gpus", gpus},
-        {"policy", ShellQuote(a.policy().canonical())},
-        {"trial_id", ShellQuote(a.trial_id())},
+        {"policy", ShellQuote(a.policy_name)},
+        {"trial_id", ShellQuote(a.trial_id)},
         {"warmup_steps", std::to_string(warmup)},
         {"measure_steps", std::to_string(measure)},
         {"train_iters", std::to_string(warmup + measure)},
-        {"micro_batch_size", std::to_string(a.spec().train().has_micro_batch_size()
-                                                ? a.spec().train().micro_batch_size()
-                                                : 1)},
-        {"seq_length", std::to_string(a.spec().model().seq_length())},
+        {"micro_batch_size", std::to_string(a.spec.train.micro_batch_size)},
+        {"seq_length", std::to_string(a.spec.model.seq_length)},
     };
     auto command = ExpandCommand(templ.command, values);
     if (!command.ok()) {
-      return StatusResult(a, v1::TRIAL_STATUS_FAILED, std::string(command.status().message()));
+      return StatusResult(TrialStatus::kFailed, std::string(command.status().message()));
     }
 
     ChildSpec child;
@@ -90,19 +84,19 @@ class CommandExecutor : public TrialExecutor {
     child.env.emplace_back("REMAT_METRICS_FILE", metrics_path);
     child.env.emplace_back("REMAT_WARMUP_STEPS", std::to_string(warmup));
     child.env.emplace_back("REMAT_MEASURE_STEPS", std::to_string(measure));
-    child.env.emplace_back("REMAT_POLICY", a.policy().canonical());
-    child.env.emplace_back("REMAT_TRIAL_ID", a.trial_id());
+    child.env.emplace_back("REMAT_POLICY", a.policy_name);
+    child.env.emplace_back("REMAT_TRIAL_ID", a.trial_id);
     child.stdout_path = (dir / "stdout.log").string();
     child.stderr_path = (dir / "stderr.log").string();
     child.cwd = templ.workdir.empty() ? dir.string() : templ.workdir;
 
     GroupLimits limits = options_.limits;
-    limits.timeout_s = TrialTimeoutSeconds(a);
+    limits.timeout_s = so.trial_timeout_s;
     GroupOutcome outcome = RunProcessGroup({child}, limits, context.cancel);
     const ChildExit& exit = outcome.children[0];
-    if (outcome.cancelled) return StatusResult(a, v1::TRIAL_STATUS_CANCELLED, "cancelled");
+    if (outcome.cancelled) return StatusResult(TrialStatus::kCancelled, "cancelled");
     if (outcome.timed_out) {
-      return StatusResult(a, v1::TRIAL_STATUS_TIMEOUT,
+      return StatusResult(TrialStatus::kTimeout,
                           "command killed after search.trial_timeout_s = " +
                               std::to_string(static_cast<int>(limits.timeout_s)) + " s");
     }
@@ -113,22 +107,22 @@ class CommandExecutor : public TrialExecutor {
     };
     auto metrics = ReadMetricsFiles(metrics_path);
     if (metrics.ok()) {
-      v1::TrialResult result = MetricsToResult(a, *metrics);
-      if (!exit.ok() && result.status() == v1::TRIAL_STATUS_OK) {
-        result.set_status(v1::TRIAL_STATUS_FAILED);
-        result.set_message("command " + exit.Describe() + tail());
-      } else if (!exit.ok() && result.status() == v1::TRIAL_STATUS_FAILED &&
+      search::TrialResult result = MetricsToResult(a, *metrics);
+      if (!exit.ok() && result.status == TrialStatus::kOk) {
+        result.status = TrialStatus::kFailed;
+        result.message = "command " + exit.Describe() + tail();
+      } else if (!exit.ok() && result.status == TrialStatus::kFailed &&
                  (MentionsOom(child.stderr_path) || MentionsOom(child.stdout_path))) {
-        result.set_status(v1::TRIAL_STATUS_OOM);
+        result.status = TrialStatus::kOom;
       }
       return result;
     }
     if (!exit.ok()) {
       const bool oom = MentionsOom(child.stderr_path) || MentionsOom(child.stdout_path);
-      return StatusResult(a, oom ? v1::TRIAL_STATUS_OOM : v1::TRIAL_STATUS_FAILED,
+      return StatusResult(oom ? TrialStatus::kOom : TrialStatus::kFailed,
                           "command " + exit.Describe() + tail());
     }
-    return StatusResult(a, v1::TRIAL_STATUS_FAILED,
+    return StatusResult(TrialStatus::kFailed,
                         "command exited 0 but " + std::string(metrics.status().message()));
   }
 

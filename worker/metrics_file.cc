@@ -8,9 +8,6 @@
 #include <sstream>
 
 #include "absl/status/status.h"
-#include "search/trial.h"
-#include "worker/result_combiner.h"
-#include "worker/trial_executor.h"
 
 namespace remat::worker {
 namespace {
@@ -151,13 +148,12 @@ absl::StatusOr<JobMetrics> ReadMetricsFiles(const std::string& path) {
   return merged;
 }
 
-v1::TrialResult MetricsToResult(const v1::TrialAssignment& assignment, const JobMetrics& metrics) {
-  const search::SearchSpec spec = AssignmentSpec(assignment);
+search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetrics& metrics) {
+  const search::SearchSpec& spec = assignment.spec;
   const int warmup = spec.search.warmup_steps;
   const int measure = spec.search.measure_steps;
 
-  v1::TrialResult out;
-  *out.mutable_policy() = assignment.policy();
+  search::TrialResult out;
   bool oom = metrics.status == "oom";
   bool failed = metrics.status == "failed";
   std::vector<std::string> notes;
@@ -166,13 +162,13 @@ v1::TrialResult MetricsToResult(const v1::TrialAssignment& assignment, const Job
   bool any_step = false;
   bool have_loss = false;
   for (const RankMetrics& r : metrics.ranks) {
-    v1::RankResult* rr = out.add_ranks();
-    rr->set_rank(r.rank);
-    rr->set_peak_allocated_bytes(r.peak_allocated_bytes);
-    rr->set_peak_reserved_bytes(r.peak_reserved_bytes);
-    rr->set_static_bytes(r.static_bytes);
-    rr->set_alloc_retries(r.alloc_retries);
-    rr->set_failing_request_bytes(r.failing_request_bytes);
+    search::RankResult& rr = out.ranks.emplace_back();
+    rr.rank = r.rank;
+    rr.peak_allocated_bytes = r.peak_allocated_bytes;
+    rr.peak_reserved_bytes = r.peak_reserved_bytes;
+    rr.static_bytes = r.static_bytes;
+    rr.alloc_retries = r.alloc_retries;
+    rr.failing_request_bytes = r.failing_request_bytes;
     if (r.status == "oom") oom = true;
     if (r.status == "failed") failed = true;
     if (!r.message.empty()) notes.push_back("rank " + std::to_string(r.rank) + ": " + r.message);
@@ -187,15 +183,15 @@ v1::TrialResult MetricsToResult(const v1::TrialAssignment& assignment, const Job
     }
     const std::vector<double> measured = search::MeasuredSteps(r.step_times_s, warmup, measure);
     const double median = search::MedianStepTime(measured);
-    rr->set_step_time_s(median);
+    rr.step_time_s = median;
     step = std::max(step, median);
     auto [mn, mx] = std::minmax_element(measured.begin(), measured.end());
     lo = any_step ? std::min(lo, *mn) : *mn;
     hi = any_step ? std::max(hi, *mx) : *mx;
     any_step = true;
     if (!have_loss && static_cast<int>(r.losses.size()) > warmup) {
-      out.set_loss(r.losses[warmup]);
-      if (static_cast<int>(r.grad_norms.size()) > warmup) out.set_grad_norm(r.grad_norms[warmup]);
+      out.loss = r.losses[warmup];
+      if (static_cast<int>(r.grad_norms.size()) > warmup) out.grad_norm = r.grad_norms[warmup];
       have_loss = true;
     }
   }
@@ -205,16 +201,16 @@ v1::TrialResult MetricsToResult(const v1::TrialAssignment& assignment, const Job
   }
   std::string message;
   for (const auto& n : notes) message += (message.empty() ? "" : "; ") + n;
-  out.set_message(message);
+  out.message = message;
   if (oom) {
-    out.set_status(v1::TRIAL_STATUS_OOM);
+    out.status = search::TrialStatus::kOom;
   } else if (failed || !any_step) {
-    out.set_status(v1::TRIAL_STATUS_FAILED);
+    out.status = search::TrialStatus::kFailed;
   } else {
-    out.set_status(v1::TRIAL_STATUS_OK);
-    out.set_step_time_s(step);
-    out.set_step_time_spread_s(hi - lo);
-    out.set_tokens_per_s(search::TokensPerSecond(spec, step));
+    out.status = search::TrialStatus::kOk;
+    out.step_time_s = step;
+    out.step_time_spread_s = hi - lo;
+    out.tokens_per_s = search::TokensPerSecond(spec, step);
   }
   return out;
 }

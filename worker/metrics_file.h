@@ -12,7 +12,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "remat/v1/remat.pb.h"
+#include "search/trial.h"
+#include "worker/assignment.h"
 
 namespace remat::worker {
 
@@ -42,9 +43,10 @@ absl::StatusOr<JobMetrics> ParseMetricsJson(const std::string& json_text);
 // Reads and merges `path` and every `path.rank<N>` beside it. NotFound when there is none.
 absl::StatusOr<JobMetrics> ReadMetricsFiles(const std::string& path);
 
-// The result for `assignment`: the first warmup_steps step times of each rank are dropped and
-// the median of the next measure_steps is that rank's step time. Status oom when any rank says
-// oom; failed when a rank failed or too few steps were measured.
-v1::TrialResult MetricsToResult(const v1::TrialAssignment& assignment, const JobMetrics& metrics);
+// The result for `assignment`: the first search.warmup_steps step times of each rank are dropped
+// and the median of the next search.measure_steps is that rank's step time
+// (search::MeasuredSteps / MedianStepTime). Status oom when any rank says oom; failed when a rank
+// failed or too few steps were measured.
+search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetrics& metrics);
 
 }  // namespace remat::worker

@@ -17,27 +17,19 @@
 // Thread-safety: pure functions.
 #pragma once
 
-#include <string>
 #include <vector>
 
-#include "remat/v1/remat.pb.h"
+#include "search/trial.h"
+#include "worker/assignment.h"
 
 namespace remat::worker {
 
-namespace v1 = ::remat::v1;
-
-
 // Precedence of a final status for combining (higher is worse).
-int StatusSeverity(v1::TrialStatus status);
+int StatusSeverity(search::TrialStatus status);
 
-// micro_batch_size * seq_length * data_parallel_size / step_time_s (0 when step_time_s <= 0).
-double TokensPerSecond(const v1::SearchSpec& spec, double step_time_s);
-
-// A result with only a status and a message, for the assignment's policy.
-v1::TrialResult StatusResult(const v1::TrialAssignment& assignment, v1::TrialStatus status,
-                             const std::string& message);
-
-v1::TrialResult CombineRankResults(const v1::TrialAssignment& assignment,
-                                   const std::vector<v1::TrialResult>& per_rank);
+// The per-rank results are read with ResultFromWire (worker/assignment.h): a status that was not
+// final is already failed. The combined result's policy is not set (MakeReport stamps it).
+search::TrialResult CombineRankResults(const Assignment& assignment,
+                                       const std::vector<search::TrialResult>& per_rank);
 
 }  // namespace remat::worker

@@ -1,4 +1,5 @@
-// Trial executors: how a worker turns one leased TrialAssignment into a TrialResult.
+// Trial executors: how a worker turns one leased trial (the domain Assignment the daemon converted
+// once, worker/assignment.h) into a search::TrialResult.
 //
 //   builtin  one remat-trial process per rank (TrialRequest file in, TrialResult file out)
 //   replay   the assignment's replay-table entry, after its wall_s (cancel ends the wait)
@@ -6,7 +7,8 @@
 //            writes a metrics file (worker/README.md) that the worker reads
 //
 // Every failure of a trial is a result (status failed / timeout / oom / cancelled with a
-// message), never an exception or an error of the worker. Thread-safety: Run may be called
+// message), never an exception or an error of the worker. Executors neither set nor read the
+// result's policy: the daemon reports it under the assignment's (MakeReport). Thread-safety: Run may be called
 // concurrently from many threads, for different trials.
 #pragma once
 
@@ -15,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "remat/v1/remat.pb.h"
-#include "search/spec.h"
+#include "search/trial.h"
+#include "worker/assignment.h"
 #include "worker/cancel_token.h"
 #include "worker/command_template.h"
 #include "worker/process_runner.h"
@@ -24,10 +26,8 @@
 
 namespace remat::worker {
 
-namespace v1 = ::remat::v1;
-
 struct TrialContext {
-  const v1::TrialAssignment* assignment = nullptr;
+  const Assignment* assignment = nullptr;  // read without error (the daemon checked)
   std::vector<Slot> slots;  // world_size slots, rank r runs on slots[r]
   std::string trial_dir;    // an empty folder of this attempt's own (requests, results, logs)
   const CancelToken* cancel = nullptr;
@@ -36,16 +36,8 @@ struct TrialContext {
 class TrialExecutor {
  public:
   virtual ~TrialExecutor() = default;
-  virtual v1::TrialResult Run(const TrialContext& context) = 0;
+  virtual search::TrialResult Run(const TrialContext& context) = 0;
 };
-
-// The assignment's spec in domain form: proto::FromProto fills in every omitted field with its
-// default (search/spec.h, the one home of the defaults). The defaults alone when the spec cannot
-// be read (the coordinator validated it, so only a foreign coordinator gets there).
-search::SearchSpec AssignmentSpec(const v1::TrialAssignment& assignment);
-
-// search.trial_timeout_s of the assignment's spec.
-double TrialTimeoutSeconds(const v1::TrialAssignment& assignment);
 
 struct BuiltinExecutorOptions {
   std::string trial_binary;           // path of remat-trial

@@ -13,8 +13,7 @@
 #include <random>
 #include <thread>
 
-#include "proto/convert.h"
-#include "worker/result_combiner.h"
+#include "worker/assignment.h"
 #include "worker/result_spool.h"
 
 namespace remat::worker {
@@ -54,14 +53,7 @@ std::string SafeName(const std::string& s) {
   return out.empty() ? "trial" : out;
 }
 
-std::string BackendOf(const v1::TrialAssignment& a) {
-  const auto& so = a.spec().search();
-  return so.has_backend() && !so.backend().empty() ? so.backend() : "builtin";
-}
-
-std::string Tag(const v1::TrialAssignment& a) {
-  return "[" + a.search_id() + " " + a.trial_id() + "]";
-}
+std::string Tag(const Assignment& a) { return "[" + a.search_id + " " + a.trial_id + "]"; }
 
 }  // namespace
 
@@ -139,7 +131,7 @@ class WorkerDaemon::Impl {
 
  private:
   struct RunningTrial {
-    v1::TrialAssignment assignment;
+    Assignment assignment;
     std::vector<int> slot_ids;
     CancelToken cancel;
     bool report = true;  // false when the worker stops: the coordinator re-runs it elsewhere
@@ -196,7 +188,8 @@ class WorkerDaemon::Impl {
         continue;
       }
       backoff = options_.backoff_initial_s;
-      for (const v1::TrialAssignment& a : response->trials()) StartTrial(a);
+      // The one conversion of each assignment into domain types (worker/assignment.h).
+      for (const v1::TrialAssignment& a : response->trials()) StartTrial(ToAssignment(a));
     }
     return absl::OkStatus();
   }
@@ -277,22 +270,27 @@ class WorkerDaemon::Impl {
 
   // ---- trials ------------------------------------------------------------------------------
 
-  void StartTrial(const v1::TrialAssignment& a) {
-    const std::string backend = BackendOf(a);
+  void StartTrial(Assignment a) {
+    if (!a.error.empty()) {
+      Log()->warn("{} cannot be read: {}", Tag(a), a.error);
+      Deliver(a, StatusResult(search::TrialStatus::kFailed, a.error));
+      return;
+    }
+    const std::string backend = search::Name(a.spec.search.backend);
     auto executor = executors_.find(backend);
     if (executor == executors_.end()) {
       Log()->warn("{} backend {} is not available on this worker", Tag(a), backend);
-      Deliver(MakeReport(a, StatusResult(a, v1::TRIAL_STATUS_FAILED,
-                                         "this worker has no " + backend + " backend")));
+      Deliver(a, StatusResult(search::TrialStatus::kFailed,
+                              "this worker has no " + backend + " backend"));
       return;
     }
-    const int world = std::max(1, a.world_size());
+    const int world = a.world_size;
     auto trial = std::make_shared<RunningTrial>();
     trial->assignment = a;
     std::string refused;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (running_.count(a.trial_id())) {
+      if (running_.count(a.trial_id)) {
         Log()->warn("{} is already running on this worker; ignored", Tag(a));
         return;
       }
@@ -305,26 +303,26 @@ class WorkerDaemon::Impl {
                   std::to_string(trial->slot_ids.size()) + " free";
       } else {
         for (int i : trial->slot_ids) busy_[i] = true;
-        running_[a.trial_id()] = trial;
+        running_[a.trial_id] = trial;
         ++active_threads_;
       }
     }
     if (!refused.empty()) {
       Log()->warn("{} refused: {}", Tag(a), refused);
-      Deliver(MakeReport(a, StatusResult(a, v1::TRIAL_STATUS_FAILED, refused)));
+      Deliver(a, StatusResult(search::TrialStatus::kFailed, refused));
       return;
     }
-    Log()->info("{} {} starts on {} slot(s), backend {}, attempt {}", Tag(a),
-                a.policy().canonical(), world, backend, a.attempt());
+    Log()->info("{} {} starts on {} slot(s), backend {}, attempt {}", Tag(a), a.policy_name, world,
+                backend, a.attempt);
     TrialExecutor* exec = executor->second.get();
     std::thread([this, trial, exec] { RunTrial(trial, exec); }).detach();
   }
 
   void RunTrial(std::shared_ptr<RunningTrial> trial, TrialExecutor* executor) {
-    const v1::TrialAssignment& a = trial->assignment;
+    const Assignment& a = trial->assignment;
     const auto t0 = Clock::now();
     const fs::path dir = fs::path(options_.work_dir) / "trials" /
-                         (SafeName(a.trial_id()) + "." + std::to_string(a.attempt()));
+                         (SafeName(a.trial_id) + "." + std::to_string(a.attempt));
     std::error_code ec;
     fs::remove_all(dir, ec);
     fs::create_directories(dir, ec);
@@ -334,15 +332,14 @@ class WorkerDaemon::Impl {
     for (int i : trial->slot_ids) context.slots.push_back(options_.slots[i]);
     context.trial_dir = dir.string();
     context.cancel = &trial->cancel;
-    v1::TrialResult result;
+    search::TrialResult result;
     if (ec) {
-      result = StatusResult(a, v1::TRIAL_STATUS_FAILED,
+      result = StatusResult(search::TrialStatus::kFailed,
                             "cannot create trial folder " + dir.string() + ": " + ec.message());
     } else {
       result = executor->Run(context);
     }
-    result.set_wall_s(std::chrono::duration<double>(Clock::now() - t0).count());
-    *result.mutable_policy() = a.policy();
+    result.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (!options_.keep_trial_dirs) fs::remove_all(dir, ec);
 
     bool report;
@@ -351,32 +348,24 @@ class WorkerDaemon::Impl {
       report = trial->report;
     }
     if (report) {
-      Log()->info("{} {} finished: {} in {:.2f} s{}{}", Tag(a), a.policy().canonical(),
-                  proto::TrialStatusName(result.status()), result.wall_s(),
-                  result.message().empty() ? "" : ": ", result.message());
-      Deliver(MakeReport(a, result));
+      Log()->info("{} {} finished: {} in {:.2f} s{}{}", Tag(a), a.policy_name,
+                  search::Name(result.status), result.wall_s, result.message.empty() ? "" : ": ",
+                  result.message);
+      Deliver(a, result);
     } else {
       Log()->info("{} stopped with the worker; not reported", Tag(a));
     }
     std::lock_guard<std::mutex> lock(mu_);
     for (int i : trial->slot_ids) busy_[i] = false;
-    running_.erase(a.trial_id());
+    running_.erase(a.trial_id);
     ++trials_finished_;
     --active_threads_;
     cv_.notify_all();
   }
 
-  v1::ReportTrialRequest MakeReport(const v1::TrialAssignment& a, const v1::TrialResult& result) {
-    v1::ReportTrialRequest report;
-    report.set_worker_id(worker_id());
-    report.set_trial_id(a.trial_id());
-    report.set_attempt(a.attempt());
-    *report.mutable_result() = result;
-    return report;
-  }
-
   // Spools the report, then tries to hand it over; what fails now is re-sent by the main loop.
-  void Deliver(const v1::ReportTrialRequest& report) {
+  void Deliver(const Assignment& a, const search::TrialResult& result) {
+    const v1::ReportTrialRequest report = MakeReport(worker_id(), a, result);
     absl::Status spooled = spool_.Put(report);
     if (!spooled.ok()) Log()->warn("cannot spool report: {}", spooled.ToString());
     if (!registered()) return;

@@ -15,6 +15,7 @@ using testing::ProcessEnded;
 using testing::ReadText;
 using testing::TempDir;
 using testing::WriteText;
+using search::TrialStatus;
 
 v1::TrialAssignment Assignment(const std::string& mode, int world, double timeout_s = 30) {
   v1::TrialAssignment a;
@@ -49,7 +50,7 @@ std::vector<Slot> Slots(int n, bool gpu = false) {
 
 class BuiltinTest : public ::testing::Test {
  protected:
-  v1::TrialResult Run(const v1::TrialAssignment& a, std::vector<Slot> slots,
+  search::TrialResult Run(const v1::TrialAssignment& a, std::vector<Slot> slots,
                       const CancelToken* cancel = nullptr) {
     BuiltinExecutorOptions options;
     options.trial_binary = FAKE_REMAT_TRIAL;
@@ -57,8 +58,9 @@ class BuiltinTest : public ::testing::Test {
     options.limits.peer_failure_grace_s = 0.3;
     options.limits.peer_exit_grace_s = 0.5;
     auto executor = MakeBuiltinExecutor(options);
+    const worker::Assignment assignment = ToAssignment(a);
     TrialContext context;
-    context.assignment = &a;
+    context.assignment = &assignment;
     context.slots = std::move(slots);
     context.trial_dir = dir_.path();
     context.cancel = cancel;
@@ -68,82 +70,82 @@ class BuiltinTest : public ::testing::Test {
 };
 
 TEST_F(BuiltinTest, TwoRanksCombineIntoOneResult) {
-  v1::TrialResult r = Run(Assignment("ok", 2), Slots(2));
-  ASSERT_EQ(r.status(), v1::TRIAL_STATUS_OK) << r.message();
-  ASSERT_EQ(r.ranks_size(), 2);
-  EXPECT_EQ(r.ranks(0).rank(), 0);
-  EXPECT_EQ(r.ranks(1).peak_reserved_bytes(), 4000u);
-  EXPECT_DOUBLE_EQ(r.step_time_s(), 0.2);  // the slower rank
-  EXPECT_DOUBLE_EQ(r.tokens_per_s(), 2.0 * 128 / 0.2);
-  EXPECT_DOUBLE_EQ(r.loss(), 2.5);
+  search::TrialResult r = Run(Assignment("ok", 2), Slots(2));
+  ASSERT_EQ(r.status, TrialStatus::kOk) << r.message;
+  ASSERT_EQ(r.ranks.size(), 2);
+  EXPECT_EQ(r.ranks[0].rank, 0);
+  EXPECT_EQ(r.ranks[1].peak_reserved_bytes, 4000u);
+  EXPECT_DOUBLE_EQ(r.step_time_s, 0.2);  // the slower rank
+  EXPECT_DOUBLE_EQ(r.tokens_per_s, 2.0 * 128 / 0.2);
+  EXPECT_DOUBLE_EQ(r.loss, 2.5);
   // Every rank gets NCCL_NVLS_ENABLE=0, no CUDA_VISIBLE_DEVICES on plain slots, and one
   // rendezvous folder for the trial.
-  EXPECT_NE(r.message().find("rank 0: NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=<unset> world=2"),
+  EXPECT_NE(r.message.find("rank 0: NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=<unset> world=2"),
             std::string::npos)
-      << r.message();
-  EXPECT_NE(r.message().find("rendezvous=" + dir_.path() + "/rendezvous"), std::string::npos);
+      << r.message;
+  EXPECT_NE(r.message.find("rendezvous=" + dir_.path() + "/rendezvous"), std::string::npos);
 }
 
 TEST_F(BuiltinTest, GpuSlotsSetCudaVisibleDevicesPerRank) {
-  v1::TrialResult r = Run(Assignment("ok", 2), Slots(2, /*gpu=*/true));
-  ASSERT_EQ(r.status(), v1::TRIAL_STATUS_OK) << r.message();
-  EXPECT_NE(r.message().find("rank 0: NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=4 "),
+  search::TrialResult r = Run(Assignment("ok", 2), Slots(2, /*gpu=*/true));
+  ASSERT_EQ(r.status, TrialStatus::kOk) << r.message;
+  EXPECT_NE(r.message.find("rank 0: NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=4 "),
             std::string::npos)
-      << r.message();
-  EXPECT_NE(r.message().find("rank 1: NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=5 "),
+      << r.message;
+  EXPECT_NE(r.message.find("rank 1: NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=5 "),
             std::string::npos)
-      << r.message();
+      << r.message;
 }
 
 TEST_F(BuiltinTest, OomIsAResult) {
-  v1::TrialResult r = Run(Assignment("oom", 1), Slots(1));
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_OOM);
-  ASSERT_EQ(r.ranks_size(), 1);
-  EXPECT_EQ(r.ranks(0).failing_request_bytes(), 1u << 20);
+  search::TrialResult r = Run(Assignment("oom", 1), Slots(1));
+  EXPECT_EQ(r.status, TrialStatus::kOom);
+  ASSERT_EQ(r.ranks.size(), 1);
+  EXPECT_EQ(r.ranks[0].failing_request_bytes, 1u << 20);
 }
 
 TEST_F(BuiltinTest, CrashIsFailedWithTheSignalAndStderrTail) {
-  v1::TrialResult r = Run(Assignment("crash", 1), Slots(1));
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
-  EXPECT_NE(r.message().find("rank 0: remat-trial killed by signal 6"), std::string::npos)
-      << r.message();
-  EXPECT_NE(r.message().find("fatal: something broke in rank 0"), std::string::npos) << r.message();
+  search::TrialResult r = Run(Assignment("crash", 1), Slots(1));
+  EXPECT_EQ(r.status, TrialStatus::kFailed);
+  EXPECT_NE(r.message.find("rank 0: remat-trial killed by signal 6"), std::string::npos)
+      << r.message;
+  EXPECT_NE(r.message.find("fatal: something broke in rank 0"), std::string::npos) << r.message;
 }
 
 TEST_F(BuiltinTest, NonzeroExitIsFailedWithStatusAndStderrTail) {
-  v1::TrialResult r = Run(Assignment("exit3", 1), Slots(1));
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
-  EXPECT_NE(r.message().find("exited with status 3, no result file: error: model.hidden_size"),
+  search::TrialResult r = Run(Assignment("exit3", 1), Slots(1));
+  EXPECT_EQ(r.status, TrialStatus::kFailed);
+  EXPECT_NE(r.message.find("exited with status 3, no result file: error: model.hidden_size"),
             std::string::npos)
-      << r.message();
+      << r.message;
 }
 
 TEST_F(BuiltinTest, TimeoutKillsTheGroupIncludingGrandchildren) {
-  v1::TrialResult r = Run(Assignment("hang", 1, /*timeout_s=*/0.5), Slots(1));
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_TIMEOUT);
-  EXPECT_NE(r.message().find("search.trial_timeout_s"), std::string::npos);
+  search::TrialResult r = Run(Assignment("hang", 1, /*timeout_s=*/0.5), Slots(1));
+  EXPECT_EQ(r.status, TrialStatus::kTimeout);
+  EXPECT_NE(r.message.find("search.trial_timeout_s"), std::string::npos);
   pid_t grandchild = std::stoi(ReadText(dir_ / "grandchild.pid"));
   EXPECT_TRUE(ProcessEnded(grandchild));
 }
 
 TEST_F(BuiltinTest, OneRankCrashingTakesThePeersDownAfterTheGrace) {
-  v1::TrialResult r = Run(Assignment("rank1-crash", 2), Slots(2));
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
-  EXPECT_NE(r.message().find("rank 0: killed after rank 1 failed"), std::string::npos)
-      << r.message();
-  EXPECT_NE(r.message().find("rank 1: remat-trial killed by signal 6"), std::string::npos)
-      << r.message();
+  search::TrialResult r = Run(Assignment("rank1-crash", 2), Slots(2));
+  EXPECT_EQ(r.status, TrialStatus::kFailed);
+  EXPECT_NE(r.message.find("rank 0: killed after rank 1 failed"), std::string::npos)
+      << r.message;
+  EXPECT_NE(r.message.find("rank 1: remat-trial killed by signal 6"), std::string::npos)
+      << r.message;
 }
 
 TEST_F(BuiltinTest, ARankLingeringAfterItsPeerFinishedIsKilledAndThePeersResultKept) {
   // Rank 1 ran out of memory and exited 0 with its result; rank 0 never finishes (a collective
   // its peer will not join). The trial ends after peer_exit_grace_s as the OOM it was.
-  v1::TrialResult r = Run(Assignment("rank1-oom", 2), Slots(2));
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_OOM) << r.message();
-  EXPECT_NE(r.message().find("rank 0: killed after rank 1 had finished and this rank still ran"),
+  search::TrialResult r = Run(Assignment("rank1-oom", 2), Slots(2));
+  EXPECT_EQ(r.status, TrialStatus::kOom) << r.message;
+  EXPECT_NE(r.message.find("rank 0: killed after rank 1 had finished and this rank still ran"),
             std::string::npos)
-      << r.message();
-  EXPECT_NE(r.message().find("rank 1: out of memory"), std::string::npos) << r.message();
+      << r.message;
+  EXPECT_NE(r.message.find("rank 1: out of memory"), std::string::npos) << r.message;
 }
 
 TEST_F(BuiltinTest, CancelStopsTheTrial) {
@@ -152,29 +154,30 @@ TEST_F(BuiltinTest, CancelStopsTheTrial) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     cancel.Cancel();
   });
-  v1::TrialResult r = Run(Assignment("hang", 1), Slots(1), &cancel);
+  search::TrialResult r = Run(Assignment("hang", 1), Slots(1), &cancel);
   canceller.join();
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_CANCELLED);
+  EXPECT_EQ(r.status, TrialStatus::kCancelled);
 }
 
 TEST_F(BuiltinTest, MissingBinaryIsAFailedTrial) {
   BuiltinExecutorOptions options;
   options.trial_binary = "/nonexistent/remat-trial";
-  v1::TrialAssignment a = Assignment("ok", 1);
+  const worker::Assignment a = ToAssignment(Assignment("ok", 1));
   TrialContext context;
   context.assignment = &a;
   context.slots = Slots(1);
   context.trial_dir = dir_.path();
-  v1::TrialResult r = MakeBuiltinExecutor(options)->Run(context);
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
-  EXPECT_NE(r.message().find("did not start"), std::string::npos) << r.message();
+  search::TrialResult r = MakeBuiltinExecutor(options)->Run(context);
+  EXPECT_EQ(r.status, TrialStatus::kFailed);
+  EXPECT_NE(r.message.find("did not start"), std::string::npos) << r.message;
 }
 
 // ---- replay ----------------------------------------------------------------------------------
 
-v1::TrialResult RunReplay(const v1::TrialAssignment& a, const CancelToken* cancel = nullptr) {
+search::TrialResult RunReplay(const v1::TrialAssignment& a, const CancelToken* cancel = nullptr) {
+  const worker::Assignment assignment = ToAssignment(a);
   TrialContext context;
-  context.assignment = &a;
+  context.assignment = &assignment;
   context.slots = Slots(1);
   context.cancel = cancel;
   return MakeReplayExecutor()->Run(context);
@@ -190,21 +193,20 @@ TEST(ReplayExecutor, ReportsTheEntryAfterItsWallTime) {
   entry->add_ranks()->set_peak_reserved_bytes(123);
   CancelToken cancel;
   const auto t0 = std::chrono::steady_clock::now();
-  v1::TrialResult r = RunReplay(a, &cancel);
+  search::TrialResult r = RunReplay(a, &cancel);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_GE(took, 0.2);
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_OK);
-  EXPECT_EQ(r.policy().canonical(), "selective:[core_attn]");
-  EXPECT_EQ(r.ranks(0).peak_reserved_bytes(), 123u);
-  EXPECT_DOUBLE_EQ(r.tokens_per_s(), 2.0 * 128 / 0.5);  // filled in from step time
+  EXPECT_EQ(r.status, TrialStatus::kOk);
+  EXPECT_EQ(r.ranks[0].peak_reserved_bytes, 123u);
+  EXPECT_DOUBLE_EQ(r.tokens_per_s, 2.0 * 128 / 0.5);  // filled in from step time
 }
 
 TEST(ReplayExecutor, MissingEntryIsFailed) {
   v1::TrialAssignment a = Assignment("replay", 1);
   a.set_replay_found(false);
-  v1::TrialResult r = RunReplay(a);
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
-  EXPECT_EQ(r.message(), "not in replay table");
+  search::TrialResult r = RunReplay(a);
+  EXPECT_EQ(r.status, TrialStatus::kFailed);
+  EXPECT_EQ(r.message, "not in replay table");
 }
 
 TEST(ReplayExecutor, CancelInterruptsTheWait) {
@@ -217,16 +219,16 @@ TEST(ReplayExecutor, CancelInterruptsTheWait) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     cancel.Cancel();
   });
-  v1::TrialResult r = RunReplay(a, &cancel);
+  search::TrialResult r = RunReplay(a, &cancel);
   canceller.join();
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_CANCELLED);
+  EXPECT_EQ(r.status, TrialStatus::kCancelled);
 }
 
 // ---- command ---------------------------------------------------------------------------------
 
 class CommandTest : public ::testing::Test {
  protected:
-  v1::TrialResult Run(const std::string& templates_yaml, v1::TrialAssignment a,
+  search::TrialResult Run(const std::string& templates_yaml, v1::TrialAssignment a,
                       std::vector<Slot> slots = Slots(1)) {
     auto templates = ParseCommandTemplatesYaml(templates_yaml);
     EXPECT_TRUE(templates.ok()) << templates.status();
@@ -235,8 +237,9 @@ class CommandTest : public ::testing::Test {
     options.limits.kill_grace_s = 0.3;
     a.mutable_spec()->mutable_search()->set_backend("command");
     a.mutable_spec()->mutable_search()->set_command_template("job");
+    const worker::Assignment assignment = ToAssignment(a);
     TrialContext context;
-    context.assignment = &a;
+    context.assignment = &assignment;
     context.slots = std::move(slots);
     context.trial_dir = dir_.path();
     return MakeCommandExecutor(options)->Run(context);
@@ -262,43 +265,43 @@ EOT
   const std::string yaml = "job:\n  command: sh " + script +
                            " {overrides} -- {megatron_lm_flags} -- {nproc} {gpus} {train_iters}"
                            " ${REMAT_POLICY:+set}\n  env: {EXTRA: extra-value}\n";
-  v1::TrialResult r = Run(yaml, Assignment("cmd", 2), Slots(2, /*gpu=*/true));
-  ASSERT_EQ(r.status(), v1::TRIAL_STATUS_OK) << r.message();
+  search::TrialResult r = Run(yaml, Assignment("cmd", 2), Slots(2, /*gpu=*/true));
+  ASSERT_EQ(r.status, TrialStatus::kOk) << r.message;
   EXPECT_EQ(ReadText(dir_ / "args.txt"),
             "model.recompute_granularity=selective\nmodel.recompute_modules=[core_attn]\n--\n"
             "--recompute-granularity\nselective\n--recompute-modules\ncore_attn\n--\n2\n4,5\n5\n"
             "set\n");
   EXPECT_EQ(ReadText(dir_ / "env.txt"), "4,5 0 " + dir_.path() + "/metrics.json extra-value\n");
-  ASSERT_EQ(r.ranks_size(), 2);
-  EXPECT_EQ(r.ranks(1).peak_reserved_bytes(), 250u);
-  EXPECT_DOUBLE_EQ(r.ranks(0).step_time_s(), 0.2);  // median of 0.3, 0.1, 0.2 (warm-up dropped)
-  EXPECT_DOUBLE_EQ(r.step_time_s(), 0.4);
-  EXPECT_DOUBLE_EQ(r.step_time_spread_s(), 0.3);
-  EXPECT_DOUBLE_EQ(r.loss(), 4.5);
-  EXPECT_DOUBLE_EQ(r.tokens_per_s(), 2.0 * 128 / 0.4);
+  ASSERT_EQ(r.ranks.size(), 2);
+  EXPECT_EQ(r.ranks[1].peak_reserved_bytes, 250u);
+  EXPECT_DOUBLE_EQ(r.ranks[0].step_time_s, 0.2);  // median of 0.3, 0.1, 0.2 (warm-up dropped)
+  EXPECT_DOUBLE_EQ(r.step_time_s, 0.4);
+  EXPECT_DOUBLE_EQ(r.step_time_spread_s, 0.3);
+  EXPECT_DOUBLE_EQ(r.loss, 4.5);
+  EXPECT_DOUBLE_EQ(r.tokens_per_s, 2.0 * 128 / 0.4);
 }
 
 TEST_F(CommandTest, OomInTheMetricsOrTheLogIsOom) {
-  v1::TrialResult r =
+  search::TrialResult r =
       Run("job: >-\n  echo '{\"status\": \"oom\", \"ranks\": [{\"rank\": 0, \"status\": \"oom\","
           " \"peak_allocated_bytes\": 5}]}' > {metrics_file}; exit 1\n",
           Assignment("cmd", 1));
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_OOM) << r.message();
+  EXPECT_EQ(r.status, TrialStatus::kOom) << r.message;
   r = Run("job: |-\n  echo 'torch.OutOfMemoryError: CUDA out of memory.' >&2; exit 1\n",
           Assignment("cmd", 1));
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_OOM) << r.message();
+  EXPECT_EQ(r.status, TrialStatus::kOom) << r.message;
 }
 
 TEST_F(CommandTest, FailuresAndTimeouts) {
-  v1::TrialResult r =
+  search::TrialResult r =
       Run("job: |-\n  echo 'ImportError: no module' >&2; exit 7\n", Assignment("cmd", 1));
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
-  EXPECT_EQ(r.message(), "command exited with status 7: ImportError: no module");
+  EXPECT_EQ(r.status, TrialStatus::kFailed);
+  EXPECT_EQ(r.message, "command exited with status 7: ImportError: no module");
   r = Run("job: 'true'\n", Assignment("cmd", 1));
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
-  EXPECT_NE(r.message().find("no metrics file"), std::string::npos) << r.message();
+  EXPECT_EQ(r.status, TrialStatus::kFailed);
+  EXPECT_NE(r.message.find("no metrics file"), std::string::npos) << r.message;
   r = Run("job: sleep 100\n", Assignment("cmd", 1, /*timeout_s=*/0.3));
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_TIMEOUT);
+  EXPECT_EQ(r.status, TrialStatus::kTimeout);
 }
 
 TEST_F(CommandTest, OnlyConfiguredTemplatesRun) {
@@ -308,13 +311,14 @@ TEST_F(CommandTest, OnlyConfiguredTemplatesRun) {
   options.templates = *templates;
   v1::TrialAssignment a = Assignment("cmd", 1);
   a.mutable_spec()->mutable_search()->set_command_template("rm -rf /");
+  const worker::Assignment assignment = ToAssignment(a);
   TrialContext context;
-  context.assignment = &a;
+  context.assignment = &assignment;
   context.slots = Slots(1);
   context.trial_dir = dir_.path();
-  v1::TrialResult r = MakeCommandExecutor(options)->Run(context);
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
-  EXPECT_EQ(r.message(),
+  search::TrialResult r = MakeCommandExecutor(options)->Run(context);
+  EXPECT_EQ(r.status, TrialStatus::kFailed);
+  EXPECT_EQ(r.message,
             "search.command_template 'rm -rf /' is not configured on this worker (configured: "
             "other)");
 }
@@ -336,14 +340,14 @@ TEST_F(CommandTest, MegatronBridgeCallbackWritesWhatTheWorkerReads) {
             "if sys.argv[2] == 'oom':\n"
             "    raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
             "cb.on_train_end()\n");
-  v1::TrialResult r = Run("job: python3 " + script + " {train_iters} ok\n", Assignment("cmd", 1));
-  ASSERT_EQ(r.status(), v1::TRIAL_STATUS_OK) << r.message();
-  ASSERT_EQ(r.ranks_size(), 1);
-  EXPECT_GT(r.step_time_s(), 0);
-  EXPECT_DOUBLE_EQ(r.loss(), 1.0);  // the first measured step (after 2 warm-up steps)
+  search::TrialResult r = Run("job: python3 " + script + " {train_iters} ok\n", Assignment("cmd", 1));
+  ASSERT_EQ(r.status, TrialStatus::kOk) << r.message;
+  ASSERT_EQ(r.ranks.size(), 1);
+  EXPECT_GT(r.step_time_s, 0);
+  EXPECT_DOUBLE_EQ(r.loss, 1.0);  // the first measured step (after 2 warm-up steps)
   r = Run("job: python3 " + script + " 3 oom\n", Assignment("cmd", 1));
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_OOM) << r.message();
-  EXPECT_NE(r.message().find("CUDA out of memory"), std::string::npos) << r.message();
+  EXPECT_EQ(r.status, TrialStatus::kOom) << r.message;
+  EXPECT_NE(r.message.find("CUDA out of memory"), std::string::npos) << r.message;
 }
 
 TEST(CommandTemplate, ParsesBothFormsAndRefusesUnknownPlaceholders) {
@@ -385,10 +389,10 @@ TEST(MetricsFile, TooFewStepsIsFailed) {
   auto m = ParseMetricsJson(R"({"ranks": [{"rank": 0, "peak_allocated_bytes": 1,
                                            "step_times_s": [1, 1]}]})");
   ASSERT_TRUE(m.ok());
-  v1::TrialResult r = MetricsToResult(Assignment("cmd", 1), *m);
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
-  EXPECT_NE(r.message().find("warmup_steps is 2"), std::string::npos) << r.message();
-  EXPECT_EQ(r.ranks(0).peak_reserved_bytes(), 1u);  // reserved defaults to allocated
+  search::TrialResult r = MetricsToResult(ToAssignment(Assignment("cmd", 1)), *m);
+  EXPECT_EQ(r.status, TrialStatus::kFailed);
+  EXPECT_NE(r.message.find("warmup_steps is 2"), std::string::npos) << r.message;
+  EXPECT_EQ(r.ranks[0].peak_reserved_bytes, 1u);  // reserved defaults to allocated
 }
 
 }  // namespace

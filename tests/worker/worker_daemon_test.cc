@@ -172,6 +172,7 @@ TEST_F(DaemonTest, RegistersLeasesRunsAndReports) {
     EXPECT_EQ(r.result().status(), v1::TRIAL_STATUS_OK);
     EXPECT_GE(r.result().wall_s(), 0.05);
     EXPECT_DOUBLE_EQ(r.result().tokens_per_s(), 100);
+    EXPECT_EQ(r.result().policy().canonical(), "selective:[]");  // stamped by MakeReport
   }
 }
 
@@ -205,6 +206,20 @@ TEST_F(DaemonTest, UnknownBackendIsAFailedResultNotACrash) {
   std::lock_guard<std::mutex> lock(coordinator_.mu);
   EXPECT_EQ(coordinator_.reports[0].result().status(), v1::TRIAL_STATUS_FAILED);
   EXPECT_EQ(coordinator_.reports[0].result().message(), "this worker has no builtin backend");
+}
+
+TEST_F(DaemonTest, AnUnreadableAssignmentIsAFailedReportUnderItsPolicy) {
+  Start(1);
+  v1::TrialAssignment a = Replay("t-2", 0);
+  a.mutable_policy()->set_canonical("selective:[warp_drive]");  // only a foreign coordinator
+  coordinator_.Push(a);
+  ASSERT_TRUE(WaitUntil([&] { return coordinator_.NumReports() == 1; }));
+  std::lock_guard<std::mutex> lock(coordinator_.mu);
+  const v1::TrialResult& r = coordinator_.reports[0].result();
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_EQ(r.message().rfind("assignment: policy: ", 0), 0u) << r.message();
+  EXPECT_EQ(r.policy().canonical(), "selective:[warp_drive]");
+  EXPECT_EQ(coordinator_.reports[0].trial_id(), "t-2");
 }
 
 TEST_F(DaemonTest, HeartbeatCancelStopsTheTrial) {

@@ -1,0 +1,66 @@
+#include "worker/assignment.h"
+
+#include <algorithm>
+
+#include "proto/convert.h"
+
+namespace remat::worker {
+
+Assignment ToAssignment(const v1::TrialAssignment& msg) {
+  Assignment a;
+  a.search_id = msg.search_id();
+  a.trial_id = msg.trial_id();
+  a.attempt = msg.attempt();
+  a.world_size = std::max(1, msg.world_size());
+  a.policy_name = msg.policy().canonical();
+  auto spec = proto::FromProto(msg.spec());
+  if (!spec.ok()) {
+    a.error = "assignment: " + spec.status().message();
+    return a;
+  }
+  a.spec = std::move(spec).value();
+  auto policy = search::ParsePolicy(a.policy_name);
+  if (!policy.ok()) {
+    a.error = "assignment: policy: " + policy.status().message();
+    return a;
+  }
+  a.policy = *policy;
+  if (msg.replay_found()) {
+    const v1::TrialResult& entry = msg.replay().result();
+    a.replay = ResultFromWire(entry);
+    if (!proto::FromProto(entry.status()) && a.replay->message.empty()) {
+      a.replay->message = "replay entry has no final status";
+    }
+  }
+  a.replay_wall_s = msg.replay().wall_s();
+  return a;
+}
+
+search::TrialResult ResultFromWire(const v1::TrialResult& msg) {
+  v1::TrialResult copy = msg;
+  // The policy is named elsewhere (MakeReport stamps it); any parsable one lets FromProto read
+  // the rest.
+  copy.mutable_policy()->set_canonical(search::Policy::None().ToString());
+  if (!proto::FromProto(copy.status())) copy.set_status(v1::TRIAL_STATUS_FAILED);
+  return proto::FromProto(copy).value();
+}
+
+search::TrialResult StatusResult(search::TrialStatus status, std::string message) {
+  search::TrialResult result;
+  result.status = status;
+  result.message = std::move(message);
+  return result;
+}
+
+v1::ReportTrialRequest MakeReport(const std::string& worker_id, const Assignment& assignment,
+                                  const search::TrialResult& result) {
+  v1::ReportTrialRequest report;
+  report.set_worker_id(worker_id);
+  report.set_trial_id(assignment.trial_id);
+  report.set_attempt(assignment.attempt);
+  *report.mutable_result() = proto::ToProto(result);
+  report.mutable_result()->mutable_policy()->set_canonical(assignment.policy_name);
+  return report;
+}
+
+}  // namespace remat::worker
