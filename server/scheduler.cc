@@ -337,8 +337,7 @@ absl::StatusOr<v1::ReportTrialResponse> Scheduler::ReportTrial(
     out.set_accepted(false);
     return out;
   }
-  v1::TrialResult result = request.result();
-  result.mutable_policy()->set_canonical(t->rec.policy);
+  v1::TrialResult result = ResultOfTrial(*t, request.result());
   result.set_reused(false);
   std::string cache_key;
   if (w != nullptr &&

@@ -169,11 +169,10 @@ bool Scheduler::State::Apply(SearchRun& s, RunTrial& t, const v1::TrialResult& r
 
 bool Scheduler::State::LoseLease(SearchRun& s, RunTrial& t, const std::string& reason) {
   if (t.rec.attempts >= opt_.max_trial_attempts) {
-    v1::TrialResult failed;
-    failed.mutable_policy()->set_canonical(t.rec.policy);
-    failed.set_status(v1::TRIAL_STATUS_FAILED);
-    failed.set_message(absl::StrCat("lost its worker ", t.rec.attempts, " times (limit ",
-                                    opt_.max_trial_attempts, "); last: ", reason));
+    v1::TrialResult failed =
+        CoordinatorResult(t, v1::TRIAL_STATUS_FAILED,
+                          absl::StrCat("lost its worker ", t.rec.attempts, " times (limit ",
+                                       opt_.max_trial_attempts, "); last: ", reason));
     auto recorded = store_->RecordResult(t.rec.id, failed, t.rec.worker_id, "");
     if (!recorded.ok()) {
       log_->error("search={} trial={} could not record failure: {}", s.rec.id, t.rec.id,
@@ -233,9 +232,8 @@ absl::StatusOr<v1::LeaseTrialResponse> Scheduler::State::Allocate(WorkerEntry& w
     if (!cached.ok()) {
       log_->warn("results cache lookup failed (running the trial): {}", cached.status().ToString());
     } else if (cached->has_value()) {
-      v1::TrialResult result = **cached;
+      v1::TrialResult result = ResultOfTrial(t, **cached);
       result.set_reused(true);
-      result.mutable_policy()->set_canonical(t.rec.policy);
       auto recorded = store_->RecordResult(t.rec.id, result, "", "");
       if (!recorded.ok()) return recorded.status();
       Apply(*s, t, result, "");  // may retire *s

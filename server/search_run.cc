@@ -187,6 +187,17 @@ void SearchRun::Requeue(RunTrial& t) {
   t.rec.status = v1::TRIAL_STATUS_PENDING;
   queue.push_front(&t);
 }
+v1::TrialResult ResultOfTrial(const RunTrial& t, v1::TrialResult result) {
+  result.mutable_policy()->set_canonical(t.rec.policy);
+  return result;
+}
+
+v1::TrialResult CoordinatorResult(const RunTrial& t, v1::TrialStatus status, std::string message) {
+  v1::TrialResult result;
+  result.set_status(status);
+  result.set_message(std::move(message));
+  return ResultOfTrial(t, std::move(result));
+}
 
 void SearchRun::MarkFinal(RunTrial& t, const v1::TrialResult& result,
                           const std::string& by_worker) {
@@ -196,8 +207,7 @@ void SearchRun::MarkFinal(RunTrial& t, const v1::TrialResult& result,
     queue.erase(std::remove(queue.begin(), queue.end(), &t), queue.end());
   }
   t.rec.status = result.status();
-  t.rec.result = result;
-  t.rec.result->mutable_policy()->set_canonical(t.rec.policy);
+  t.rec.result = ResultOfTrial(t, result);
   if (!by_worker.empty()) t.rec.worker_id = by_worker;
   ++done;
   search::TrialResult domain = ResultToDomain(t.rec.policy, result);
@@ -210,12 +220,8 @@ void SearchRun::CancelAll(const std::string& message,
   for (const auto& t : trials) {
     if (IsFinal(t->rec.status)) continue;
     on_cancel(*t);
-    v1::TrialResult cancelled;
-    cancelled.mutable_policy()->set_canonical(t->rec.policy);
-    cancelled.set_status(v1::TRIAL_STATUS_CANCELLED);
-    cancelled.set_message(message);
     t->rec.status = v1::TRIAL_STATUS_CANCELLED;
-    t->rec.result = std::move(cancelled);
+    t->rec.result = CoordinatorResult(*t, v1::TRIAL_STATUS_CANCELLED, message);
   }
   queue.clear();
   running = 0;

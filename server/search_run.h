@@ -42,6 +42,12 @@ struct RunTrial {
   int64_t confirmed_ms = 0;  // last time the holder listed it in a heartbeat (or leased it)
 };
 
+// The one place the coordinator puts a trial's policy on a result: whatever reports it (a
+// worker, the results cache) is recorded under the trial's own policy string.
+v1::TrialResult ResultOfTrial(const RunTrial& t, v1::TrialResult result);
+// A result the coordinator decides itself (cancelled, lost its worker too often).
+v1::TrialResult CoordinatorResult(const RunTrial& t, v1::TrialStatus status, std::string message);
+
 struct SearchRun {
   // A new search from a submit request (not yet stored, no id, no strategy): the spec validated
   // and resolved, the replay table's keys made canonical. InvalidArgument naming the field.
@@ -74,7 +80,8 @@ struct SearchRun {
   // Trial moves (the store already has them).
   void MarkLeased(RunTrial& t, int32_t attempt, const std::string& worker_id, int64_t now_ms);
   void Requeue(RunTrial& t);  // a lost lease: back to the front of the queue
-  // A final result: the trial leaves the queue or its lease, the strategy observes it.
+  // A final result (ResultOfTrial / CoordinatorResult): the trial leaves the queue or its
+  // lease, the strategy observes it.
   void MarkFinal(RunTrial& t, const v1::TrialResult& result, const std::string& by_worker);
   // Cancels every trial not yet final; `on_cancel(trial)` runs first for each.
   void CancelAll(const std::string& message, const std::function<void(RunTrial&)>& on_cancel);

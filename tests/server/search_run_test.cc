@@ -36,6 +36,22 @@ std::function<std::string()> Ids() {
   return [n] { return "t-" + std::to_string((*n)++); };
 }
 
+TEST(SearchRunTest, ResultsAreRecordedUnderTheTrialsOwnPolicy) {
+  RunTrial t;
+  t.rec.policy = "selective:[core_attn]";
+  v1::TrialResult reported = Measured(10, 1);
+  reported.mutable_policy()->set_canonical("full:block:1");  // whatever the reporter said
+  v1::TrialResult r = ResultOfTrial(t, reported);
+  EXPECT_EQ(r.policy().canonical(), "selective:[core_attn]");
+  EXPECT_EQ(r.status(), reported.status());
+  EXPECT_DOUBLE_EQ(r.step_time_s(), reported.step_time_s());
+
+  r = CoordinatorResult(t, v1::TRIAL_STATUS_CANCELLED, "search cancelled");
+  EXPECT_EQ(r.policy().canonical(), "selective:[core_attn]");
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_CANCELLED);
+  EXPECT_EQ(r.message(), "search cancelled");
+}
+
 TEST(SearchRunTest, RequestsAreValidatedAndReplayKeysMadeCanonical) {
   auto run = SearchRun::FromRequest(
       "alice", Submit(SmallSpec(), {{"selective:[ core_attn ]", Entry(10, 1)}}));
