@@ -24,13 +24,12 @@
 #include <sstream>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "proto/convert.h"
 #include "search/policy.h"
 #include "search/spec.h"
 #include "search/trial.h"
 #include "specfile/spec_file.h"
+#include "engine/result_json.h"
 #include "engine/trial_runner.h"
 
 namespace {
@@ -84,46 +83,6 @@ constexpr const char* kUsage =
     "       remat-trial --spec FILE.yaml --policy POLICY [--rank R --world-size W --rendezvous DIR]\n"
     "                   [--collective-timeout SECONDS] [--json]\n"
     "       remat-trial --version\n";
-
-nlohmann::json RanksJson(const std::vector<remat::search::RankResult>& in) {
-  nlohmann::json ranks = nlohmann::json::array();
-  for (const auto& k : in) {
-    ranks.push_back({{"rank", k.rank},
-                     {"peak_allocated_bytes", k.peak_allocated_bytes},
-                     {"peak_reserved_bytes", k.peak_reserved_bytes},
-                     {"static_bytes", k.static_bytes},
-                     {"alloc_retries", k.alloc_retries},
-                     {"failing_request_bytes", k.failing_request_bytes},
-                     {"step_time_s", k.step_time_s},
-                     {"step_times_s", k.step_times_s}});
-  }
-  return ranks;
-}
-
-nlohmann::json ToJson(const remat::search::TrialResult& r) {
-  nlohmann::json ranks = RanksJson(r.ranks);
-  nlohmann::json proxies = nlohmann::json::array();
-  for (const auto& m : r.proxies) {
-    proxies.push_back(
-        {{"num_layers", m.num_layers}, {"step_time_s", m.step_time_s}, {"ranks", RanksJson(m.ranks)}});
-  }
-  return {{"policy", r.policy.ToString()},
-          {"predicted", r.predicted},
-          {"proxies", proxies},
-          {"status", remat::search::Name(r.status)},
-          {"peak_allocated_bytes", r.PeakAllocatedBytes()},
-          {"peak_reserved_bytes", r.PeakReservedBytes()},
-          {"ranks", ranks},
-          {"step_time_s", r.step_time_s},
-          {"step_time_spread_s", r.step_time_spread_s},
-          {"tokens_per_s", r.tokens_per_s},
-          {"model_tflops", r.model_tflops},
-          {"loss", r.loss},
-          {"grad_norm", r.grad_norm},
-          {"setup_s", r.setup_s},
-          {"wall_s", r.wall_s},
-          {"message", r.message}};
-}
 
 std::optional<int> ParseInt(const std::string& s) {
   try {
@@ -245,7 +204,7 @@ int main(int argc, char** argv) {
       return Fail(1, "cannot write the result to " + path);
     }
   } else if (json) {
-    std::cout << ToJson(result).dump() << std::endl;
+    std::cout << remat::engine::TrialResultJson(result) << std::endl;
   } else {
     std::cout << result.policy.ToString() << ": " << remat::search::Name(result.status);
     if (!result.ranks.empty()) {

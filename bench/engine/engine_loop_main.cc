@@ -1,17 +1,17 @@
 // remat-bench-engine --spec FILE.yaml --policies P1;P2;... : runs each policy of one spec with the
-// trial engine, one after the other in this process (one rank), and prints one JSON line per trial.
-// For benchmarks only: remat-trial runs one trial per process.
+// trial engine, one after the other in this process (one rank), and prints one JSON line per trial
+// (engine/result_json.h, as remat-trial --json). For benchmarks only: remat-trial runs one trial
+// per process.
 
 #include <iostream>
 #include <sstream>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
+#include "engine/result_json.h"
+#include "engine/trial_runner.h"
 #include "search/policy.h"
 #include "search/trial.h"
 #include "specfile/spec_file.h"
-#include "engine/trial_runner.h"
 
 int main(int argc, char** argv) {
   std::string spec_path, policies;
@@ -41,23 +41,7 @@ int main(int argc, char** argv) {
     remat::engine::TrialOptions o;
     o.spec = *spec;
     o.policy = *policy;
-    const remat::search::TrialResult r = remat::engine::RunTrial(o);
-    const auto& k = r.ranks.at(0);
-    nlohmann::json j = {{"policy", r.policy.ToString()},
-                        {"status", remat::search::Name(r.status)},
-                        {"peak_allocated_bytes", k.peak_allocated_bytes},
-                        {"peak_reserved_bytes", k.peak_reserved_bytes},
-                        {"static_bytes", k.static_bytes},
-                        {"alloc_retries", k.alloc_retries},
-                        {"step_time_s", r.step_time_s},
-                        {"step_time_spread_s", r.step_time_spread_s},
-                        {"tokens_per_s", r.tokens_per_s},
-                        {"model_tflops", r.model_tflops},
-                        {"loss", r.loss},
-                        {"grad_norm", r.grad_norm},
-                        {"setup_s", r.setup_s},
-                        {"message", r.message}};
-    std::cout << j.dump() << std::endl;
+    std::cout << remat::engine::TrialResultJson(remat::engine::RunTrial(o)) << std::endl;
   }
   return 0;
 }
