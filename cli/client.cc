@@ -6,22 +6,22 @@
 #include <chrono>
 #include <thread>
 
-#include "proto/services/channel.h"
+#include "client/channel.h"
 #include "remat/v1/remat.grpc.pb.h"
 
 namespace remat::cli {
 namespace {
 
-using proto::FromGrpc;
+using client::FromGrpc;
 
 class GrpcRematClient : public RematClient {
  public:
   explicit GrpcRematClient(const ClientOptions& options) : options_(options) {
-    proto::ChannelOptions channel;
+    client::ChannelOptions channel;
     channel.target = options.coordinator;
     channel.tls = options.tls;
     channel.ca_pem = options.tls_ca_pem;
-    stub_ = v1::RematService::NewStub(proto::MakeChannel(channel));
+    stub_ = v1::RematService::NewStub(client::MakeChannel(channel));
   }
 
   absl::StatusOr<std::string> Submit(const v1::SubmitSearchRequest& request) override {

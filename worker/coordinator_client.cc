@@ -6,25 +6,25 @@
 #include <mutex>
 #include <set>
 
-#include "proto/services/channel.h"
+#include "client/channel.h"
 #include "remat/v1/remat.grpc.pb.h"
 
 namespace remat::worker {
 namespace {
 
-using proto::FromGrpc;
+using client::FromGrpc;
 
 class GrpcCoordinatorClient : public CoordinatorClient {
  public:
   explicit GrpcCoordinatorClient(const ConnectionOptions& options) : options_(options) {
-    proto::ChannelOptions channel;
+    client::ChannelOptions channel;
     channel.target = options.target;
     channel.tls = options.tls;
     channel.ca_pem = options.tls_ca_pem;
     // Reconnect quickly when the coordinator comes back (the daemon does its own backoff).
     channel.initial_backoff_ms = 100;
     channel.max_receive_bytes = 64 << 20;
-    channel_ = proto::MakeChannel(channel);
+    channel_ = client::MakeChannel(channel);
     stub_ = v1::WorkerService::NewStub(channel_);
   }
 

@@ -1,6 +1,8 @@
-// Client channels to a coordinator, shared by the CLI and the worker daemon: one place that
-// knows how remat connects (TLS or plain, reconnect backoff, message size) and how a gRPC status
-// becomes an absl::Status. Thread-safety: pure functions; a channel is thread-safe.
+// Client channels to a coordinator, shared by the CLI (cli/client.h) and the worker daemon
+// (worker/coordinator_client.h): one place that knows how remat connects (TLS or plain, reconnect
+// backoff, message size) and how a gRPC status becomes an absl::Status. The client side only:
+// it needs gRPC, not the generated services, and the coordinator does not link it.
+// Thread-safety: pure functions; a channel is thread-safe.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -10,7 +12,7 @@
 
 #include "absl/status/status.h"
 
-namespace remat::proto {
+namespace remat::client {
 
 struct ChannelOptions {
   std::string target;            // HOST:PORT
@@ -26,4 +28,4 @@ std::shared_ptr<grpc::Channel> MakeChannel(const ChannelOptions& options);
 // The gRPC status as an absl::Status with the same code and message.
 absl::Status FromGrpc(const grpc::Status& status);
 
-}  // namespace remat::proto
+}  // namespace remat::client

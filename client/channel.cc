@@ -1,6 +1,6 @@
-#include "proto/services/channel.h"
+#include "client/channel.h"
 
-namespace remat::proto {
+namespace remat::client {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const ChannelOptions& options) {
   std::shared_ptr<grpc::ChannelCredentials> creds;
@@ -24,4 +24,4 @@ absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-}  // namespace remat::proto
+}  // namespace remat::client
