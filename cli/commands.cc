@@ -1,6 +1,5 @@
 #include "cli/commands.h"
 
-#include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <time.h>
@@ -10,8 +9,6 @@
 #include <atomic>
 #include <fstream>
 #include <iostream>
-#include <sstream>
-#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "cli/client.h"
@@ -19,6 +16,7 @@
 #include "cli/progress_printer.h"
 #include "cli/render.h"
 #include "cli/submit_request.h"
+#include "common/main_util.h"
 
 #ifndef REMAT_VERSION
 #define REMAT_VERSION "unknown"
@@ -27,19 +25,8 @@
 namespace remat::cli {
 namespace {
 
-int Fail(int code, const std::string& message) {
-  std::cerr << "error: " << message << std::endl;
-  return code;
-}
-
-bool ReadFile(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
-  return true;
-}
+using common::Fail;
+using common::ReadFile;
 
 // The flags every client command shares.
 struct ClientFlags {
@@ -70,16 +57,18 @@ struct ClientFlags {
       return Fail(2, "--coordinator: required (HOST:PORT, or set REMAT_COORDINATOR)");
     }
     if (!token_file.empty()) {
-      std::string token;
-      if (!ReadFile(token_file, &token)) return Fail(2, "--token-file: cannot read " + token_file);
-      options->token = std::string(absl::StripAsciiWhitespace(token));
+      auto token = ReadFile(token_file);
+      if (!token) return Fail(2, "--token-file: cannot read " + token_file);
+      options->token = std::string(absl::StripAsciiWhitespace(*token));
       if (options->token.empty()) return Fail(2, "--token-file: " + token_file + " is empty");
     } else if (const char* env = getenv("REMAT_TOKEN")) {
       options->token = std::string(absl::StripAsciiWhitespace(env));
     }
     options->tls = tls || !tls_ca.empty();
-    if (!tls_ca.empty() && !ReadFile(tls_ca, &options->tls_ca_pem)) {
-      return Fail(2, "--tls-ca: cannot read " + tls_ca);
+    if (!tls_ca.empty()) {
+      auto pem = ReadFile(tls_ca);
+      if (!pem) return Fail(2, "--tls-ca: cannot read " + tls_ca);
+      options->tls_ca_pem = *pem;
     }
     options->timeout_s = timeout_s;
     return 0;
@@ -155,24 +144,13 @@ int RunList(int limit, const ClientOptions& options) {
 
 // Runs the local search with SIGINT/SIGTERM turned into a polite cancel.
 int RunSearchWithSignals(LocalSearchOptions options, const LocalSearchRunner& run) {
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-  std::atomic<bool> interrupted{false}, done{false};
-  std::thread watcher([&] {
-    const timespec tick{0, 100 * 1000 * 1000};
-    while (!done.load()) {
-      if (sigtimedwait(&stop_signals, nullptr, &tick) > 0) interrupted = true;
-    }
-  });
+  common::StopSignals stop_signals;
+  std::atomic<bool> interrupted{false};
+  stop_signals.OnStop([&](int) { interrupted = true; });
   options.interrupted = &interrupted;
   options.tty = isatty(STDOUT_FILENO);
   int code = run(options, std::cout, std::cerr);
-  done = true;
-  watcher.join();
+  stop_signals.Finish();
   return code;
 }
 

@@ -13,6 +13,7 @@
 #include "cli/progress_printer.h"
 #include "cli/render.h"
 #include "cli/submit_request.h"
+#include "common/main_util.h"
 #include "proto/convert.h"
 #include "server/coordinator.h"
 #include "worker/slots.h"
@@ -23,12 +24,6 @@ namespace remat::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string SelfDir() {
-  std::error_code ec;
-  fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(".") : self.parent_path().string();
-}
 
 bool WriteFile(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -95,7 +90,9 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
   }
 
   std::string trial_binary = options.trial_binary;
-  if (trial_binary.empty()) trial_binary = (fs::path(SelfDir()) / "remat-trial").string();
+  if (trial_binary.empty()) {
+    trial_binary = (fs::path(common::SelfDir()) / "remat-trial").string();
+  }
   trial_binary = fs::absolute(trial_binary).string();  // trials start in their own folders
   const bool builtin = spec->search.backend == search::Backend::kBuiltin;
   if (builtin && access(trial_binary.c_str(), X_OK) != 0) {

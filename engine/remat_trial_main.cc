@@ -24,6 +24,7 @@
 #include <sstream>
 #include <string>
 
+#include "common/main_util.h"
 #include "proto/convert.h"
 #include "search/policy.h"
 #include "search/spec.h"
@@ -73,10 +74,7 @@ void InstallCrashReporter() {
   for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) sigaction(sig, &sa, nullptr);
 }
 
-int Fail(int code, const std::string& message) {
-  std::cerr << "error: " << message << std::endl;
-  return code;
-}
+using remat::common::Fail;
 
 constexpr const char* kUsage =
     "usage: remat-trial --request FILE --result FILE\n"

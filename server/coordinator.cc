@@ -7,13 +7,12 @@
 #include <prometheus/registry.h>
 
 #include <condition_variable>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/read_file.h"
 #include "server/auth.h"
 #include "server/grpc_service.h"
 #include "server/job_store.h"
@@ -40,11 +39,9 @@ absl::Status CheckHostPort(const std::string& flag, const std::string& value) {
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  auto text = common::ReadFile(path);
+  if (!text) return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read ", path));
+  return *text;
 }
 
 }  // namespace

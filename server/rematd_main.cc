@@ -1,25 +1,19 @@
 // rematd: the remat coordinator. Flags fill CoordinatorOptions; SIGTERM/SIGINT drain gracefully.
-#include <pthread.h>
-#include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
-#include <cstdio>
 #include <iostream>
-#include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "common/main_util.h"
 #include "server/coordinator.h"
 
 namespace {
 
 constexpr char kVersion[] = "0.1.0";
 
-int Fail(int code, const std::string& message) {
-  std::fprintf(stderr, "error: %s\n", message.c_str());
-  return code;
-}
+using remat::common::Fail;
 
 }  // namespace
 
@@ -83,13 +77,8 @@ int main(int argc, char** argv) {
   spdlog::set_level(level);
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %^%l%$ [%n] %v");  // ISO 8601 with the zone
 
-  // Signals are taken by one thread with sigwait; every other thread has them blocked.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  // Signals are taken by one thread; every other thread has them blocked.
+  remat::common::StopSignals signals;
 
   auto coordinator = remat::server::Coordinator::Create(options);
   if (!coordinator.ok()) {
@@ -107,15 +96,11 @@ int main(int argc, char** argv) {
   }
 
   remat::server::Coordinator* c = coordinator->get();
-  std::thread signal_thread([c, signals, drain_s] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+  signals.OnStop([c, drain_s](int sig) {
     spdlog::info("signal {}: draining", sig);
     c->Shutdown(std::chrono::milliseconds(static_cast<int64_t>(drain_s * 1000)));
   });
   c->Wait();
-  // Wake the signal thread if Shutdown came from elsewhere (it never does in rematd today).
-  pthread_kill(signal_thread.native_handle(), SIGTERM);
-  signal_thread.join();
+  signals.Finish();
   return 0;
 }

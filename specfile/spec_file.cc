@@ -4,13 +4,12 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
+#include "common/read_file.h"
 #include "search/policy.h"
 
 namespace remat::spec {
@@ -302,11 +301,9 @@ Status ReadSearch(Section& s, search::SearchOptions* o) {
 }
 
 StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return InvalidArgument(std::string(what) + " '" + path + "': cannot be read");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  auto text = common::ReadFile(path);
+  if (!text) return InvalidArgument(std::string(what) + " '" + path + "': cannot be read");
+  return *text;
 }
 
 }  // namespace

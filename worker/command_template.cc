@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <cctype>
-#include <fstream>
 #include <sstream>
 
 #include "absl/status/status.h"
+#include "common/read_file.h"
 
 namespace remat::worker {
 namespace {
@@ -105,11 +105,9 @@ absl::StatusOr<std::map<std::string, CommandTemplate>> ParseCommandTemplatesYaml
 
 absl::StatusOr<std::map<std::string, CommandTemplate>> LoadCommandTemplatesFile(
     const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError("--command-templates: cannot read " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseCommandTemplatesYaml(ss.str());
+  auto text = common::ReadFile(path);
+  if (!text) return absl::InvalidArgumentError("--command-templates: cannot read " + path);
+  return ParseCommandTemplatesYaml(*text);
 }
 
 std::string ShellQuote(const std::string& word) {

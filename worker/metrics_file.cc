@@ -2,12 +2,11 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "absl/status/status.h"
+#include "common/read_file.h"
 
 namespace remat::worker {
 namespace {
@@ -129,10 +128,8 @@ absl::StatusOr<JobMetrics> ReadMetricsFiles(const std::string& path) {
   JobMetrics merged;
   std::map<int, RankMetrics> by_rank;
   for (const std::string& f : files) {
-    std::ifstream in(f);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    auto m = ParseMetricsJson(ss.str());
+    // A file that vanished since it was listed reads as empty: "not valid JSON", naming it.
+    auto m = ParseMetricsJson(common::ReadFile(f).value_or(""));
     if (!m.ok()) {
       return absl::InvalidArgumentError(f + ": " + std::string(m.status().message()));
     }

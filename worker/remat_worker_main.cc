@@ -1,17 +1,14 @@
 // remat-worker: the worker daemon on a GPU node. Flags are read here and only here.
-#include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <sstream>
-#include <thread>
 
 #include "absl/strings/ascii.h"
+#include "common/main_util.h"
 #include "worker/slots.h"
 #include "worker/versions.h"
 #include "worker/worker_daemon.h"
@@ -19,26 +16,8 @@
 namespace {
 
 namespace fs = std::filesystem;
-
-int Fail(int code, const std::string& message) {
-  std::cerr << "error: " << message << std::endl;
-  return code;
-}
-
-bool ReadFile(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
-  return true;
-}
-
-std::string SelfDir() {
-  std::error_code ec;
-  fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(".") : self.parent_path().string();
-}
+using remat::common::Fail;
+using remat::common::ReadFile;
 
 }  // namespace
 
@@ -88,18 +67,18 @@ int main(int argc, char** argv) {
   remat::worker::WorkerDaemonOptions options;
   options.connection.target = coordinator;
   if (!token_file.empty()) {
-    std::string token;
-    if (!ReadFile(token_file, &token)) return Fail(2, "--token-file: cannot read " + token_file);
-    options.connection.token = std::string(absl::StripAsciiWhitespace(token));
+    auto token = ReadFile(token_file);
+    if (!token) return Fail(2, "--token-file: cannot read " + token_file);
+    options.connection.token = std::string(absl::StripAsciiWhitespace(*token));
     if (options.connection.token.empty())
       return Fail(2, "--token-file: " + token_file + " is empty");
   } else if (const char* env = getenv("REMAT_WORKER_TOKEN")) {
     options.connection.token = std::string(absl::StripAsciiWhitespace(env));
   }
   if (!tls_ca.empty()) {
-    if (!ReadFile(tls_ca, &options.connection.tls_ca_pem)) {
-      return Fail(2, "--tls-ca: cannot read " + tls_ca);
-    }
+    auto pem = ReadFile(tls_ca);
+    if (!pem) return Fail(2, "--tls-ca: cannot read " + tls_ca);
+    options.connection.tls_ca_pem = *pem;
     tls = true;
   }
   options.connection.tls = tls;
@@ -121,7 +100,7 @@ int main(int argc, char** argv) {
   options.work_dir = work_dir;
 
   if (trial_binary.empty()) {
-    trial_binary = (fs::path(SelfDir()) / "remat-trial").string();
+    trial_binary = (fs::path(remat::common::SelfDir()) / "remat-trial").string();
     if (access(trial_binary.c_str(), X_OK) != 0) {
       spdlog::warn("no remat-trial beside remat-worker ({}): builtin backend off", trial_binary);
       trial_binary.clear();
@@ -142,14 +121,8 @@ int main(int argc, char** argv) {
   options.kill_grace_s = grace_s;
   options.keep_trial_dirs = keep_trial_dirs;
 
-  // SIGINT/SIGTERM stop the daemon from a dedicated thread; children get default handling.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-
+  // SIGINT/SIGTERM stop the daemon from one waiting thread; children get default handling.
+  remat::common::StopSignals stop_signals;
   auto daemon = remat::worker::WorkerDaemon::Create(options);
   if (!daemon.ok()) return Fail(2, std::string(daemon.status().message()));
   std::string slot_names;
@@ -159,15 +132,12 @@ int main(int argc, char** argv) {
   spdlog::info("remat-worker {} offering {} slot(s) [{}], work dir {}",
                remat::worker::RematVersion(), options.slots.size(), slot_names, work_dir);
 
-  std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
+  stop_signals.OnStop([&](int sig) {
     spdlog::info("signal {}: stopping", sig);
     (*daemon)->Stop();
   });
   absl::Status status = (*daemon)->Run();
-  kill(getpid(), SIGTERM);  // wakes the signal thread if Run ended on its own
-  signal_thread.join();
+  stop_signals.Finish();
   if (!status.ok()) return Fail(1, "coordinator " + coordinator + ": " + status.ToString());
   return 0;
 }

@@ -1,0 +1,63 @@
+#include "common/main_util.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <ctime>
+#include <filesystem>
+#include <iostream>
+
+namespace remat::common {
+namespace {
+
+sigset_t StopSet() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+
+}  // namespace
+
+int Fail(int code, const std::string& message) {
+  std::cerr << "error: " << message << std::endl;
+  return code;
+}
+
+std::string SelfDir() {
+  std::error_code ec;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : self.parent_path().string();
+}
+
+StopSignals::StopSignals() {
+  const sigset_t set = StopSet();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+StopSignals::~StopSignals() { Finish(); }
+
+void StopSignals::Finish() {
+  done_ = true;
+  if (waiter_.joinable()) waiter_.join();
+}
+
+void StopSignals::OnStop(std::function<void(int)> on_stop) {
+  waiter_ = std::thread([this, on_stop = std::move(on_stop)] {
+    const sigset_t set = StopSet();
+    // A short timed wait rather than sigwait, so the destructor ends the waiter by a flag, with
+    // no signal sent to the process.
+    const timespec tick{0, 100 * 1000 * 1000};
+    while (!done_.load()) {
+      const int sig = sigtimedwait(&set, nullptr, &tick);
+      if (sig > 0) {
+        if (!done_.load()) on_stop(sig);
+        return;
+      }
+    }
+  });
+}
+
+}  // namespace remat::common

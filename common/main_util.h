@@ -1,0 +1,57 @@
+// What the programs' mains share: the error line and exit code, the folder of the running
+// program, and SIGINT/SIGTERM taken by one thread (reading a whole file: common/read_file.h).
+// Standard library and POSIX only (no gRPC, no LibTorch), so every main can link it, remat-trial
+// included.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "common/read_file.h"
+
+namespace remat::common {
+
+// Writes "error: MESSAGE" as one line to stderr and returns `code` (the contract's exit codes:
+// 2 bad input naming the field, 1 anything else): `return Fail(2, "--db: must be set");`.
+int Fail(int code, const std::string& message);
+
+// The folder of the running executable (from /proc/self/exe); "." when that cannot be read.
+// Programs find their siblings there (remat-worker's remat-trial).
+std::string SelfDir();
+
+// SIGINT and SIGTERM taken by one thread. Construct it first thing in main, before any other
+// thread starts: the constructor blocks both signals in the calling thread, so every thread
+// started later inherits them blocked and only the waiter sees them; SIGPIPE is ignored (a
+// closed socket or pipe is an error return, not the end of the program).
+//
+//   common::StopSignals signals;
+//   ... start servers ...
+//   signals.OnStop([&](int sig) { server->Shutdown(); });
+//   server->Wait();
+//   signals.Finish();  // before what on_stop uses goes away
+//
+// Thread-safety: construct, OnStop and destroy from one thread; on_stop runs on the waiter.
+class StopSignals {
+ public:
+  StopSignals();
+  ~StopSignals();  // Finish()
+
+  // Stops waiting and joins the waiter: on_stop is not called after this returns (a signal that
+  // comes later stays blocked). Idempotent.
+  void Finish();
+
+  // Starts the waiter: on the first SIGINT or SIGTERM it calls on_stop(signal) once, then ends.
+  // Call at most once.
+  void OnStop(std::function<void(int)> on_stop);
+
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread waiter_;
+};
+
+}  // namespace remat::common
