@@ -17,10 +17,7 @@
 #include "cli/render.h"
 #include "cli/submit_request.h"
 #include "common/main_util.h"
-
-#ifndef REMAT_VERSION
-#define REMAT_VERSION "unknown"
-#endif
+#include "common/version.h"
 
 namespace remat::cli {
 namespace {
@@ -161,7 +158,7 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
       "remat: finds the best activation-recompute policy for a Megatron job by "
       "measuring it"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("remat ") + REMAT_VERSION);
+  app.set_version_flag("--version", std::string("remat ") + common::kVersion);
 
   std::string spec_path, policy, id, json_path, svg_path, db_path, gpus, trial_binary;
   std::string templates, work_dir, log_level = "warn";
@@ -223,7 +220,7 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
     std::cout << app.help("", CLI::AppFormatMode::All);
     return 0;
   } catch (const CLI::CallForVersion&) {
-    std::cout << "remat " << REMAT_VERSION << std::endl;
+    std::cout << "remat " << common::kVersion << std::endl;
     return 0;
   } catch (const CLI::ParseError& e) {
     // A subcommand's --help arrives here too.

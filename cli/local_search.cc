@@ -14,6 +14,7 @@
 #include "cli/render.h"
 #include "cli/submit_request.h"
 #include "common/main_util.h"
+#include "common/version.h"
 #include "proto/convert.h"
 #include "server/coordinator.h"
 #include "worker/slots.h"
@@ -129,7 +130,7 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
   wopts.trial_binary = builtin || access(trial_binary.c_str(), X_OK) == 0 ? trial_binary : "";
   wopts.command_templates = templates;
   wopts.versions = builtin ? worker::ProbeVersions(trial_binary)
-                           : std::map<std::string, std::string>{{"remat", worker::RematVersion()}};
+                           : std::map<std::string, std::string>{{"remat", common::kVersion}};
   wopts.lease_wait_s = 1;
   wopts.backoff_initial_s = 0.05;
   wopts.backoff_max_s = 1;

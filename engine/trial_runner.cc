@@ -22,16 +22,13 @@
 #include "engine/collectives.h"
 #include "engine/memory_tracker.h"
 #include "engine/model.h"
+#include "common/version.h"
 #include "engine/ops.h"
 
 #ifdef REMAT_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
-#endif
-
-#ifndef REMAT_VERSION
-#define REMAT_VERSION "0.0.0"
 #endif
 
 namespace remat::engine {
@@ -554,7 +551,7 @@ search::TrialResult RunTrial(const TrialOptions& o) {
 
 std::vector<std::pair<std::string, std::string>> EngineVersions() {
   std::vector<std::pair<std::string, std::string>> v;
-  v.emplace_back("remat", REMAT_VERSION);
+  v.emplace_back("remat", common::kVersion);
   v.emplace_back("torch", TORCH_VERSION);
 #ifdef REMAT_WITH_CUDA
   int runtime = 0;

@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/version.h"
 
 namespace remat::server {
 
@@ -57,7 +58,7 @@ struct CoordinatorOptions {
   // how many, so the label stays bounded however many searches run at once.
   int max_frontier_series = 200;
   // Version reported in remat_build_info and used in the results-cache key of this coordinator.
-  std::string version = "0.1.0";
+  std::string version = common::kVersion;
 
   // Test seam: the clock the scheduler reads (lease expiry, long polls, timestamps), in
   // milliseconds; unset = the real clock (steady for expiry, system for timestamps). When set,

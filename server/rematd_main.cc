@@ -7,11 +7,10 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/main_util.h"
+#include "common/version.h"
 #include "server/coordinator.h"
 
 namespace {
-
-constexpr char kVersion[] = "0.1.0";
 
 using remat::common::Fail;
 
@@ -19,13 +18,12 @@ using remat::common::Fail;
 
 int main(int argc, char** argv) {
   remat::server::CoordinatorOptions options;
-  options.version = kVersion;
   std::string log_level = "info";
   double drain_s = 10;
 
   CLI::App app{"rematd: the remat coordinator (gRPC API, job store, scheduler, metrics)",
                "rematd"};
-  app.set_version_flag("--version", kVersion);
+  app.set_version_flag("--version", remat::common::kVersion);
   app.add_option("--listen", options.listen, "gRPC address HOST:PORT (port 0: a free port)")
       ->required();
   app.add_option("--db", options.db_path, "SQLite database file (created when missing)")

@@ -9,6 +9,7 @@
 
 #include "absl/strings/ascii.h"
 #include "common/main_util.h"
+#include "common/version.h"
 #include "worker/slots.h"
 #include "worker/versions.h"
 #include "worker/worker_daemon.h"
@@ -130,7 +131,7 @@ int main(int argc, char** argv) {
     slot_names += (slot_names.empty() ? "" : ", ") + std::to_string(s.index) + ":" + s.name;
   }
   spdlog::info("remat-worker {} offering {} slot(s) [{}], work dir {}",
-               remat::worker::RematVersion(), options.slots.size(), slot_names, work_dir);
+               remat::common::kVersion, options.slots.size(), slot_names, work_dir);
 
   stop_signals.OnStop([&](int sig) {
     spdlog::info("signal {}: stopping", sig);

@@ -3,15 +3,10 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "common/version.h"
 #include "worker/process_runner.h"
 
-#ifndef REMAT_VERSION
-#define REMAT_VERSION "unknown"
-#endif
-
 namespace remat::worker {
-
-const char* RematVersion() { return REMAT_VERSION; }
 
 std::map<std::string, std::string> ParseKeyValueLines(const std::string& text) {
   std::map<std::string, std::string> out;
@@ -33,7 +28,7 @@ std::map<std::string, std::string> ProbeVersions(const std::string& trial_binary
   if (!trial_binary.empty() && CaptureOutput({trial_binary, "--version"}, 120, &out)) {
     versions = ParseKeyValueLines(out);
   }
-  versions["remat"] = RematVersion();
+  versions["remat"] = common::kVersion;
   return versions;
 }
 

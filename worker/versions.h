@@ -7,13 +7,10 @@
 
 namespace remat::worker {
 
-// remat's own version (the build's project version).
-const char* RematVersion();
-
 // Parses `key=value` lines (blank lines and lines without '=' are ignored).
 std::map<std::string, std::string> ParseKeyValueLines(const std::string& text);
 
-// {"remat": RematVersion()} plus what `trial_binary --version` prints (torch, cuda, nccl,
+// {"remat": common::kVersion} plus what `trial_binary --version` prints (torch, cuda, nccl,
 // device, ...). When the binary is missing or fails, only remat's version.
 std::map<std::string, std::string> ProbeVersions(const std::string& trial_binary);
 

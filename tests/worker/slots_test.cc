@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/version.h"
 #include "worker/versions.h"
 
 namespace remat::worker {
@@ -60,7 +61,7 @@ TEST(Versions, ParsesKeyValueLines) {
   EXPECT_EQ(v.size(), 3u);
   auto only_remat = ProbeVersions("/nonexistent/remat-trial");
   EXPECT_EQ(only_remat.size(), 1u);
-  EXPECT_EQ(only_remat["remat"], RematVersion());
+  EXPECT_EQ(only_remat["remat"], common::kVersion);
 }
 
 }  // namespace
