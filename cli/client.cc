@@ -25,45 +25,40 @@ class GrpcRematClient : public RematClient {
   }
 
   absl::StatusOr<std::string> Submit(const v1::SubmitSearchRequest& request) override {
-    grpc::ClientContext context;
-    Prepare(&context, true);
-    v1::SubmitSearchResponse response;
-    grpc::Status s = stub_->SubmitSearch(&context, request, &response);
-    if (!s.ok()) return FromGrpc(s);
-    return response.id();
+    auto response = Unary<v1::SubmitSearchResponse>(
+        [&](grpc::ClientContext* c, v1::SubmitSearchResponse* r) {
+          return stub_->SubmitSearch(c, request, r);
+        });
+    if (!response.ok()) return response.status();
+    return response->id();
   }
 
   absl::StatusOr<v1::Search> Get(const std::string& id) override {
-    grpc::ClientContext context;
-    Prepare(&context, true);
     v1::GetSearchRequest request;
     request.set_id(id);
-    v1::Search response;
-    grpc::Status s = stub_->GetSearch(&context, request, &response);
-    if (!s.ok()) return FromGrpc(s);
-    return response;
+    return Unary<v1::Search>([&](grpc::ClientContext* c, v1::Search* r) {
+      return stub_->GetSearch(c, request, r);
+    });
   }
 
   absl::StatusOr<v1::SearchState> Cancel(const std::string& id) override {
-    grpc::ClientContext context;
-    Prepare(&context, true);
     v1::CancelSearchRequest request;
     request.set_id(id);
-    v1::CancelSearchResponse response;
-    grpc::Status s = stub_->CancelSearch(&context, request, &response);
-    if (!s.ok()) return FromGrpc(s);
-    return response.state();
+    auto response = Unary<v1::CancelSearchResponse>(
+        [&](grpc::ClientContext* c, v1::CancelSearchResponse* r) {
+          return stub_->CancelSearch(c, request, r);
+        });
+    if (!response.ok()) return response.status();
+    return response->state();
   }
 
   absl::StatusOr<v1::ListSearchesResponse> List(int limit) override {
-    grpc::ClientContext context;
-    Prepare(&context, true);
     v1::ListSearchesRequest request;
     request.set_limit(limit);
-    v1::ListSearchesResponse response;
-    grpc::Status s = stub_->ListSearches(&context, request, &response);
-    if (!s.ok()) return FromGrpc(s);
-    return response;
+    return Unary<v1::ListSearchesResponse>(
+        [&](grpc::ClientContext* c, v1::ListSearchesResponse* r) {
+          return stub_->ListSearches(c, request, r);
+        });
   }
 
   absl::Status Watch(const std::string& id,
@@ -125,6 +120,18 @@ class GrpcRematClient : public RematClient {
   }
 
  private:
+  // One unary call `call(context, &response)` with the token and the per-call deadline: the
+  // response, or the call's status.
+  template <typename Response, typename Call>
+  absl::StatusOr<Response> Unary(const Call& call) {
+    grpc::ClientContext context;
+    Prepare(&context, /*deadline=*/true);
+    Response response;
+    grpc::Status s = call(&context, &response);
+    if (!s.ok()) return FromGrpc(s);
+    return response;
+  }
+
   void Prepare(grpc::ClientContext* context, bool deadline) {
     if (deadline) {
       context->set_deadline(
