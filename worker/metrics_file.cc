@@ -72,14 +72,15 @@ absl::StatusOr<JobMetrics> ParseMetricsJson(const std::string& json_text) {
         if (!r["rank"].is_number_integer() || r["rank"].get<int>() < 0) {
           return absl::InvalidArgumentError(where + ".rank: must be a non-negative integer");
         }
-        m.rank = r["rank"].get<int>();
+        m.memory.rank = r["rank"].get<int>();
       }
       for (auto [key, field] :
-           {std::pair<const char*, uint64_t*>{"peak_allocated_bytes", &m.peak_allocated_bytes},
-            {"peak_reserved_bytes", &m.peak_reserved_bytes},
-            {"static_bytes", &m.static_bytes},
-            {"alloc_retries", &m.alloc_retries},
-            {"failing_request_bytes", &m.failing_request_bytes}}) {
+           {std::pair<const char*, uint64_t*>{"peak_allocated_bytes",
+                                              &m.memory.peak_allocated_bytes},
+            {"peak_reserved_bytes", &m.memory.peak_reserved_bytes},
+            {"static_bytes", &m.memory.static_bytes},
+            {"alloc_retries", &m.memory.alloc_retries},
+            {"failing_request_bytes", &m.memory.failing_request_bytes}}) {
         absl::Status s = ReadU64(r, key, where, field);
         if (!s.ok()) return s;
       }
@@ -102,7 +103,9 @@ absl::StatusOr<JobMetrics> ParseMetricsJson(const std::string& json_text) {
       if (r.contains("message") && r["message"].is_string()) {
         m.message = r["message"].get<std::string>();
       }
-      if (m.peak_reserved_bytes == 0) m.peak_reserved_bytes = m.peak_allocated_bytes;
+      if (m.memory.peak_reserved_bytes == 0) {
+        m.memory.peak_reserved_bytes = m.memory.peak_allocated_bytes;
+      }
       out.ranks.push_back(m);
     }
   }
@@ -139,7 +142,7 @@ absl::StatusOr<JobMetrics> ReadMetricsFiles(const std::string& path) {
     if (!m->message.empty()) {
       merged.message += (merged.message.empty() ? "" : "; ") + m->message;
     }
-    for (RankMetrics& r : m->ranks) by_rank[r.rank] = std::move(r);
+    for (RankMetrics& r : m->ranks) by_rank[r.memory.rank] = std::move(r);
   }
   for (auto& [rank, r] : by_rank) merged.ranks.push_back(std::move(r));
   return merged;
@@ -159,22 +162,16 @@ search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetri
   bool any_step = false;
   bool have_loss = false;
   for (const RankMetrics& r : metrics.ranks) {
-    search::RankResult& rr = out.ranks.emplace_back();
-    rr.rank = r.rank;
-    rr.peak_allocated_bytes = r.peak_allocated_bytes;
-    rr.peak_reserved_bytes = r.peak_reserved_bytes;
-    rr.static_bytes = r.static_bytes;
-    rr.alloc_retries = r.alloc_retries;
-    rr.failing_request_bytes = r.failing_request_bytes;
+    search::RankResult& rr = out.ranks.emplace_back(r.memory);
     if (r.status == "oom") oom = true;
     if (r.status == "failed") failed = true;
-    if (!r.message.empty()) notes.push_back("rank " + std::to_string(r.rank) + ": " + r.message);
+    const std::string rank = "rank " + std::to_string(r.memory.rank) + ": ";
+    if (!r.message.empty()) notes.push_back(rank + r.message);
     if (static_cast<int>(r.step_times_s.size()) <= warmup) {
       if (r.status == "ok") {
         failed = true;
-        notes.push_back("rank " + std::to_string(r.rank) + ": metrics have " +
-                        std::to_string(r.step_times_s.size()) + " step times; warmup_steps is " +
-                        std::to_string(warmup));
+        notes.push_back(rank + "metrics have " + std::to_string(r.step_times_s.size()) +
+                        " step times; warmup_steps is " + std::to_string(warmup));
       }
       continue;
     }

@@ -18,12 +18,8 @@
 namespace remat::worker {
 
 struct RankMetrics {
-  int rank = 0;
-  uint64_t peak_allocated_bytes = 0;
-  uint64_t peak_reserved_bytes = 0;
-  uint64_t static_bytes = 0;
-  uint64_t alloc_retries = 0;
-  uint64_t failing_request_bytes = 0;
+  // rank and memory figures as the result carries them (step times are below: every iteration).
+  search::RankResult memory;
   std::vector<double> step_times_s;  // every iteration, warm-up included, in order
   std::vector<double> losses;        // per iteration, same order (may be shorter or empty)
   std::vector<double> grad_norms;
