@@ -5,8 +5,10 @@ Renders deploy/kubernetes/base and the TLS overlay with `kubectl kustomize` (whe
 installed; else reads the base files and skips the overlay, saying so) and checks what an
 operator relies on: probes on the plaintext health-only port that rematd is told to open, also
 under TLS; restricted Pod Security on the namespace and pod/container security contexts that
-satisfy it; resource requests and memory limits on every container; the default ports.
-Usage: check_kubernetes.py REPO_ROOT
+satisfy it; resource requests and memory limits on every container; the default ports; with
+VERSION (CMake's project version, the version's one source), that remat's images and the
+app.kubernetes.io/version labels carry it.
+Usage: check_kubernetes.py REPO_ROOT [VERSION]
 """
 import os
 import shutil
@@ -90,9 +92,31 @@ def check_layout(docs, tls):
     check((flag(wargs, "--tls-ca") is not None) == tls, f"worker TLS flags present={tls}")
 
 
+def versions(node, found):
+    """Every remat image tag and app.kubernetes.io/version label below `node`."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "image" and isinstance(v, str) and v.startswith("remat/"):
+                found.append((v, v.rsplit(":", 1)[-1]))
+            elif k == "app.kubernetes.io/version":
+                found.append((k, str(v)))
+            else:
+                versions(v, found)
+    elif isinstance(node, list):
+        for v in node:
+            versions(v, found)
+    return found
+
+
 root = sys.argv[1]
 kdir = os.path.join(root, "deploy", "kubernetes")
-check_layout(render(os.path.join(kdir, "base")), tls=False)
+base = render(os.path.join(kdir, "base"))
+check_layout(base, tls=False)
+if len(sys.argv) > 2:
+    found = versions(base, [])
+    check(any(w.startswith("remat/") for w, _ in found), "remat images named in the manifests")
+    for what, v in found:
+        check(v == sys.argv[2], f"{what}: version {v}, CMake's project version is {sys.argv[2]}")
 if shutil.which("kubectl"):
     check_layout(render(os.path.join(kdir, "overlays", "tls")), tls=True)
 else:
