@@ -83,7 +83,8 @@ std::string ResultJson(const v1::Search& s) {
     j["recommendation"] = s.recommendation();
     const v1::Apply& apply = s.apply();
     j["apply"] = {{"megatron_bridge", apply.megatron_bridge()},
-                  {"megatron_lm", apply.megatron_lm()}};
+                  {"megatron_lm", apply.megatron_lm()},
+                  {"megatron_lm_remove", apply.megatron_lm_remove()}};
   } else {
     j["recommendation"] = nullptr;
     j["apply"] = nullptr;

@@ -100,6 +100,7 @@ v1::Search FixedSearch() {
   s.set_recommendation("selective:[]");
   s.mutable_apply()->set_megatron_bridge(
       "model.recompute_granularity=selective model.recompute_modules=[]");
+  s.mutable_apply()->set_megatron_lm_remove("--recompute-granularity --recompute-method");
   s.set_trials_done(7);
   s.set_trials_planned(7);
   // What the coordinator finds (search::DiagnoseFragmentation over the finished trials).
@@ -165,6 +166,7 @@ TEST(Render, JsonHasTheContractKeys) {
   EXPECT_EQ(j["apply"]["megatron_bridge"],
             "model.recompute_granularity=selective model.recompute_modules=[]");
   EXPECT_EQ(j["apply"]["megatron_lm"], "");
+  EXPECT_EQ(j["apply"]["megatron_lm_remove"], "--recompute-granularity --recompute-method");
   EXPECT_EQ(j["fragmentation"].size(), 1u);
   const auto& proxied = j["trials"][3];
   EXPECT_EQ(proxied["predicted"], true);
@@ -214,6 +216,7 @@ TEST(Render, ReportShowsTableFrontierRecommendationAndFindings) {
   has("recommendation: selective:[]");
   has("apply with Megatron Bridge:  model.recompute_granularity=selective "
       "model.recompute_modules=[]");
+  has("  after removing (with values): --recompute-granularity --recompute-method\n");
   has("fragmentation:");
   has("selective:[core_attn,mlp]: rank 0 reserved");
   has("noisy: 1 trial(s) whose measured steps spread by more than 10% of the step time (up to 25%)");
