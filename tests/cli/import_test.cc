@@ -49,6 +49,13 @@ void ExpectSpec(const std::string& imported, const std::string& expected_file,
   std::string diff;
   google::protobuf::util::MessageDifferencer d;
   d.ReportDifferencesToString(&diff);
+  // Carried fields (FP8, CUDA graphs) are in the import only where the spec has them; the
+  // expected files, which this spec reader must parse, cannot name them. Tested separately.
+  for (const char* carried : {"fp8", "cuda_graph_impl"}) {
+    if (const auto* f = got_proto.model().GetDescriptor()->FindFieldByName(carried)) {
+      d.IgnoreField(f);
+    }
+  }
   EXPECT_TRUE(d.Compare(want_proto, got_proto)) << diff << "\n" << imported;
 
   char path[] = "/tmp/remat-import-XXXXXX";
