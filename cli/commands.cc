@@ -12,6 +12,8 @@
 
 #include "absl/strings/ascii.h"
 #include "cli/client.h"
+#include "cli/import_bridge.h"
+#include "cli/import_megatron_lm.h"
 #include "cli/plan_validate.h"
 #include "cli/progress_printer.h"
 #include "cli/render.h"
@@ -74,6 +76,22 @@ struct ClientFlags {
 
 int ClientError(const absl::Status& status, const ClientOptions& options) {
   return Fail(ExitCode(status), DescribeError(status, options));
+}
+
+// `remat import ...`: the spec on stdout, exit 2 with the reason when the input cannot
+// describe a model.
+int PrintImport(const search::StatusOr<std::string>& spec) {
+  if (!spec.ok()) return Fail(2, std::string(spec.status().message()));
+  std::cout << *spec;
+  return 0;
+}
+
+int RunImportBridge(const std::string& path, const std::vector<std::string>& overrides) {
+  std::string text;
+  if (!ReadFile(path, &text)) return Fail(2, "FILE: cannot read " + path);
+  std::string name = path.substr(path.find_last_of('/') + 1);
+  name = name.substr(0, name.find_last_of('.'));
+  return PrintImport(ImportBridge(text, overrides, name));
 }
 
 int RunSubmit(const std::string& spec_path, const ClientOptions& options) {
@@ -160,6 +178,19 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("remat ") + common::kVersion);
 
+  // `remat import megatron-lm ... -- ARGS`: everything after the `--` is Megatron-LM's, handed
+  // over unparsed (CLI11 would read its --flags as remat's).
+  std::vector<std::string> mlm_args;
+  if (argc >= 3 && std::string(argv[1]) == "import" && std::string(argv[2]) == "megatron-lm") {
+    for (int i = 3; i < argc; ++i) {
+      if (std::string(argv[i]) == "--") {
+        mlm_args.assign(argv + i + 1, argv + argc);
+        argc = i;
+        break;
+      }
+    }
+  }
+
   std::string spec_path, policy, id, json_path, svg_path, db_path, gpus, trial_binary;
   std::string templates, work_dir, log_level = "warn";
   bool json = false;
@@ -187,6 +218,24 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
   search->add_option("--work-dir", work_dir, "keep the worker's trial folders here");
   search->add_option("--log-level", log_level, "service logs: trace ... off (default warn)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
+
+  std::vector<std::string> import_args, import_settings;
+  std::string import_name = "megatron-lm";
+  CLI::App* import = app.add_subcommand(
+      "import", "a Megatron Bridge config or Megatron-LM arguments as a remat spec (stdout)");
+  import->require_subcommand(1);
+  CLI::App* import_bridge = import->add_subcommand(
+      "bridge", "a Megatron Bridge ConfigContainer YAML, plus Hydra-style KEY=VALUE overrides");
+  import_bridge->add_option("FILE", spec_path, "the ConfigContainer YAML")->required();
+  import_bridge->add_option("OVERRIDES", import_args,
+                            "KEY=VALUE (e.g. model.tensor_model_parallel_size=4, "
+                            "parallel.data_parallel_size=8, search.memory_budget_gib=70)");
+  CLI::App* import_mlm = import->add_subcommand(
+      "megatron-lm", "Megatron-LM arguments, after --: remat import megatron-lm -- --num-layers 32 ...");
+  import_mlm->add_option("ARGS", import_args, "Megatron-LM's arguments, after --");
+  import_mlm->add_option("--set", import_settings,
+                         "a remat spec setting SECTION.KEY=VALUE, e.g. parallel.data_parallel_size=8");
+  import_mlm->add_option("--name", import_name, "the spec's name (default megatron-lm)");
 
   CLI::App* submit = app.add_subcommand("submit", "submit a search to a coordinator");
   submit->add_option("SPEC", spec_path, "search spec (YAML)")->required();
@@ -234,6 +283,10 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
 
   if (plan->parsed()) return RunPlan(spec_path, json, std::cout, std::cerr);
   if (validate->parsed()) return RunValidate(spec_path, policy, std::cout, std::cerr);
+  if (import_bridge->parsed()) return RunImportBridge(spec_path, import_args);
+  if (import_mlm->parsed()) {
+    return PrintImport(ImportMegatronLm(mlm_args, import_settings, import_name));
+  }
   if (search->parsed()) {
     if (!local_search) return Fail(1, "search: this build of remat has no embedded search");
     // The embedded services log to stderr: stdout carries the progress and the result.

@@ -168,6 +168,7 @@ int RunValidate(const std::string& spec_path, const std::string& policy_text, st
   out << "  Megatron Bridge: " << policy->MegatronBridgeOverrides() << "\n";
   const std::string flags = policy->MegatronLmFlags();
   out << "  Megatron-LM:     " << (flags.empty() ? "(no recompute flags)" : flags) << "\n";
+  out << "    after removing " << policy->MegatronLmFlagsToRemove() << " (with their values)\n";
   return 0;
 }
 

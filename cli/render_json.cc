@@ -12,8 +12,19 @@ using render::MaxAllocated;
 using render::MaxReserved;
 using render::StatusOf;
 
+namespace {
+
+using nlohmann::ordered_json;
+
+// JSON null where a figure is unknown rather than a made-up zero: the proto's plain numbers
+// cannot say "not reported", so zero stands for it where zero is not a possible measurement
+// (a model's weights, a step's time, a training loss; issue 17).
+ordered_json Known(double v) { return v != 0 ? ordered_json(v) : ordered_json(nullptr); }
+ordered_json Known(uint64_t v) { return v != 0 ? ordered_json(v) : ordered_json(nullptr); }
+
+}  // namespace
+
 std::string ResultJson(const v1::Search& s) {
-  using nlohmann::ordered_json;
   const std::string& metric = s.memory_metric();
   ordered_json j;
   j["id"] = s.id();
@@ -25,34 +36,37 @@ std::string ResultJson(const v1::Search& s) {
   for (const v1::Trial& t : s.trials()) {
     const v1::TrialResult& r = t.result();
     ordered_json tj;
+    // Throughput, step time, loss and the like exist only for a trial that measured its steps.
+    const bool measured = StatusOf(t) == v1::TRIAL_STATUS_OK;
+    const bool has_ranks = r.ranks_size() > 0;
     tj["policy"] = t.policy().canonical();
     tj["status"] = TrialStatusName(StatusOf(t));
-    tj["peak_allocated_bytes"] = MaxAllocated(r);
-    tj["peak_reserved_bytes"] = MaxReserved(r);
+    tj["peak_allocated_bytes"] = has_ranks ? ordered_json(MaxAllocated(r)) : ordered_json(nullptr);
+    tj["peak_reserved_bytes"] = has_ranks ? ordered_json(MaxReserved(r)) : ordered_json(nullptr);
     ordered_json ranks = ordered_json::array();
     for (const auto& rr : r.ranks()) {
       ordered_json rj;
       rj["rank"] = rr.rank();
       rj["peak_allocated_bytes"] = rr.peak_allocated_bytes();
       rj["peak_reserved_bytes"] = rr.peak_reserved_bytes();
-      rj["static_bytes"] = rr.static_bytes();
+      rj["static_bytes"] = Known(rr.static_bytes());
       rj["alloc_retries"] = rr.alloc_retries();
-      rj["failing_request_bytes"] = rr.failing_request_bytes();
-      rj["step_time_s"] = rr.step_time_s();
+      rj["failing_request_bytes"] = Known(rr.failing_request_bytes());
+      rj["step_time_s"] = measured ? Known(rr.step_time_s()) : ordered_json(nullptr);
       rj["step_times_s"] = std::vector<double>(rr.step_times_s().begin(), rr.step_times_s().end());
       ranks.push_back(std::move(rj));
     }
     tj["ranks"] = std::move(ranks);
-    tj["step_time_s"] = r.step_time_s();
-    tj["tokens_per_s"] = r.tokens_per_s();
-    tj["loss"] = r.loss();
-    tj["grad_norm"] = r.grad_norm();
+    tj["step_time_s"] = measured ? Known(r.step_time_s()) : ordered_json(nullptr);
+    tj["tokens_per_s"] = measured ? Known(r.tokens_per_s()) : ordered_json(nullptr);
+    tj["loss"] = measured ? Known(r.loss()) : ordered_json(nullptr);
+    tj["grad_norm"] = measured ? Known(r.grad_norm()) : ordered_json(nullptr);
     tj["message"] = r.message();
     tj["id"] = t.id();
     tj["reason"] = t.reason();
-    tj["step_time_spread_s"] = r.step_time_spread_s();
-    tj["model_tflops"] = r.model_tflops();
-    tj["setup_s"] = r.setup_s();
+    tj["step_time_spread_s"] = measured ? ordered_json(r.step_time_spread_s()) : ordered_json(nullptr);
+    tj["model_tflops"] = measured ? Known(r.model_tflops()) : ordered_json(nullptr);
+    tj["setup_s"] = Known(r.setup_s());
     tj["wall_s"] = r.wall_s();
     tj["reused"] = r.reused();
     tj["predicted"] = r.predicted();
@@ -83,7 +97,8 @@ std::string ResultJson(const v1::Search& s) {
     j["recommendation"] = s.recommendation();
     const v1::Apply& apply = s.apply();
     j["apply"] = {{"megatron_bridge", apply.megatron_bridge()},
-                  {"megatron_lm", apply.megatron_lm()}};
+                  {"megatron_lm", apply.megatron_lm()},
+                  {"megatron_lm_remove", apply.megatron_lm_remove()}};
   } else {
     j["recommendation"] = nullptr;
     j["apply"] = nullptr;

@@ -165,6 +165,9 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
         << (apply.megatron_lm().empty() ? "(no recompute flags: leave --recompute-* unset)"
                                         : apply.megatron_lm())
         << "\n";
+    if (!apply.megatron_lm_remove().empty()) {
+      out << "  after removing (with values): " << apply.megatron_lm_remove() << "\n";
+    }
   } else if (s.state() == v1::SEARCH_STATE_SUCCEEDED) {
     out << "no recommendation: " << s.message() << "\n";
   } else if (s.state() == v1::SEARCH_STATE_QUEUED || s.state() == v1::SEARCH_STATE_RUNNING) {

@@ -159,17 +159,22 @@ std::string Policy::ToString() const {
 }
 
 std::string Policy::MegatronBridgeOverrides() const {
+  // Every recompute field is written, the ones this policy does not use reset to null, so the
+  // overrides apply cleanly over a recipe that set the other granularity: Megatron Core refuses
+  // selective with a recompute_num_layers, and full leaves no stale module list behind.
   if (granularity == Granularity::kFull) {
     return std::string("model.recompute_granularity=full model.recompute_method=") +
            (method == RecomputeMethod::kUniform ? "uniform" : "block") +
-           " model.recompute_num_layers=" + std::to_string(num_layers);
+           " model.recompute_num_layers=" + std::to_string(num_layers) +
+           " model.recompute_modules=null";
   }
   std::string list;
   for (size_t i = 0; i < labels.size(); ++i) {
     if (i) list += ",";
     list += LabelName(labels[i]);
   }
-  return "model.recompute_granularity=selective model.recompute_modules=[" + list + "]";
+  return "model.recompute_granularity=selective model.recompute_method=null "
+         "model.recompute_num_layers=null model.recompute_modules=[" + list + "]";
 }
 
 std::string Policy::MegatronLmFlags() const {
@@ -185,6 +190,18 @@ std::string Policy::MegatronLmFlags() const {
   std::string out = "--recompute-granularity selective --recompute-modules";
   for (Label l : labels) out += std::string(" ") + LabelName(l);
   return out;
+}
+
+std::string Policy::MegatronLmFlagsToRemove() const {
+  // --recompute-activations turns any granularity into selective; Megatron-LM refuses a
+  // recompute method under selective and distributed saved activations without full.
+  if (granularity == Granularity::kFull) return "--recompute-modules --recompute-activations";
+  if (labels.empty()) {
+    return "--recompute-granularity --recompute-method --recompute-num-layers "
+           "--recompute-modules --recompute-activations --distribute-saved-activations";
+  }
+  return "--recompute-method --recompute-num-layers --recompute-activations "
+         "--distribute-saved-activations";
 }
 
 StatusOr<Policy> ParsePolicy(const std::string& raw) {

@@ -56,9 +56,18 @@ struct Policy {
   // The canonical string ("selective:[core_attn]", "full:block:3").
   std::string ToString() const;
 
-  // Megatron Bridge Hydra overrides and Megatron-LM flags that apply this policy.
+  // The settings that apply this policy to a configuration that may already set recompute
+  // (checked in tests/search/apply_test.cc against search/rules.h's copy of the rules):
+  // Megatron Bridge Hydra overrides, which set every recompute field and reset to null the ones
+  // this policy does not use ("model.recompute_granularity=selective
+  // model.recompute_method=null model.recompute_num_layers=null model.recompute_modules=[...]");
   std::string MegatronBridgeOverrides() const;
+  // the Megatron-LM flags to add ("" for no recompute: no flag at all);
   std::string MegatronLmFlags() const;
+  // and the Megatron-LM flags to remove from the command line first, with their values
+  // (argparse keeps a repeated flag's last value, but a leftover --recompute-method under
+  // selective is refused and --recompute-activations turns full into selective).
+  std::string MegatronLmFlagsToRemove() const;
 
   friend bool operator==(const Policy& a, const Policy& b) { return a.ToString() == b.ToString(); }
   friend bool operator!=(const Policy& a, const Policy& b) { return !(a == b); }

@@ -1,6 +1,8 @@
 #include "search/rules.h"
 
 #include <algorithm>
+#include <set>
+#include <sstream>
 
 #include "search/depth_proxy.h"
 #include "search/pipeline.h"
@@ -144,6 +146,171 @@ std::vector<Policy> EnumerateValidPolicies(const SearchSpec& spec) {
       if (ValidatePolicy(spec, p).ok()) out.push_back(std::move(p));
     }
   }
+  return out;
+}
+
+// ---- Recompute fields ----------------------------------------------------------------------------
+
+namespace {
+
+std::vector<std::string> Words(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+bool IsFlag(const std::string& w) { return w.size() > 2 && w.compare(0, 2, "--") == 0; }
+
+}  // namespace
+
+RecomputeFields FieldsOf(const Policy& policy) {
+  RecomputeFields f;
+  if (policy.IsFull()) {
+    f.granularity = "full";
+    f.method = policy.method == RecomputeMethod::kUniform ? "uniform" : "block";
+    f.num_layers = policy.num_layers;
+    return f;
+  }
+  f.granularity = "selective";
+  f.modules.emplace();
+  for (Label l : policy.labels) f.modules->push_back(LabelName(l));
+  return f;
+}
+
+Status CheckRecomputeFields(const RecomputeFields& f, bool megatron_lm) {
+  std::optional<std::string> granularity = f.granularity;
+  if (megatron_lm && f.recompute_activations) granularity = "selective";
+  if (megatron_lm && f.distribute_saved_activations &&
+      (granularity != std::optional<std::string>("full") || !f.method)) {
+    return InvalidArgument("distribute_saved_activations needs recompute_granularity full with a "
+                           "recompute_method (Megatron-LM)");
+  }
+  if (!granularity) return OkStatus();  // no recompute: nothing else is read
+  if (*granularity != "full" && *granularity != "selective") {
+    return InvalidArgument("recompute_granularity: " + *granularity +
+                           " must be \"full\" or \"selective\"");
+  }
+  if (f.method && *f.method != "uniform" && *f.method != "block") {
+    return InvalidArgument("recompute_method: " + *f.method + " must be \"block\" or \"uniform\"");
+  }
+  if (*granularity == "full") {
+    if (!f.method) {
+      return InvalidArgument("recompute_granularity full needs recompute_method block or uniform");
+    }
+    if (!f.num_layers) {
+      return InvalidArgument("recompute_granularity full needs recompute_num_layers");
+    }
+    return OkStatus();
+  }
+  if (f.num_layers) {
+    return InvalidArgument("recompute_granularity selective: recompute_num_layers must be None, "
+                           "got " + std::to_string(*f.num_layers));
+  }
+  if (megatron_lm && f.method) {
+    return InvalidArgument("recompute_granularity selective: Megatron-LM refuses a "
+                           "recompute_method, got " + *f.method);
+  }
+  if (f.modules) {
+    for (const std::string& m : *f.modules) {
+      if (!ParseLabel(m)) return InvalidArgument("recompute_modules: invalid choice " + m);
+    }
+  }
+  return OkStatus();
+}
+
+StatusOr<RecomputeFields> ApplyBridgeOverrides(RecomputeFields f, const std::string& overrides) {
+  for (const std::string& w : Words(overrides)) {
+    const size_t eq = w.find('=');
+    if (eq == std::string::npos) return InvalidArgument("override '" + w + "': no '='");
+    const std::string key = w.substr(0, eq), value = w.substr(eq + 1);
+    const bool null = value == "null";
+    if (key == "model.recompute_granularity") {
+      f.granularity = null ? std::nullopt : std::optional<std::string>(value);
+    } else if (key == "model.recompute_method") {
+      f.method = null ? std::nullopt : std::optional<std::string>(value);
+    } else if (key == "model.recompute_num_layers") {
+      if (null) {
+        f.num_layers.reset();
+      } else {
+        try {
+          f.num_layers = std::stoi(value);
+        } catch (const std::exception&) {
+          return InvalidArgument("override '" + w + "': not an integer");
+        }
+      }
+    } else if (key == "model.recompute_modules") {
+      if (null) {
+        f.modules.reset();
+        continue;
+      }
+      if (value.size() < 2 || value.front() != '[' || value.back() != ']') {
+        return InvalidArgument("override '" + w + "': a list is written [a,b]");
+      }
+      f.modules.emplace();
+      std::string item;
+      std::istringstream in(value.substr(1, value.size() - 2));
+      while (std::getline(in, item, ',')) {
+        if (!item.empty()) f.modules->push_back(item);
+      }
+    } else if (key == "model.distribute_saved_activations") {
+      f.distribute_saved_activations = value == "true";
+    } else {
+      return InvalidArgument("override '" + w + "': not a recompute field");
+    }
+  }
+  return f;
+}
+
+StatusOr<RecomputeFields> MegatronLmRecomputeFields(const std::vector<std::string>& args) {
+  RecomputeFields f;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (!IsFlag(a)) continue;
+    std::vector<std::string> values;
+    for (size_t j = i + 1; j < args.size() && !IsFlag(args[j]); ++j) values.push_back(args[j]);
+    auto one = [&]() -> StatusOr<std::string> {
+      if (values.size() != 1) return InvalidArgument(a + ": expected one argument");
+      return values[0];
+    };
+    if (a == "--recompute-granularity") {
+      auto v = one();
+      if (!v.ok()) return v.status();
+      f.granularity = *v;
+    } else if (a == "--recompute-method") {
+      auto v = one();
+      if (!v.ok()) return v.status();
+      f.method = *v;
+    } else if (a == "--recompute-num-layers") {
+      auto v = one();
+      if (!v.ok()) return v.status();
+      try {
+        f.num_layers = std::stoi(*v);
+      } catch (const std::exception&) {
+        return InvalidArgument(a + ": invalid int value '" + *v + "'");
+      }
+    } else if (a == "--recompute-modules") {
+      f.modules = values;
+    } else if (a == "--recompute-activations") {
+      f.recompute_activations = true;
+    } else if (a == "--distribute-saved-activations") {
+      f.distribute_saved_activations = true;
+    }
+  }
+  return f;
+}
+
+std::vector<std::string> EditMegatronLmArgs(const std::vector<std::string>& args,
+                                            const std::string& remove, const std::string& add) {
+  const std::vector<std::string> gone = Words(remove);
+  const std::set<std::string> drop(gone.begin(), gone.end());
+  std::vector<std::string> out;
+  bool dropping = false;
+  for (const std::string& a : args) {
+    if (IsFlag(a)) dropping = drop.count(a) > 0;
+    if (!dropping) out.push_back(a);
+  }
+  for (const std::string& w : Words(add)) out.push_back(w);
   return out;
 }
 

@@ -6,6 +6,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,5 +34,46 @@ int LayersPerStage(const SearchSpec& spec);
 // Every valid policy: all subsets of ValidLabels that pass ValidatePolicy, then full:uniform:N
 // and full:block:N for N in [1, LayersPerStage]. Deterministic order.
 std::vector<Policy> EnumerateValidPolicies(const SearchSpec& spec);
+
+// ---- The recompute fields of a training configuration (the apply strings' target)
+
+// What a configuration says about recompute, as Megatron Core's TransformerConfig holds it
+// (nullopt = null/unset), plus Megatron-LM's --recompute-activations switch.
+struct RecomputeFields {
+  std::optional<std::string> granularity;  // "full" | "selective" | anything a user wrote
+  std::optional<std::string> method;       // "uniform" | "block"
+  std::optional<int> num_layers;
+  std::optional<std::vector<std::string>> modules;
+  bool recompute_activations = false;  // Megatron-LM only: means granularity selective
+  bool distribute_saved_activations = false;
+};
+
+// The fields a policy sets (modules null under full: Megatron Core ignores them there).
+RecomputeFields FieldsOf(const Policy& policy);
+
+// Ok, or InvalidArgument with the complaint, for the recompute rules that concern these fields
+// alone (reference: recompute-semantics.md 3.3 item 4 and the label whitelist of 6; the rules
+// that depend on the model are ValidatePolicy's): granularity full or selective; method uniform
+// or block; full needs a method and recompute_num_layers; selective refuses recompute_num_layers;
+// selective labels from Megatron Core's set. With `megatron_lm`, also Megatron-LM's own
+// arguments.py rules (3.5): selective refuses a recompute method, and distribute_saved_activations
+// needs full with a method.
+Status CheckRecomputeFields(const RecomputeFields& fields, bool megatron_lm);
+
+// `fields` after Megatron Bridge Hydra overrides ("model.recompute_granularity=full ...": words
+// separated by spaces, values `null`, a word or a `[a,b]` list) as Bridge applies them to a
+// recipe. Keys other than model.recompute_* and model.distribute_saved_activations are refused.
+StatusOr<RecomputeFields> ApplyBridgeOverrides(RecomputeFields fields,
+                                               const std::string& overrides);
+
+// The fields a Megatron-LM command line sets (argparse: a repeated flag's last value wins;
+// --recompute-modules takes the words up to the next flag). Other flags are skipped.
+StatusOr<RecomputeFields> MegatronLmRecomputeFields(const std::vector<std::string>& args);
+
+// `args` without the flags named in `flags` (space-separated, as MegatronLmFlagsToRemove
+// gives them) and their values, then the words of `add` appended: a command line edited as
+// the apply strings say.
+std::vector<std::string> EditMegatronLmArgs(const std::vector<std::string>& args,
+                                            const std::string& remove, const std::string& add);
 
 }  // namespace remat::search

@@ -237,6 +237,7 @@ void SearchRun::FillFrontier(SearchRecord* out) const {
     out->recommendation = best.ToString();
     out->apply.set_megatron_bridge(best.MegatronBridgeOverrides());
     out->apply.set_megatron_lm(best.MegatronLmFlags());
+    out->apply.set_megatron_lm_remove(best.MegatronLmFlagsToRemove());
   } else {
     out->recommendation.reset();
     out->apply.Clear();

@@ -16,7 +16,8 @@ def main():
     for t in result["trials"]:
         if t["status"] not in ("ok", "oom", "failed", "timeout", "invalid"):
             continue
-        entry = {"status": t["status"], "step_time_s": t.get("step_time_s", 0.0),
+        # The result writes null for what a trial did not measure.
+        entry = {"status": t["status"], "step_time_s": t.get("step_time_s") or 0.0,
                  "ranks": [{k: r[k] for k in ("rank", "peak_allocated_bytes", "peak_reserved_bytes")}
                            for r in t.get("ranks", [])]}
         if wall > 0:

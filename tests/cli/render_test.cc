@@ -100,6 +100,7 @@ v1::Search FixedSearch() {
   s.set_recommendation("selective:[]");
   s.mutable_apply()->set_megatron_bridge(
       "model.recompute_granularity=selective model.recompute_modules=[]");
+  s.mutable_apply()->set_megatron_lm_remove("--recompute-granularity --recompute-method");
   s.set_trials_done(7);
   s.set_trials_planned(7);
   // What the coordinator finds (search::DiagnoseFragmentation over the finished trials).
@@ -155,7 +156,20 @@ TEST(Render, JsonHasTheContractKeys) {
   EXPECT_EQ(control["ranks"][1]["peak_reserved_bytes"].get<uint64_t>(), 8 * kGiB);
   EXPECT_DOUBLE_EQ(control["tokens_per_s"].get<double>(), 1000.0);
   EXPECT_DOUBLE_EQ(control["loss"].get<double>(), 10.5);
+  // Unknown figures are null, not zero: an oom trial has no throughput or loss, a rank that did
+  // not report its static bytes has none (issue 17).
   EXPECT_EQ(j["trials"][4]["status"], "oom");
+  EXPECT_TRUE(j["trials"][4]["tokens_per_s"].is_null());
+  EXPECT_TRUE(j["trials"][4]["loss"].is_null());
+  EXPECT_TRUE(j["trials"][4]["step_time_s"].is_null());
+  EXPECT_TRUE(control["ranks"][0]["static_bytes"].is_null());  // the fixture reports none
+  EXPECT_TRUE(control["setup_s"].is_null());
+  for (const auto& t : j["trials"]) {
+    for (const auto& r : t["ranks"]) {
+      EXPECT_TRUE(r["static_bytes"].is_null() || r["static_bytes"].get<uint64_t>() > 0);
+    }
+    EXPECT_TRUE(t["loss"].is_null() || t["loss"].get<double>() != 0) << t.dump();
+  }
   EXPECT_EQ(j["trials"][5]["status"], "failed");
   EXPECT_EQ(j["trials"][5]["message"],
             "rank 1: remat-trial killed by signal 11 (Segmentation fault)");
@@ -165,6 +179,7 @@ TEST(Render, JsonHasTheContractKeys) {
   EXPECT_EQ(j["apply"]["megatron_bridge"],
             "model.recompute_granularity=selective model.recompute_modules=[]");
   EXPECT_EQ(j["apply"]["megatron_lm"], "");
+  EXPECT_EQ(j["apply"]["megatron_lm_remove"], "--recompute-granularity --recompute-method");
   EXPECT_EQ(j["fragmentation"].size(), 1u);
   const auto& proxied = j["trials"][3];
   EXPECT_EQ(proxied["predicted"], true);
@@ -214,6 +229,7 @@ TEST(Render, ReportShowsTableFrontierRecommendationAndFindings) {
   has("recommendation: selective:[]");
   has("apply with Megatron Bridge:  model.recompute_granularity=selective "
       "model.recompute_modules=[]");
+  has("  after removing (with values): --recompute-granularity --recompute-method\n");
   has("fragmentation:");
   has("selective:[core_attn,mlp]: rank 0 reserved");
   has("noisy: 1 trial(s) whose measured steps spread by more than 10% of the step time (up to 25%)");

@@ -73,17 +73,23 @@ TEST(PolicyTest, WithAndWithoutKeepCanonicalOrder) {
 TEST(PolicyTest, ApplyStringsForBridgeAndMegatronLm) {
   Policy sel = Policy::Selective({Label::kMoeAct, Label::kCoreAttn});
   EXPECT_EQ(sel.MegatronBridgeOverrides(),
-            "model.recompute_granularity=selective model.recompute_modules=[core_attn,moe_act]");
+            "model.recompute_granularity=selective model.recompute_method=null "
+            "model.recompute_num_layers=null model.recompute_modules=[core_attn,moe_act]");
   EXPECT_EQ(sel.MegatronLmFlags(),
             "--recompute-granularity selective --recompute-modules core_attn moe_act");
   Policy full = Policy::Full(RecomputeMethod::kUniform, 1);
   EXPECT_EQ(full.MegatronBridgeOverrides(),
             "model.recompute_granularity=full model.recompute_method=uniform "
-            "model.recompute_num_layers=1");
+            "model.recompute_num_layers=1 model.recompute_modules=null");
   EXPECT_EQ(full.MegatronLmFlags(),
             "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1");
   EXPECT_EQ(Policy::None().MegatronBridgeOverrides(),
-            "model.recompute_granularity=selective model.recompute_modules=[]");
+            "model.recompute_granularity=selective model.recompute_method=null "
+            "model.recompute_num_layers=null model.recompute_modules=[]");
+  EXPECT_EQ(sel.MegatronLmFlagsToRemove(),
+            "--recompute-method --recompute-num-layers --recompute-activations "
+            "--distribute-saved-activations");
+  EXPECT_EQ(full.MegatronLmFlagsToRemove(), "--recompute-modules --recompute-activations");
 }
 
 }  // namespace

@@ -114,7 +114,8 @@ TEST(SearchRunTest, TrialsMoveFromQueueToLeaseToResult) {
   EXPECT_EQ(s.rec.recommendation.value_or(""), "selective:[]");
   EXPECT_EQ(s.rec.frontier.size(), 3u);
   EXPECT_EQ(s.rec.apply.megatron_bridge(),
-            "model.recompute_granularity=selective model.recompute_modules=[]");
+            "model.recompute_granularity=selective model.recompute_method=null "
+            "model.recompute_num_layers=null model.recompute_modules=[]");
   EXPECT_EQ(s.rec.apply.megatron_lm(), "");  // no recompute: leave the flags unset
   EXPECT_TRUE(s.rec.message.empty());
 }
@@ -128,10 +129,11 @@ TEST(SearchRunTest, ApplyStringsFollowTheRecommendation) {
   for (const Case& c : std::vector<Case>{
            {"full:block:2",
             "model.recompute_granularity=full model.recompute_method=block "
-            "model.recompute_num_layers=2",
+            "model.recompute_num_layers=2 model.recompute_modules=null",
             "--recompute-granularity full --recompute-method block --recompute-num-layers 2"},
            {"selective:[core_attn,mlp]",
-            "model.recompute_granularity=selective model.recompute_modules=[core_attn,mlp]",
+            "model.recompute_granularity=selective model.recompute_method=null "
+            "model.recompute_num_layers=null model.recompute_modules=[core_attn,mlp]",
             "--recompute-granularity selective --recompute-modules core_attn mlp"}}) {
     auto run = NewRun({c.policy});
     SearchRun& s = *run;

@@ -268,7 +268,8 @@ EOT
   search::TrialResult r = Run(yaml, Assignment("cmd", 2), Slots(2, /*gpu=*/true));
   ASSERT_EQ(r.status, TrialStatus::kOk) << r.message;
   EXPECT_EQ(ReadText(dir_ / "args.txt"),
-            "model.recompute_granularity=selective\nmodel.recompute_modules=[core_attn]\n--\n"
+            "model.recompute_granularity=selective\nmodel.recompute_method=null\n"
+            "model.recompute_num_layers=null\nmodel.recompute_modules=[core_attn]\n--\n"
             "--recompute-granularity\nselective\n--recompute-modules\ncore_attn\n--\n2\n4,5\n5\n"
             "set\n");
   EXPECT_EQ(ReadText(dir_ / "env.txt"), "4,5 0 " + dir_.path() + "/metrics.json extra-value\n");

@@ -1,0 +1,274 @@
+#include "cli/import_megatron_lm.h"
+
+#include <map>
+#include <set>
+
+#include "cli/import_spec.h"
+#include "cli/import_yaml_util.h"
+
+namespace remat::cli {
+namespace {
+
+using search::InvalidArgument;
+
+struct Flag {
+  std::string name;                 // with underscores: "num_layers"
+  std::string spelled;              // as given: "--num-layers"
+  std::vector<std::string> values;  // none for a switch
+};
+
+std::string Underscores(std::string s) {
+  for (char& c : s) {
+    if (c == '-') c = '_';
+  }
+  return s;
+}
+
+// A value as YAML flow text (quoted when YAML would read it otherwise).
+std::string Yaml(const std::string& value) { return yaml_util::Flow(YAML::Node(value)); }
+
+bool IsInt(const std::string& s) {
+  return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// Switches Megatron-LM spells as the TransformerConfig field they set to true.
+const std::set<std::string>& TrueSwitches() {
+  static const std::set<std::string> k = {
+      "multi_latent_attention", "moe_grouped_gemm", "moe_shared_expert_overlap",
+      "overlap_moe_expert_parallel_comm", "sequence_parallel", "distribute_saved_activations",
+      "cpu_offloading", "account_for_embedding_in_pipeline_split",
+      "account_for_loss_in_pipeline_split", "attention_softmax_in_fp32", "gated_linear_unit",
+      "add_bias_linear", "share_embeddings_and_output_weights"};
+  return k;
+}
+
+}  // namespace
+
+search::StatusOr<std::string> ImportMegatronLm(const std::vector<std::string>& args,
+                                               const std::vector<std::string>& remat_settings,
+                                               const std::string& name) {
+  std::vector<Flag> flags;
+  for (const std::string& a : args) {
+    if (a.rfind("--", 0) == 0 && a.size() > 2) {
+      const size_t eq = a.find('=');
+      Flag f{Underscores(a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2)),
+             a.substr(0, eq), {}};
+      if (eq != std::string::npos) f.values.push_back(a.substr(eq + 1));
+      flags.push_back(std::move(f));
+    } else if (flags.empty()) {
+      return InvalidArgument("argument '" + a + "': expected a --flag first (Megatron-LM "
+                             "takes no positional arguments)");
+    } else {
+      flags.back().values.push_back(a);
+    }
+  }
+
+  ImportedSpec out("imported by `remat import megatron-lm` from Megatron-LM arguments");
+  out.Set("", "name", Yaml(name));
+  // Megatron-LM's defaults that differ from Megatron Core's (remat's): tied embeddings, fp32,
+  // no fp32 softmax unless asked.
+  out.Set("model", "share_embeddings_and_output_weights", "true");
+  out.Set("model", "attention_softmax_in_fp32", "false");
+  out.Set("train", "precision", "fp32");
+
+  std::string granularity, method, recompute_layers, attention_backend, transformer_impl;
+  std::vector<std::string> modules;
+  std::string query_groups, per_virtual_stage;
+  bool gqa = false;
+  for (const Flag& f : flags) {
+    const std::string& n = f.name;
+    const std::string value = f.values.empty() ? "" : f.values[0];
+    auto needs_value = [&]() -> search::Status {
+      if (f.values.size() != 1) {
+        return InvalidArgument(f.spelled + ": takes one value, got " +
+                               std::to_string(f.values.size()));
+      }
+      return search::OkStatus();
+    };
+    auto is_switch = [&]() -> search::Status {
+      if (!f.values.empty()) return InvalidArgument(f.spelled + ": takes no value");
+      return search::OkStatus();
+    };
+    if (n == "recompute_granularity") {
+      granularity = value;
+    } else if (n == "recompute_method") {
+      method = value;
+    } else if (n == "recompute_num_layers") {
+      recompute_layers = value;
+    } else if (n == "recompute_modules") {
+      modules = f.values;
+    } else if (n == "recompute_activations") {
+      granularity = "selective";
+    } else if (n == "swiglu") {
+      REMAT_SEARCH_RETURN_IF_ERROR(is_switch());
+      out.Set("model", "gated_linear_unit", "true");
+    } else if (n == "disable_bias_linear") {
+      REMAT_SEARCH_RETURN_IF_ERROR(is_switch());
+      out.Set("model", "add_bias_linear", "false");
+    } else if (n == "untie_embeddings_and_output_weights") {
+      REMAT_SEARCH_RETURN_IF_ERROR(is_switch());
+      out.Set("model", "share_embeddings_and_output_weights", "false");
+    } else if (n == "group_query_attention") {
+      gqa = true;
+    } else if (n == "num_query_groups") {
+      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
+      query_groups = value;
+    } else if (n == "num_experts") {
+      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
+      out.Set("model", "num_moe_experts", Yaml(value));
+    } else if (n == "moe_layer_freq") {
+      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
+      if (!IsInt(value) && value.find_first_not_of("[], 01") != std::string::npos) {
+        return InvalidArgument(f.spelled + ": '" + value + "' is a Python expression; give an "
+                               "integer or a list [0,1,...] of one 0/1 per layer");
+      }
+      out.Set("model", "moe_layer_freq", value);
+    } else if (n == "decoder_first_pipeline_num_layers" || n == "decoder_last_pipeline_num_layers") {
+      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
+      out.Set("parallel",
+              n == "decoder_first_pipeline_num_layers" ? "num_layers_in_first_pipeline_stage"
+                                                       : "num_layers_in_last_pipeline_stage",
+              Yaml(value));
+    } else if (n == "num_layers_per_virtual_pipeline_stage") {
+      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
+      per_virtual_stage = value;
+    } else if (n == "micro_batch_size" || n == "global_batch_size" || n == "seed") {
+      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
+      out.Set("train", n, Yaml(value));
+    } else if (n == "bf16" || n == "fp16") {
+      REMAT_SEARCH_RETURN_IF_ERROR(is_switch());
+      out.Set("train", "precision", "bf16");
+      if (n == "fp16") {
+        out.Note("train.precision=bf16 for --fp16 (same bytes per value; remat has bf16 and fp32)");
+      }
+    } else if (n == "use_distributed_optimizer") {
+      REMAT_SEARCH_RETURN_IF_ERROR(is_switch());
+      out.Set("train", "use_distributed_optimizer", "true");
+    } else if (n == "attention_backend") {
+      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
+      attention_backend = value;
+    } else if (n == "transformer_impl") {
+      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
+      transformer_impl = value;
+    } else if (n == "fp8_format") {
+      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
+      out.Carry("model", "fp8", Yaml(value), "FP8 changes what is stored for backward");
+    } else if (n == "cuda_graph_impl") {
+      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
+      if (value != "none") {
+        out.Carry("model", "cuda_graph_impl", Yaml(value),
+                  "CUDA graphs keep static buffers and constrain the recompute boundaries");
+      }
+    } else if (n == "optimizer" && value != "adam") {
+      out.Note("not modelled: --optimizer " + value +
+               " (remat's static memory assumes Adam's two fp32 moments)");
+    } else if (const std::string section = RematSectionOf(n);
+               !section.empty() && n != "attention_backend") {
+      if (TrueSwitches().count(n)) {
+        REMAT_SEARCH_RETURN_IF_ERROR(is_switch());
+        out.Set(section, n, "true");
+      } else {
+        REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
+        out.Set(section, n, Yaml(value));
+      }
+    } else if (n != "optimizer") {
+      std::string shown = f.spelled;
+      for (const std::string& v : f.values) shown += " " + v;
+      out.Note("ignored: " + shown + " (not modelled by remat)");
+    }
+  }
+
+  if (!query_groups.empty()) {
+    if (gqa) {
+      out.Set("model", "num_query_groups", Yaml(query_groups));
+    } else {
+      out.Note("ignored: --num-query-groups " + query_groups +
+               " (Megatron-LM uses it only with --group-query-attention)");
+    }
+  }
+  // Megatron-LM's `auto` under the local implementation is its unfused attention.
+  if (attention_backend.empty()) attention_backend = "auto";
+  if (transformer_impl == "local" && attention_backend == "auto") attention_backend = "local";
+  {
+    std::string why;
+    const std::string remat = RematAttentionBackend(attention_backend, &why);
+    if (remat.empty()) {
+      return InvalidArgument("--attention-backend: unknown backend '" + attention_backend +
+                             "' (flash, fused, unfused, local or auto)");
+    }
+    out.Set("model", "attention_backend", remat);
+    if (!why.empty()) {
+      out.Note("model.attention_backend=" + attention_backend + " -> " + remat + " (" + why + ")");
+    }
+  }
+  const std::string policy = PolicyOfRecomputeFields(granularity, method, recompute_layers, modules);
+  if (!policy.empty()) {
+    out.Note("ignored: the command line's own recompute (" + policy +
+             "): remat searches the policy; `remat validate SPEC --policy " + policy +
+             "` checks it");
+  }
+
+  // remat's own settings, then what depends on the final layout.
+  bool dp_given = false;
+  std::map<std::string, std::string> settings;
+  for (const std::string& s : remat_settings) {
+    auto kv = SplitOverride(s);
+    if (!kv.ok()) return kv.status();
+    const size_t dot = kv->first.find('.');
+    if (dot == std::string::npos) {
+      return InvalidArgument("--set " + s + ": the key must be section.field "
+                             "(e.g. parallel.data_parallel_size=8)");
+    }
+    out.Set(kv->first.substr(0, dot), kv->first.substr(dot + 1), kv->second);
+    settings[kv->first] = kv->second;
+    dp_given = dp_given || kv->first == "parallel.data_parallel_size";
+  }
+  if (!per_virtual_stage.empty()) {
+    int layers = 0, pp = 1, per = 0;
+    for (const Flag& f : flags) {
+      if (f.name == "num_layers" && !f.values.empty() && IsInt(f.values[0])) layers = std::stoi(f.values[0]);
+      if (f.name == "pipeline_model_parallel_size" && !f.values.empty() && IsInt(f.values[0])) {
+        pp = std::stoi(f.values[0]);
+      }
+    }
+    if (IsInt(per_virtual_stage)) per = std::stoi(per_virtual_stage);
+    if (per <= 0 || pp <= 0 || layers % (pp * per) != 0) {
+      return InvalidArgument("--num-layers-per-virtual-pipeline-stage: " + per_virtual_stage +
+                             " must divide the layers per pipeline stage (--num-layers / "
+                             "--pipeline-model-parallel-size)");
+    }
+    out.Set("parallel", "virtual_pipeline_model_parallel_size",
+            std::to_string(layers / (pp * per)));
+  }
+  // Megatron-LM, like Bridge, turns sequence parallelism off at TP 1; remat refuses SP there.
+  {
+    std::string tp = "1";
+    bool sp = false;
+    for (const Flag& f : flags) {
+      if (f.name == "tensor_model_parallel_size" && !f.values.empty()) tp = f.values[0];
+      sp = sp || f.name == "sequence_parallel";
+    }
+    if (sp && tp == "1" && !settings.count("parallel.sequence_parallel")) {
+      out.Set("parallel", "sequence_parallel", "false");
+      out.Note("parallel.sequence_parallel=false: Megatron-LM turns it off at "
+               "--tensor-model-parallel-size 1");
+    }
+  }
+  if (!out.Has("model", "vocab_size")) {
+    return InvalidArgument("model.vocab_size: required: Megatron-LM takes it from the "
+                           "tokenizer; pass --vocab-size N or --set model.vocab_size=N");
+  }
+  if (!dp_given) {
+    out.Note("parallel.data_parallel_size: Megatron-LM derives it from the world size (world / "
+             "(TP x CP x PP)); 1 here unless you pass --set parallel.data_parallel_size=N");
+  }
+  auto spec = out.Finish();
+  if (!spec.ok() && !dp_given &&
+      std::string(spec.status().message()).find("data_parallel_size") != std::string::npos) {
+    return InvalidArgument(std::string(spec.status().message()) +
+                           " (the data-parallel size is not in the input: pass --set parallel.data_parallel_size=N)");
+  }
+  return spec;
+}
+
+}  // namespace remat::cli
