@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
                  "with --executor slurm: sbatch --time (default: the trial's timeout + 1 min)");
   app.add_option("--slurm-gpus-per-node", slurm.gpus_per_node,
                  "with --executor slurm: GPUs per node (0: CPU nodes, no GRES)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1024));
   app.add_option("--slurm-arg", slurm.extra_sbatch_args,
                  "with --executor slurm: one more sbatch flag, e.g. --slurm-arg=--mem=64G "
                  "(repeatable)");
