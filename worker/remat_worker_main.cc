@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_join.h"
 #include "worker/slots.h"
 #include "worker/slurm_executor.h"
 #include "worker/versions.h"
@@ -187,6 +188,18 @@ int main(int argc, char** argv) {
     slurm.trial_binary = trial_binary;
     slurm.collective_timeout_s = options.collective_timeout_s;
     slurm.peer_exit_grace_s = options.peer_exit_grace_s;
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    slurm.worker_tag = remat::worker::SlurmWorkerTag(host, fs::absolute(work_dir).string());
+    std::string error;
+    const std::vector<std::string> orphans = remat::worker::CancelOrphanedSlurmJobs(
+        slurm, (fs::path(work_dir) / "slurm").string(), &error);
+    if (!error.empty()) {
+      spdlog::warn("could not look for jobs a previous worker left in Slurm: {}", error);
+    } else if (!orphans.empty()) {
+      spdlog::info("cancelled {} Slurm job(s) a previous worker on this work dir left: {}",
+                   orphans.size(), absl::StrJoin(orphans, " "));
+    }
     seams.executors["builtin"] = remat::worker::MakeSlurmExecutor(slurm);
   }
   auto daemon = remat::worker::WorkerDaemon::Create(options, std::move(seams));

@@ -138,8 +138,10 @@ class SlurmExecutor : public TrialExecutor {
       return StatusResult(a, v1::TRIAL_STATUS_FAILED, error);
     }
     std::vector<std::string> argv = {options_.sbatch};
-    for (std::string& arg : SbatchArguments(options_, layout, "remat-" + name,
-                                            "remat:trial=" + name, dir.string(), timeout)) {
+    std::string comment = "remat:trial=" + name;
+    if (!options_.worker_tag.empty()) comment += " remat:worker=" + options_.worker_tag;
+    for (std::string& arg : SbatchArguments(options_, layout, "remat-" + name, comment,
+                                            dir.string(), timeout)) {
       argv.push_back(std::move(arg));
     }
     argv.push_back((dir / "job.sh").string());
@@ -461,6 +463,49 @@ v1::TrialResult SlurmJobEndResult(const v1::TrialAssignment& assignment, const s
                         ended + ": cancelled outside remat (scancel by a user or an admin)");
   }
   return StatusResult(assignment, v1::TRIAL_STATUS_FAILED, ended);
+}
+
+std::string SlurmWorkerTag(const std::string& hostname, const std::string& work_dir) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a: stable across builds, unlike std::hash
+  for (char c : hostname + ":" + work_dir) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  char buf[17];
+  snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+std::vector<std::string> CancelOrphanedSlurmJobs(const SlurmExecutorOptions& options,
+                                                 const std::string& scratch_dir,
+                                                 std::string* error) {
+  std::vector<std::string> cancelled;
+  if (options.worker_tag.empty()) return cancelled;
+  std::error_code ec;
+  fs::create_directories(scratch_dir, ec);
+  CommandResult listed = RunCommand({options.squeue, "--me", "-h", "-o", "%i|%k"}, scratch_dir,
+                                    "squeue", options.command_timeout_s);
+  if (!listed.ok) {
+    *error = "squeue " + listed.how + ": " + LastLine(listed.err);
+    return cancelled;
+  }
+  const std::string mark = "remat:worker=" + options.worker_tag;
+  std::istringstream lines(listed.out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const size_t bar = line.find('|');
+    if (bar == std::string::npos) continue;
+    std::istringstream words(line.substr(bar + 1));
+    std::string word;
+    bool ours = false;
+    while (words >> word) ours = ours || word == mark;
+    if (!ours) continue;
+    const std::string id = line.substr(0, bar);
+    if (RunCommand({options.scancel, id}, scratch_dir, "scancel", options.command_timeout_s).ok) {
+      cancelled.push_back(id);
+    }
+  }
+  return cancelled;
 }
 
 std::unique_ptr<TrialExecutor> MakeSlurmExecutor(SlurmExecutorOptions options) {

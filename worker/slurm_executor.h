@@ -50,11 +50,26 @@ struct SlurmExecutorOptions {
   double peer_exit_grace_s = 60;               // srun --wait: ranks left after one ended
   double poll_interval_s = 1;                  // scontrol polling
   double command_timeout_s = 30;               // each sbatch/scontrol/scancel/sacct call
+  // Added to every job's comment as "remat:worker=<tag>": the jobs of a worker on this host and
+  // work dir (SlurmWorkerTag), so the next worker there can end what a killed one left.
+  std::string worker_tag;
   // The Slurm commands (names are looked up in PATH; tests may point them elsewhere).
-  std::string sbatch = "sbatch", scontrol = "scontrol", scancel = "scancel", sacct = "sacct";
+  std::string sbatch = "sbatch", scontrol = "scontrol", scancel = "scancel", sacct = "sacct",
+              squeue = "squeue";
 };
 
 std::unique_ptr<TrialExecutor> MakeSlurmExecutor(SlurmExecutorOptions options);
+
+// A short stable tag (16 hex digits) for a worker's host and work dir.
+std::string SlurmWorkerTag(const std::string& hostname, const std::string& work_dir);
+
+// Cancels this user's queued or running jobs whose comment carries options.worker_tag: trials of
+// a previous worker on the same host and work dir that died without ending them (its leases
+// expire and the coordinator runs those trials again). Returns the job ids cancelled, or an
+// error message in *error when squeue could not be asked. Call before the daemon starts.
+std::vector<std::string> CancelOrphanedSlurmJobs(const SlurmExecutorOptions& options,
+                                                 const std::string& scratch_dir,
+                                                 std::string* error);
 
 // ---- The pure parts, exposed for tests.
 

@@ -8,8 +8,9 @@
 # Checks: a guided search of examples/tiny-dense.yaml finishes with every trial run as its own
 # Slurm job (one job per trial, each COMPLETED, trial statuses from the ranks' results); a TP 2
 # search whose trials are jobs of two tasks (two CPU ranks over TCP) ends ok with both ranks'
-# figures; a trial past search.trial_timeout_s is scancelled and reported timeout; no job is
-# left behind. Exit 77 (ctest: skipped) without Slurm/munge or root.
+# figures; a trial past search.trial_timeout_s is scancelled and reported timeout; the job of a
+# worker killed with SIGKILL is scancelled by the next worker on its work dir; no job is left
+# behind. Exit 77 (ctest: skipped) without Slurm/munge or root.
 set -u
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
@@ -61,10 +62,13 @@ done
 remat() { "$build/bin/remat" "$@" --coordinator "$addr"; }
 
 # The worker offers 2 slots: at most 2 ranks submitted to Slurm at once (the node's 2 CPUs).
-"$build/bin/remat-worker" --coordinator "$addr" --executor slurm --plain-slots 2 \
-  --trial-binary "$build/bin/remat-trial" --work-dir "$T/work" --slurm-partition debug \
-  --slurm-arg=--cpus-per-task=1 > "$T/worker.out" 2> "$T/worker.err" &
-worker_pid=$!
+start_worker() {
+  "$build/bin/remat-worker" --coordinator "$addr" --executor slurm --plain-slots 2 \
+    --trial-binary "$build/bin/remat-trial" --work-dir "$T/work" --slurm-partition debug \
+    --slurm-arg=--cpus-per-task=1 > "$T/worker.out" 2>> "$T/worker.err" &
+  worker_pid=$!
+}
+start_worker
 
 # wait_search ID -> the search's JSON in $T/ID.json once it has ended
 wait_search() {
@@ -77,6 +81,7 @@ wait_search() {
   done
   fail "search $1 still ${state:-unknown} after 120 s"
 }
+job_field() { scontrol show job -o "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1; }
 # jobs_table -> "JobId JobState NumTasks ExitCode JobName" per job the worker submitted
 jobs_table() {
   scontrol show job -o | python3 -c '
@@ -157,6 +162,36 @@ jobs_table | awk 'NR == FNR { seen[$1] = 1; next } !($1 in seen)' \
   <(cat "$T/jobs1" "$T/jobs2" | awk '{print $1}') - > "$T/jobs3"
 awk '$2 != "CANCELLED" { exit 1 }' "$T/jobs3" && [ -s "$T/jobs3" ] || fail "slow job: $(cat "$T/jobs3")"
 pass "timeout: trial reported timeout ($(cat "$T/summary3")); its job $(awk '{print $1, $2}' "$T/jobs3")"
+
+# 4. A worker killed outright leaves its job in Slurm; the next worker on its work dir ends it.
+sed 's/^  trial_timeout_s: 3$/  trial_timeout_s: 600/; s/name: tiny-dense-slow/name: tiny-dense-orphan/' \
+  "$T/slow.yaml" > "$T/orphan.yaml"
+id4=$(remat submit "$T/orphan.yaml") || fail "submit of the orphan spec refused"
+orphan=""
+for _ in $(seq 1 60); do
+  orphan=$(squeue -h -t RUNNING -o %A | head -n 1)
+  [ -n "$orphan" ] && break
+  sleep 0.5
+done
+[ -n "$orphan" ] || fail "the trial's job never ran"
+kill -9 "$worker_pid"
+wait "$worker_pid" 2>/dev/null
+sleep 2
+[ "$(squeue -h -j "$orphan" -o %T)" = RUNNING ] || fail "job $orphan did not outlive its worker"
+start_worker
+for _ in $(seq 1 40); do
+  [ "$(job_field "$orphan" JobState)" = CANCELLED ] && break
+  sleep 0.5
+done
+[ "$(job_field "$orphan" JobState)" = CANCELLED ] || fail "job $orphan left running by the new worker"
+grep -q "cancelled 1 Slurm job(s) a previous worker on this work dir left: $orphan" "$T/worker.err" ||
+  fail "no log line for the orphaned job"
+pass "worker killed (SIGKILL): its job $orphan kept running; the next worker on the work dir scancelled it"
+remat cancel "$id4" > /dev/null || fail "cancel of $id4 refused"
+for _ in $(seq 1 60); do
+  [ -z "$(squeue -h -o %A)" ] && break
+  sleep 0.5
+done
 
 [ -z "$(squeue -h -o %A)" ] || fail "jobs left in Slurm: $(squeue -h)"
 pass "no job left in Slurm"

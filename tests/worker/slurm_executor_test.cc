@@ -243,5 +243,26 @@ TEST_F(FakeSlurmTest, QueuedTimeDoesNotCountAgainstTheTimeout) {
   EXPECT_EQ(ReadText(fake_ / "scancel.args"), "");
 }
 
+TEST_F(FakeSlurmTest, OrphanedJobsOfThisWorkerTagAreCancelledOthersKept) {
+  const std::string tag = SlurmWorkerTag("node1", "/var/lib/remat-worker");
+  EXPECT_EQ(tag.size(), 16u);
+  EXPECT_EQ(tag, SlurmWorkerTag("node1", "/var/lib/remat-worker"));
+  EXPECT_NE(tag, SlurmWorkerTag("node2", "/var/lib/remat-worker"));
+  Script("squeue", "printf '5|remat:trial=t-1.1 remat:worker=" + tag +
+                       "\\n6|a user job\\n7|remat:trial=t-2.1 remat:worker=0123456789abcdef\\n'\n");
+  options_.squeue = fake_ / "squeue";
+  options_.worker_tag = tag;
+  std::string error;
+  std::vector<std::string> cancelled = CancelOrphanedSlurmJobs(options_, trial_ / "s", &error);
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(cancelled, std::vector<std::string>{"5"});
+  EXPECT_EQ(ReadText(fake_ / "scancel.args"), "5\n");
+  // Jobs carry the tag.
+  WriteText(fake_ / "state", "COMPLETED\n");
+  Run();
+  EXPECT_NE(ReadText(fake_ / "sbatch.args").find("--comment=remat:trial=t-9.2 remat:worker=" + tag),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace remat::worker
