@@ -174,8 +174,7 @@ for _ in $(seq 1 60); do
   sleep 0.5
 done
 [ -n "$orphan" ] || fail "the trial's job never ran"
-kill -9 "$worker_pid"
-wait "$worker_pid" 2>/dev/null
+{ kill -9 "$worker_pid"; wait "$worker_pid"; } 2>/dev/null
 sleep 2
 [ "$(squeue -h -j "$orphan" -o %T)" = RUNNING ] || fail "job $orphan did not outlive its worker"
 start_worker
