@@ -8,7 +8,8 @@
 # Checks: a job asking for a search runs, and the search exists, owned by the job's user (who can
 # `remat get` it; another user cannot), with the user's comment kept; a requeue submits nothing
 # new; a spec the user cannot read is not submitted (the CLI runs as the user); with the
-# coordinator down the job still runs and the node is not drained. Exit 77 (ctest: skipped) when
+# coordinator down the job still runs and the node is not drained; as the node Prolog (a second
+# cluster) it submits once, from the job's first node. Exit 77 (ctest: skipped) when
 # Slurm or munge is not installed or the test does not run as root.
 set -u
 build=$(cd "$1" && pwd)
@@ -48,16 +49,21 @@ pass() { echo "ok: $*"; }
 printf 'tok-nobody nobody\ntok-alice alice\n' > "$T/users.tokens"
 echo tok-nobody > "$T/nobody.token"
 echo tok-alice > "$T/alice.token"
-"$build/bin/rematd" --listen 127.0.0.1:0 --db "$T/rematd.db" --user-tokens "$T/users.tokens" \
-  --log-level warn > "$T/rematd.out" 2> "$T/rematd.err" &
-rematd_pid=$!
-for _ in $(seq 1 100); do
-  addr=$(sed -n 's/^rematd listening on //p' "$T/rematd.out")
-  [ -n "$addr" ] && break
-  sleep 0.1
-done
-[ -n "$addr" ] || fail "rematd did not start: $(cat "$T/rematd.err")"
-echo "$addr" > "$T/coordinator"
+start_rematd() {  # a fresh database each time; its address in $addr and $T/coordinator
+  rm -f "$T"/rematd.db*
+  "$build/bin/rematd" --listen 127.0.0.1:0 --db "$T/rematd.db" --user-tokens "$T/users.tokens" \
+    --log-level warn > "$T/rematd.out" 2> "$T/rematd.err" &
+  rematd_pid=$!
+  addr=""
+  for _ in $(seq 1 100); do
+    addr=$(sed -n 's/^rematd listening on //p' "$T/rematd.out")
+    [ -n "$addr" ] && break
+    sleep 0.1
+  done
+  [ -n "$addr" ] || fail "rematd did not start: $(cat "$T/rematd.err")"
+  echo "$addr" > "$T/coordinator"
+}
+start_rematd
 remat() { "$build/bin/remat" "$@" --coordinator "$addr"; }
 
 # Slurm gives prologs no environment of ours: a wrapper sets the prolog's settings (what
@@ -155,6 +161,21 @@ grep "job $job:" "$T/prolog.log" | grep -q "failed (exit" || fail "no log line f
 [ "$(scontrol show job "$job" | sed -n 's/^ *Comment=//p' | sed 's/[[:space:]]*$//')" = "remat:spec=spec.yaml" ] ||
   fail "comment of job $job changed"
 pass "coordinator down: job $job ran, node $node_state, logged: $(grep "job $job:" "$T/prolog.log" | sed 's/.*remat-prolog //')"
+# 5. The same prolog as the node Prolog (it runs on every node of a job, as root): a fresh
+# cluster, the coordinator back; the job's first node submits, once.
+slurm_cluster_stop
+rm -rf "$T/slurm" "$T/prolog-state"
+slurm_cluster_start "$T/slurm" "" "Prolog=$T/prolog.sh" || fail "Slurm did not start with a node Prolog"
+start_rematd
+job=$(as_nobody sbatch --parsable --chdir="$T/jobs" -o /dev/null \
+        --comment="node prolog remat:spec=spec.yaml" --wrap true)
+wait_job "$job" COMPLETED
+[ "$(search_ids | wc -l)" -eq 1 ] || fail "node Prolog: searches $(search_ids | tr '\n' ' ')"
+id=$(search_ids)
+comment=$(scontrol show job "$job" | sed -n 's/^ *Comment=//p' | sed 's/[[:space:]]*$//')
+[ "$comment" = "node prolog remat:spec=spec.yaml remat:search=$id" ] || fail "comment is '$comment'"
+pass "node Prolog: job $job ran, search $id submitted once for nobody, comment '$comment'"
+
 echo "--- prolog log"
 cat "$T/prolog.log"
 echo "PASS ($(($(date +%s) - start)) s)"
