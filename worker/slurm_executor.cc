@@ -52,6 +52,8 @@ std::string JobScript(const std::string& trial_id, int attempt, const SlurmLayou
   s << "#!/bin/sh\n"
     << "# remat trial " << trial_id << " attempt " << attempt << ": " << layout.tasks
     << " rank(s) on " << layout.nodes << " node(s), started by srun (worker/slurm_executor.h)\n"
+    << "# A requeued run (node failure, preemption) starts clean: nothing of the run before.\n"
+    << "rm -rf rendezvous exit-* result-*.pb && mkdir rendezvous || exit 1\n"
     << "exec srun --kill-on-bad-exit=1 --wait=" << std::max(1, static_cast<int>(peer_exit_grace_s))
     << " --output=stdout-%t.log --error=stderr-%t.log ./rank.sh\n";
   return s.str();
@@ -168,6 +170,8 @@ class SlurmExecutor : public TrialExecutor {
         last_answer = Clock::now();
         if (info.terminal()) break;
         if (info.started() && !running_since) running_since = Clock::now();
+        // Requeued (node failure, preemption): the next run gets the whole timeout again.
+        if (!info.started()) running_since.reset();
       } else if (std::chrono::duration<double>(Clock::now() - last_answer).count() >
                  kLostAfterS) {
         Cancel(job, dir);
@@ -353,8 +357,9 @@ std::vector<std::string> SbatchArguments(const SlurmExecutorOptions& options,
       "--ntasks-per-node=" + std::to_string(layout.tasks_per_node),
       // Not the worker's environment (its token, say): what the ranks need to start.
       "--export=PATH,LD_LIBRARY_PATH,TMPDIR",
-      // A failed node or a preemption must not start the trial again behind the worker's back.
-      "--no-requeue",
+      // After a node failure or a preemption Slurm may run the job again: job.sh starts each
+      // run clean and the worker restarts the trial's clock, so a requeue costs time, not a trial.
+      "--requeue",
   };
   if (layout.gpus_per_node > 0) args.push_back("--gres=gpu:" + std::to_string(layout.gpus_per_node));
   if (!options.partition.empty()) args.push_back("--partition=" + options.partition);

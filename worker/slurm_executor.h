@@ -4,8 +4,9 @@
 // A trial of world size W is one job:
 //   sbatch --parsable --job-name=remat-<trial>.<attempt> --comment=remat:trial=<trial>.<attempt>
 //          --nodes=N --ntasks=W --ntasks-per-node=P [--gres=gpu:P] [--partition/--account/--qos]
-//          --time=T --export=PATH,LD_LIBRARY_PATH,TMPDIR [operator's extra flags] job.sh
-//   job.sh:  srun --kill-on-bad-exit=1 --wait=60 -o stdout-%t.log -e stderr-%t.log rank.sh
+//          --time=T --export=PATH,LD_LIBRARY_PATH,TMPDIR --requeue [operator's flags] job.sh
+//   job.sh:  clears what a previous run of the job left (results, rendezvous), then
+//            srun --kill-on-bad-exit=1 --wait=60 -o stdout-%t.log -e stderr-%t.log rank.sh
 //   rank.sh: rank = SLURM_PROCID (checked against SLURM_NTASKS = W); one GPU per rank (the
 //            SLURM_LOCALID-th of the node's CUDA_VISIBLE_DEVICES; none at all on CPU trials);
 //            runs remat-trial --request request-<rank>.pb --result result-<rank>.pb and leaves
@@ -23,7 +24,8 @@
 // what the files cannot say, the job's state: TIMEOUT/DEADLINE -> timeout; OUT_OF_MEMORY ->
 // failed (host memory in the job's cgroup, not the policy's GPU memory: the engine reports a
 // GPU OOM itself, as oom); NODE_FAIL, BOOT_FAIL, CANCELLED by someone else -> failed, with the
-// state and reason in the message. Time queued does not count against the trial's timeout.
+// state and reason in the message. Time queued does not count against the trial's timeout, and
+// a job Slurm requeues (node failure, preemption) starts its clock again.
 //
 // Thread-safety: Run may be called concurrently for different trials (each job is its own).
 #pragma once

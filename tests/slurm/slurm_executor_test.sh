@@ -8,9 +8,9 @@
 # Checks: a guided search of examples/tiny-dense.yaml finishes with every trial run as its own
 # Slurm job (one job per trial, each COMPLETED, trial statuses from the ranks' results); a TP 2
 # search whose trials are jobs of two tasks (two CPU ranks over TCP) ends ok with both ranks'
-# figures; a trial past search.trial_timeout_s is scancelled and reported timeout; the job of a
-# worker killed with SIGKILL is scancelled by the next worker on its work dir; no job is left
-# behind. Exit 77 (ctest: skipped) without Slurm/munge or root.
+# figures; a trial past search.trial_timeout_s is scancelled and reported timeout; a job Slurm
+# requeues runs again and its trial ends ok; the job of a worker killed with SIGKILL is
+# scancelled by the next worker on its work dir; no job is left behind. Exit 77 (ctest: skipped) without Slurm/munge or root.
 set -u
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
@@ -44,7 +44,7 @@ fail() {
   echo "--- jobs"; scontrol show job -o 2>/dev/null | cut -c1-300
   exit 1
 }
-pass() { echo "ok: $*"; }
+pass() { echo "ok: $* [$(($(date +%s) - start)) s]"; }
 start=$(date +%s)
 
 slurm_cluster_start "$T/slurm" || fail "Slurm did not start"
@@ -163,7 +163,41 @@ jobs_table | awk 'NR == FNR { seen[$1] = 1; next } !($1 in seen)' \
 awk '$2 != "CANCELLED" { exit 1 }' "$T/jobs3" && [ -s "$T/jobs3" ] || fail "slow job: $(cat "$T/jobs3")"
 pass "timeout: trial reported timeout ($(cat "$T/summary3")); its job $(awk '{print $1, $2}' "$T/jobs3")"
 
-# 4. A worker killed outright leaves its job in Slurm; the next worker on its work dir ends it.
+# 4. Slurm requeues a trial's running job (as after a node failure or a preemption): the job
+# runs again from a clean folder and the trial ends ok, from the second run's ranks.
+sed 's/^  trial_timeout_s: 3$/  trial_timeout_s: 120/; s/^  measure_steps: 100000$/  measure_steps: 150/; s/name: tiny-dense-slow/name: tiny-dense-requeue/' \
+  "$T/slow.yaml" > "$T/requeue.yaml"
+id5=$(remat submit "$T/requeue.yaml") || fail "submit of the requeue spec refused"
+requeued=""
+for _ in $(seq 1 60); do
+  requeued=$(squeue -h -t RUNNING -o %A | head -n 1)
+  [ -n "$requeued" ] && break
+  sleep 0.5
+done
+[ -n "$requeued" ] || fail "the trial's job never ran"
+sleep 1
+scontrol requeue "$requeued" || fail "scontrol requeue $requeued failed"
+# Slurm holds a requeued job back two minutes (its BeginTime); once it is pending again,
+# release it now.
+for _ in $(seq 1 60); do
+  [ "$(job_field "$requeued" JobState)" = PENDING ] && break
+  sleep 0.5
+done
+scontrol update JobId="$requeued" StartTime=now || fail "cannot release the requeued job $requeued"
+wait_search "$id5"
+python3 - "$T/$id5.json" > "$T/summary5" <<'EOF' || fail "requeue search $id5: $(cat "$T/summary5")"
+import json, sys
+s = json.load(open(sys.argv[1]))
+t = [t for t in s["trials"] if not t["reused"]]
+if len(t) != 1 or t[0]["status"] != "ok" or t[0]["attempts"] != 1:
+    print([(x["status"], x["attempts"], x["message"]) for x in t]); sys.exit(1)
+print(t[0]["policy"], t[0]["step_time_s"])
+EOF
+[ "$(job_field "$requeued" JobState)" = COMPLETED ] && [ "$(job_field "$requeued" Restarts)" = 1 ] ||
+  fail "job $requeued: $(job_field "$requeued" JobState), restarts $(job_field "$requeued" Restarts)"
+pass "requeued job $requeued ran again (restarts 1); its trial ended ok in one attempt ($(cat "$T/summary5"))"
+
+# 5. A worker killed outright leaves its job in Slurm; the next worker on its work dir ends it.
 sed 's/^  trial_timeout_s: 3$/  trial_timeout_s: 600/; s/name: tiny-dense-slow/name: tiny-dense-orphan/' \
   "$T/slow.yaml" > "$T/orphan.yaml"
 id4=$(remat submit "$T/orphan.yaml") || fail "submit of the orphan spec refused"

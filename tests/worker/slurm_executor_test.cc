@@ -67,7 +67,7 @@ TEST(SlurmArgs, OperatorsSettingsAndGres) {
                                                   "/w/t", 900);
   for (const char* want : {"--parsable", "--nodes=2", "--ntasks=16", "--ntasks-per-node=8",
                            "--gres=gpu:8", "--partition=gpu", "--account=proj", "--qos=high",
-                           "--time=16", "--chdir=/w/t", "--job-name=remat-t-1.1", "--no-requeue",
+                           "--time=16", "--chdir=/w/t", "--job-name=remat-t-1.1", "--requeue",
                            "--export=PATH,LD_LIBRARY_PATH,TMPDIR"}) {
     EXPECT_TRUE(Has(args, want)) << want;
   }
@@ -261,6 +261,26 @@ TEST_F(FakeSlurmTest, OrphanedJobsOfThisWorkerTagAreCancelledOthersKept) {
   WriteText(fake_ / "state", "COMPLETED\n");
   Run();
   EXPECT_NE(ReadText(fake_ / "sbatch.args").find("--comment=remat:trial=t-9.2 remat:worker=" + tag),
+            std::string::npos);
+}
+
+TEST_F(FakeSlurmTest, ARequeuedJobGetsTheWholeTimeoutAgain) {
+  a_.mutable_spec()->mutable_search()->set_trial_timeout_s(1.5);
+  std::thread slurm([&] {
+    // Two runs of 0.9 s each, with a requeue between: 1.8 s running in all, each run < 1.5 s.
+    std::this_thread::sleep_for(std::chrono::milliseconds(900));
+    WriteText(fake_ / "state", "PENDING\n");
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    WriteText(fake_ / "state", "RUNNING\n");
+    std::this_thread::sleep_for(std::chrono::milliseconds(900));
+    WriteText(fake_ / "state", "COMPLETED\n");
+  });
+  v1::TrialResult r = Run();
+  slurm.join();
+  EXPECT_NE(r.status(), v1::TRIAL_STATUS_TIMEOUT) << r.message();
+  EXPECT_EQ(ReadText(fake_ / "scancel.args"), "");
+  // The job starts each run clean.
+  EXPECT_NE(ReadText(trial_ / "job.sh").find("rm -rf rendezvous exit-* result-*.pb"),
             std::string::npos);
 }
 
