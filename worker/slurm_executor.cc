@@ -157,7 +157,8 @@ class SlurmExecutor : public TrialExecutor {
     const std::string job_name = "Slurm job " + job;
 
     // Follow the job until it ends; our own clock starts when it starts running.
-    std::optional<Clock::time_point> running_since;
+    bool running = false;  // the job runs (its current run, after a requeue)
+    Clock::time_point running_since;
     Clock::time_point last_answer = Clock::now();
     SlurmJobInfo info;
     while (true) {
@@ -169,9 +170,9 @@ class SlurmExecutor : public TrialExecutor {
         info = *now;
         last_answer = Clock::now();
         if (info.terminal()) break;
-        if (info.started() && !running_since) running_since = Clock::now();
+        if (info.started() && !running) running_since = Clock::now();
         // Requeued (node failure, preemption): the next run gets the whole timeout again.
-        if (!info.started()) running_since.reset();
+        running = info.started();
       } else if (std::chrono::duration<double>(Clock::now() - last_answer).count() >
                  kLostAfterS) {
         Cancel(job, dir);
@@ -179,8 +180,8 @@ class SlurmExecutor : public TrialExecutor {
                             "neither scontrol nor sacct knew " + job_name + " for " +
                                 Seconds(kLostAfterS) + " (scancelled)");
       }
-      if (running_since &&
-          std::chrono::duration<double>(Clock::now() - *running_since).count() > timeout) {
+      if (running &&
+          std::chrono::duration<double>(Clock::now() - running_since).count() > timeout) {
         Cancel(job, dir);
         std::string msg = "killed after search.trial_timeout_s = " + Seconds(timeout) + " (" +
                           job_name + " scancelled)";
