@@ -49,7 +49,9 @@ log() {
 # The value of the first "KEY=VALUE" word of the comment whose key is $1 ("" when none).
 comment_value() {
   local word
-  for word in ${SLURM_JOB_COMMENT:-}; do
+  local -a words=()
+  read -r -a words <<< "${SLURM_JOB_COMMENT:-}"  # split on blanks, no glob expansion
+  for word in "${words[@]}"; do
     case "$word" in "$1="*) printf '%s' "${word#"$1="}"; return 0 ;; esac
   done
   return 0
@@ -121,9 +123,10 @@ main() {
     as_user=(setpriv "--reuid=$SLURM_JOB_UID" "--regid=${SLURM_JOB_GID:-$SLURM_JOB_UID}" --init-groups)
   fi
   local bin="${REMAT_BIN:-/usr/bin/remat}"
-  local -a args=(submit "$spec" --coordinator "$REMAT_COORDINATOR" --timeout 10)
+  local -a args=(submit --coordinator "$REMAT_COORDINATOR" --timeout 10)
   # shellcheck disable=SC2206
   [ -n "${REMAT_SUBMIT_ARGS:-}" ] && args+=(${REMAT_SUBMIT_ARGS})
+  args+=(-- "$spec")  # the user's word is the spec, never a flag
   local out rc
   out=$(cd "${SLURM_JOB_WORK_DIR:-/}" 2>/dev/null &&
         REMAT_TOKEN="$token" timeout -k 5 "${REMAT_PROLOG_TIMEOUT:-30}" \

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # A one-node Slurm cluster for tests, on this machine: munged, slurmctld and slurmd on loopback,
 # every file (config, keys, state, spool, logs, sockets) in one private folder. Sourced by the
 # Slurm tests; it installs nothing (run.sh installs slurmctld, slurmd, slurm-client and munge).
@@ -28,7 +29,6 @@ slurm_cluster_start() {
   chmod 0700 "$SLURM_TEST_DIR/munge-key"
   local host
   host=$(hostname -s)
-  SLURM_TEST_NODE=$host
 
   # munge: a fresh key, a private socket.
   dd if=/dev/urandom of="$SLURM_TEST_DIR/munge-key/munge.key" bs=1024 count=1 status=none
@@ -84,8 +84,8 @@ CONF
 
   slurmctld -i -f "$SLURM_CONF" || { echo "slurmctld did not start" >&2; return 1; }
   slurmd -f "$SLURM_CONF" || { echo "slurmd did not start" >&2; return 1; }
-  local i state
-  for i in $(seq 1 60); do
+  local state
+  for _ in $(seq 1 60); do
     state=$(sinfo -h -N -o '%t' 2>/dev/null | head -n 1)
     [ "$state" = idle ] && return 0
     sleep 1
@@ -96,12 +96,12 @@ CONF
 }
 
 slurm_stop_pidfile() {
-  local f=$1 pid i
+  local f=$1 pid
   [ -r "$f" ] || return 0
   pid=$(cat "$f" 2>/dev/null)
   [ -n "$pid" ] || return 0
   kill "$pid" 2>/dev/null || return 0
-  for i in $(seq 1 50); do
+  for _ in $(seq 1 50); do
     kill -0 "$pid" 2>/dev/null || return 0
     sleep 0.1
   done
@@ -111,12 +111,12 @@ slurm_stop_pidfile() {
 slurm_cluster_stop() {
   [ -n "${SLURM_TEST_DIR:-}" ] || return 0
   # slurmd leaves running steps (slurmstepd) behind when it stops: end the jobs first.
-  local ids i
+  local ids
   ids=$(squeue -h -o %A 2>/dev/null)
   if [ -n "$ids" ]; then
     # shellcheck disable=SC2086
     scancel $ids 2>/dev/null
-    for i in $(seq 1 100); do
+    for _ in $(seq 1 100); do
       [ -z "$(squeue -h -o %A 2>/dev/null)" ] && break
       sleep 0.1
     done

@@ -66,6 +66,10 @@ start_rematd() {  # a fresh database each time; its address in $addr and $T/coor
 start_rematd
 remat() { "$build/bin/remat" "$@" --coordinator "$addr"; }
 
+# The prolog runs the CLI as the job's user, who may not reach the build folder (a checkout in
+# /root, say): a copy where everyone can run it.
+install -D -m 0755 "$build/bin/remat" "$T/bin/remat"
+
 # Slurm gives prologs no environment of ours: a wrapper sets the prolog's settings (what
 # /etc/default/remat-prolog holds on a real controller) and runs the project's prolog.
 cat > "$T/prolog.sh" <<EOF
@@ -73,7 +77,7 @@ cat > "$T/prolog.sh" <<EOF
 export SLURM_CONF="$T/slurm/slurm.conf"
 export REMAT_COORDINATOR="\$(cat "$T/coordinator")"
 export REMAT_USER_TOKENS="$T/users.tokens"
-export REMAT_BIN="$build/bin/remat"
+export REMAT_BIN="$T/bin/remat"
 export REMAT_PROLOG_STATE_DIR="$T/prolog-state"
 export REMAT_PROLOG_LOG="$T/prolog.log"
 export REMAT_PROLOG_TIMEOUT=15
