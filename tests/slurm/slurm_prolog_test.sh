@@ -50,7 +50,8 @@ printf 'tok-nobody nobody\ntok-alice alice\n' > "$T/users.tokens"
 echo tok-nobody > "$T/nobody.token"
 echo tok-alice > "$T/alice.token"
 start_rematd() {  # a fresh database each time; its address in $addr and $T/coordinator
-  rm -f "$T"/rematd.db*
+  # (the old output too: the new process truncates it only once it runs, after we may read it)
+  rm -f "$T"/rematd.db* "$T/rematd.out"
   "$build/bin/rematd" --listen 127.0.0.1:0 --db "$T/rematd.db" --user-tokens "$T/users.tokens" \
     --log-level warn > "$T/rematd.out" 2> "$T/rematd.err" &
   rematd_pid=$!
