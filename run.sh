@@ -14,7 +14,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev prometheus-cpp-dev libsqlite3-dev libyaml-cpp-dev libcli11-dev
   nlohmann-json3-dev libgtest-dev libgmock-dev libtorch-dev prometheus procps openssl python3
-  python3-yaml python3-grpcio python3-protobuf dpkg-dev systemd
+  python3-yaml python3-grpcio python3-protobuf dpkg-dev systemd slurmctld slurmd slurm-client munge
 )
 BUILD_DIR=${REMAT_BUILD_DIR:-build}
 

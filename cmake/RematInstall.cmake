@@ -1,7 +1,7 @@
 # Install rules and Debian packages (CPack). `cmake --install build --prefix /usr` puts the
 # programs where the systemd units expect them; `cpack --config build/CPackConfig.cmake -G DEB`
 # (run from the build folder) makes one package per component:
-#   remat         the remat CLI                                   (component cli)
+#   remat         the remat CLI, the Slurm prolog (libexec)       (component cli)
 #   rematd        the coordinator, its unit, sysusers entry, /etc/default/rematd
 #   remat-worker  the worker daemon, its unit, the Megatron Bridge metrics callback
 #   remat-engine  remat-trial (LibTorch) for GPU nodes, separately: it is the heavy one
@@ -13,6 +13,9 @@ set(REMAT_SYSUSERS_DIR "lib/sysusers.d")
 
 if(TARGET remat)
   install(TARGETS remat RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT cli)
+  # The Slurm trigger runs the CLI on the controller (deploy/README.md, "Slurm").
+  install(PROGRAMS deploy/slurm/prolog-remat-submit.sh
+          DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/remat COMPONENT cli)
 endif()
 if(TARGET rematd)
   install(TARGETS rematd RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT rematd)

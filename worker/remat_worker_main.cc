@@ -10,7 +10,9 @@
 #include "absl/strings/ascii.h"
 #include "common/main_util.h"
 #include "common/version.h"
+#include "absl/strings/str_join.h"
 #include "worker/slots.h"
+#include "worker/slurm_executor.h"
 #include "worker/versions.h"
 #include "worker/worker_daemon.h"
 
@@ -29,6 +31,8 @@ int main(int argc, char** argv) {
   double grace_s = 10;
   int plain_slots = 0;
   bool tls = false, keep_trial_dirs = false;
+  std::string executor = "local";
+  remat::worker::SlurmExecutorOptions slurm;
   app.add_option("--coordinator", coordinator, "the coordinator, HOST:PORT")->required();
   app.add_option("--gpus", gpus,
                  "GPUs to offer, e.g. 0,1 (default: all); without GPUs, names plain slots");
@@ -50,6 +54,20 @@ int main(int argc, char** argv) {
                  "seconds between SIGTERM and SIGKILL when a trial is killed")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--keep-trial-dirs", keep_trial_dirs, "keep each trial's folder for debugging");
+  app.add_option("--executor", executor,
+                 "local: trials run on this machine; slurm: every trial is a Slurm job")
+      ->check(CLI::IsMember({"local", "slurm"}));
+  app.add_option("--slurm-partition", slurm.partition, "with --executor slurm: sbatch --partition");
+  app.add_option("--slurm-account", slurm.account, "with --executor slurm: sbatch --account");
+  app.add_option("--slurm-qos", slurm.qos, "with --executor slurm: sbatch --qos");
+  app.add_option("--slurm-time-limit", slurm.time_limit,
+                 "with --executor slurm: sbatch --time (default: the trial's timeout + 1 min)");
+  app.add_option("--slurm-gpus-per-node", slurm.gpus_per_node,
+                 "with --executor slurm: GPUs per node (0: CPU nodes, no GRES)")
+      ->check(CLI::Range(0, 1024));
+  app.add_option("--slurm-arg", slurm.extra_sbatch_args,
+                 "with --executor slurm: one more sbatch flag, e.g. --slurm-arg=--mem=64G "
+                 "(repeatable)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
   try {
@@ -84,7 +102,21 @@ int main(int argc, char** argv) {
   }
   options.connection.tls = tls;
 
-  if (plain_slots > 0) {
+  const bool on_slurm = executor == "slurm";
+  if (on_slurm) {
+    // The worker holds no GPU: Slurm allocates them per trial. Its slots only bound how many
+    // ranks it keeps submitted at once.
+    if (!gpus.empty()) return Fail(2, "--gpus: not with --executor slurm (Slurm allocates GPUs)");
+    if (!templates_file.empty()) {
+      return Fail(2, "--command-templates: not with --executor slurm (command jobs would run "
+                     "outside Slurm)");
+    }
+    options.slots = remat::worker::PlainSlots(plain_slots > 0 ? plain_slots : 16);
+  } else if (app.count("--slurm-partition") + app.count("--slurm-account") +
+                 app.count("--slurm-qos") + app.count("--slurm-time-limit") +
+                 app.count("--slurm-gpus-per-node") + app.count("--slurm-arg") > 0) {
+    return Fail(2, "--slurm-*: only with --executor slurm");
+  } else if (plain_slots > 0) {
     options.slots = remat::worker::PlainSlots(plain_slots);
   } else {
     auto slots = remat::worker::SelectSlots(remat::worker::DiscoverGpus(), gpus);
@@ -124,14 +156,36 @@ int main(int argc, char** argv) {
 
   // SIGINT/SIGTERM stop the daemon from one waiting thread; children get default handling.
   remat::common::StopSignals stop_signals;
-  auto daemon = remat::worker::WorkerDaemon::Create(options);
+
+  remat::worker::WorkerDaemonSeams seams;
+  if (on_slurm) {
+    if (trial_binary.empty()) return Fail(2, "--trial-binary: required with --executor slurm (none beside remat-worker)");
+    slurm.trial_binary = trial_binary;
+    slurm.collective_timeout_s = options.collective_timeout_s;
+    slurm.peer_exit_grace_s = options.peer_exit_grace_s;
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    slurm.worker_tag = remat::worker::SlurmWorkerTag(host, fs::absolute(work_dir).string());
+    std::string error;
+    const std::vector<std::string> orphans = remat::worker::CancelOrphanedSlurmJobs(
+        slurm, (fs::path(work_dir) / "slurm").string(), &error);
+    if (!error.empty()) {
+      spdlog::warn("could not look for jobs a previous worker left in Slurm: {}", error);
+    } else if (!orphans.empty()) {
+      spdlog::info("cancelled {} Slurm job(s) a previous worker on this work dir left: {}",
+                   orphans.size(), absl::StrJoin(orphans, " "));
+    }
+    seams.executors["builtin"] = remat::worker::MakeSlurmExecutor(slurm);
+  }
+  auto daemon = remat::worker::WorkerDaemon::Create(options, std::move(seams));
   if (!daemon.ok()) return Fail(2, std::string(daemon.status().message()));
   std::string slot_names;
   for (const auto& s : options.slots) {
     slot_names += (slot_names.empty() ? "" : ", ") + std::to_string(s.index) + ":" + s.name;
   }
-  spdlog::info("remat-worker {} offering {} slot(s) [{}], work dir {}",
-               remat::common::kVersion, options.slots.size(), slot_names, work_dir);
+  spdlog::info("remat-worker {} offering {} slot(s) [{}], work dir {}{}",
+               remat::common::kVersion, options.slots.size(), slot_names, work_dir,
+               on_slurm ? ", trials run as Slurm jobs" : "");
 
   stop_signals.OnStop([&](int sig) {
     spdlog::info("signal {}: stopping", sig);

@@ -18,7 +18,7 @@ expect() {  # expect PACKAGE PATH...: each PATH is in the package
   local listing; listing=$(dpkg-deb -c "$deb" | awk '{print $6}')
   for p in "$@"; do grep -qx "\.$p" <<<"$listing" || fail "$(basename "$deb") lacks $p"; done
 }
-expect remat /usr/bin/remat
+expect remat /usr/bin/remat /usr/libexec/remat/prolog-remat-submit.sh
 expect rematd /usr/bin/rematd /usr/lib/systemd/system/rematd.service /usr/lib/sysusers.d/remat.conf \
   /etc/default/rematd
 expect remat-worker /usr/bin/remat-worker /usr/lib/systemd/system/remat-worker.service \

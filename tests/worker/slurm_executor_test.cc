@@ -1,0 +1,288 @@
+// The Slurm executor's pure parts (layout, sbatch flags, parsing Slurm's answers, job states ->
+// results) and its control flow against fake sbatch/scontrol/scancel scripts. The real Slurm
+// run is tests/slurm/slurm_executor_test.sh.
+#include "worker/slurm_executor.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "tests/worker/test_util.h"
+
+namespace remat::worker {
+namespace {
+
+using testing::ReadText;
+using testing::TempDir;
+using testing::WriteText;
+
+bool Has(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+TEST(SlurmLayout, CpuTrialsShareOneNodeWithoutGres) {
+  SlurmLayoutOrError p = PlanSlurmLayout(2, search::Device::kCpu, 8);
+  ASSERT_TRUE(p.error.empty());
+  EXPECT_EQ(p.layout.nodes, 1);
+  EXPECT_EQ(p.layout.tasks, 2);
+  EXPECT_EQ(p.layout.tasks_per_node, 2);
+  EXPECT_EQ(p.layout.gpus_per_node, 0);
+  // auto on CPU nodes is a CPU trial
+  EXPECT_EQ(PlanSlurmLayout(4, search::Device::kAuto, 0).layout.gpus_per_node, 0);
+}
+
+TEST(SlurmLayout, GpuTrialsSpreadOverNodesOneGpuPerRank) {
+  SlurmLayoutOrError p = PlanSlurmLayout(12, search::Device::kCuda, 8);
+  ASSERT_TRUE(p.error.empty());
+  EXPECT_EQ(p.layout.nodes, 2);
+  EXPECT_EQ(p.layout.tasks, 12);
+  EXPECT_EQ(p.layout.tasks_per_node, 6);
+  EXPECT_EQ(p.layout.gpus_per_node, 6);
+  p = PlanSlurmLayout(4, search::Device::kAuto, 8);
+  EXPECT_EQ(p.layout.nodes, 1);
+  EXPECT_EQ(p.layout.gpus_per_node, 4);
+}
+
+TEST(SlurmLayout, CudaTrialOnCpuNodesIsRefusedNamingTheFlag) {
+  SlurmLayoutOrError p = PlanSlurmLayout(1, search::Device::kCuda, 0);
+  EXPECT_NE(p.error.find("--slurm-gpus-per-node"), std::string::npos) << p.error;
+}
+
+TEST(SlurmArgs, TimeLimitIsTheTrialTimeoutRoundedUpPlusAMinute) {
+  EXPECT_EQ(SlurmTimeLimit(900), "16");
+  EXPECT_EQ(SlurmTimeLimit(3), "2");
+  EXPECT_EQ(SlurmTimeLimit(3600), "1:01:00");
+}
+
+TEST(SlurmArgs, OperatorsSettingsAndGres) {
+  SlurmExecutorOptions o;
+  o.partition = "gpu";
+  o.account = "proj";
+  o.qos = "high";
+  o.extra_sbatch_args = {"--mem=64G"};
+  SlurmLayout gpu{2, 16, 8, 8};
+  std::vector<std::string> args = SbatchArguments(o, gpu, "remat-t-1.1", "remat:trial=t-1.1",
+                                                  "/w/t", 900);
+  for (const char* want : {"--parsable", "--nodes=2", "--ntasks=16", "--ntasks-per-node=8",
+                           "--gres=gpu:8", "--partition=gpu", "--account=proj", "--qos=high",
+                           "--time=16", "--chdir=/w/t", "--job-name=remat-t-1.1", "--requeue",
+                           "--export=PATH,LD_LIBRARY_PATH,TMPDIR"}) {
+    EXPECT_TRUE(Has(args, want)) << want;
+  }
+  EXPECT_EQ(args.back(), "--mem=64G");  // the operator's flags come last: they win
+  o.time_limit = "02:00:00";
+  SlurmLayout cpu{1, 2, 2, 0};
+  args = SbatchArguments(o, cpu, "n", "c", "/w", 900);
+  EXPECT_TRUE(Has(args, "--time=02:00:00"));
+  for (const std::string& a : args) EXPECT_EQ(a.find("--gres"), std::string::npos) << a;
+}
+
+TEST(SlurmParse, ScontrolLine) {
+  auto info = ParseScontrolJob(
+      "JobId=13 JobName=remat-t-4.1 UserId=root(0) JobState=CANCELLED Reason=None "
+      "Dependency=(null) Requeue=0 ExitCode=143:0 RunTime=00:00:03 Comment=remat:trial=t-4.1\n");
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->state, "CANCELLED");
+  EXPECT_EQ(info->exit_code, 143);
+  EXPECT_EQ(info->signal, 0);
+  EXPECT_TRUE(info->terminal());
+  EXPECT_FALSE(ParseScontrolJob("slurm_load_jobs error: Invalid job id specified").has_value());
+  info = ParseScontrolJob("JobId=1 JobState=PENDING Reason=Resources ExitCode=0:0");
+  EXPECT_FALSE(info->terminal());
+  EXPECT_FALSE(info->started());
+  EXPECT_TRUE(ParseScontrolJob("JobId=1 JobState=RUNNING Reason=None")->started());
+}
+
+TEST(SlurmParse, SacctRowAndSbatchId) {
+  auto info = ParseSacctJob("CANCELLED by 0|0:15|None\n");
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->state, "CANCELLED");
+  EXPECT_EQ(info->signal, 15);
+  EXPECT_FALSE(ParseSacctJob("").has_value());
+  EXPECT_EQ(ParseSbatchJobId("123;cluster-a\n"), "123");
+  EXPECT_EQ(ParseSbatchJobId("77\n"), "77");
+  EXPECT_EQ(ParseSbatchJobId("sbatch: error: oops\n"), "");
+}
+
+TEST(SlurmEnd, JobStatesBecomeTrialResults) {
+  v1::TrialAssignment a;
+  a.mutable_policy()->set_canonical("selective:[]");
+  SlurmJobInfo info;
+  info.state = "TIMEOUT";
+  EXPECT_EQ(SlurmJobEndResult(a, "Slurm job 5", info).status(), v1::TRIAL_STATUS_TIMEOUT);
+  info.state = "DEADLINE";
+  EXPECT_EQ(SlurmJobEndResult(a, "Slurm job 5", info).status(), v1::TRIAL_STATUS_TIMEOUT);
+  // Host memory is not the policy's GPU memory: failed, not oom.
+  info.state = "OUT_OF_MEMORY";
+  v1::TrialResult r = SlurmJobEndResult(a, "Slurm job 5", info);
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_NE(r.message().find("host memory"), std::string::npos) << r.message();
+  info.state = "NODE_FAIL";
+  info.reason = "NodeDown";
+  r = SlurmJobEndResult(a, "Slurm job 5", info);
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_NE(r.message().find("Slurm job 5 ended NODE_FAIL, reason NodeDown"), std::string::npos)
+      << r.message();
+  EXPECT_EQ(r.policy().canonical(), "selective:[]");
+}
+
+// Fake Slurm commands: sbatch records its arguments and prints a job id (or fails as told),
+// scontrol prints the state in a file, scancel records the id and marks the job CANCELLED.
+class FakeSlurmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Script("sbatch",
+           "echo \"$@\" > " + fake_ / "sbatch.args" +
+               "\nif [ -f " + fake_ / "refuse" + " ]; then cat " + fake_ / "refuse" +
+               " >&2; exit 1; fi\necho 77\n");
+    Script("scontrol", "printf 'JobId=77 JobName=x JobState=%s Reason=%s ExitCode=0:0\\n' "
+                       "\"$(cat " + fake_ / "state" + ")\" \"$(cat " + fake_ / "reason" + ")\"\n");
+    Script("scancel", "echo \"$@\" >> " + fake_ / "scancel.args" + "\necho CANCELLED > " +
+                          fake_ / "state" + "\n");
+    Script("sacct", "exit 1\n");
+    WriteText(fake_ / "state", "RUNNING\n");
+    WriteText(fake_ / "reason", "None\n");
+    options_.trial_binary = "/opt/remat/bin/remat-trial";
+    options_.sbatch = fake_ / "sbatch";
+    options_.scontrol = fake_ / "scontrol";
+    options_.scancel = fake_ / "scancel";
+    options_.sacct = fake_ / "sacct";
+    options_.poll_interval_s = 0.05;
+    a_.set_trial_id("t-9");
+    a_.set_attempt(2);
+    a_.set_world_size(2);
+    a_.mutable_policy()->set_canonical("selective:[mlp]");
+    a_.mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(2);
+    a_.mutable_spec()->mutable_search()->set_trial_timeout_s(30);
+  }
+  void Script(const std::string& name, const std::string& body) {
+    WriteText(fake_ / name, "#!/bin/sh\n" + body);
+    chmod((fake_ / name).c_str(), 0755);
+  }
+  v1::TrialResult Run(const CancelToken* cancel = nullptr) {
+    auto executor = MakeSlurmExecutor(options_);
+    TrialContext context;
+    context.assignment = &a_;
+    context.trial_dir = trial_.path();
+    context.cancel = cancel;
+    return executor->Run(context);
+  }
+  TempDir fake_, trial_;
+  SlurmExecutorOptions options_;
+  v1::TrialAssignment a_;
+};
+
+TEST_F(FakeSlurmTest, SbatchRefusalIsAFailedTrialWithSlurmsWords) {
+  WriteText(fake_ / "refuse", "sbatch: error: invalid partition specified: nope\n");
+  v1::TrialResult r = Run();
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_EQ(r.message(),
+            "Slurm refused the trial's job: sbatch: error: invalid partition specified: nope");
+}
+
+TEST_F(FakeSlurmTest, WritesTheJobAndMapsOutOfMemory) {
+  WriteText(fake_ / "state", "OUT_OF_MEMORY\n");
+  WriteText(fake_ / "reason", "OutOfMemory\n");
+  v1::TrialResult r = Run();
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_NE(r.message().find("Slurm job 77 ended OUT_OF_MEMORY, reason OutOfMemory"),
+            std::string::npos)
+      << r.message();
+  EXPECT_NE(r.message().find("rank 1: remat-trial was killed with Slurm job 77"),
+            std::string::npos)
+      << r.message();
+  const std::string args = ReadText(fake_ / "sbatch.args");
+  EXPECT_NE(args.find("--job-name=remat-t-9.2"), std::string::npos) << args;
+  EXPECT_NE(args.find("--ntasks=2"), std::string::npos) << args;
+  EXPECT_NE(args.find(trial_ / "job.sh"), std::string::npos) << args;
+  // Every rank has its request; the rank script takes its rank from srun and hides GPUs.
+  EXPECT_FALSE(ReadText(trial_ / "request-1.pb").empty());
+  const std::string rank = ReadText(trial_ / "rank.sh");
+  EXPECT_NE(rank.find("SLURM_PROCID"), std::string::npos);
+  EXPECT_NE(rank.find("export CUDA_VISIBLE_DEVICES="), std::string::npos);
+  EXPECT_NE(rank.find("'/opt/remat/bin/remat-trial' --request \"request-$r.pb\""),
+            std::string::npos)
+      << rank;
+  EXPECT_NE(ReadText(trial_ / "job.sh").find("srun --kill-on-bad-exit=1 --wait=60"),
+            std::string::npos);
+}
+
+TEST_F(FakeSlurmTest, CancelScancelsTheJob) {
+  CancelToken cancel;
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    cancel.Cancel();
+  });
+  v1::TrialResult r = Run(&cancel);
+  later.join();
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_CANCELLED);
+  EXPECT_EQ(ReadText(fake_ / "scancel.args"), "77\n");
+}
+
+TEST_F(FakeSlurmTest, RunningPastTheTrialTimeoutIsScancelled) {
+  a_.mutable_spec()->mutable_search()->set_trial_timeout_s(0.3);
+  v1::TrialResult r = Run();
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_TIMEOUT);
+  EXPECT_NE(r.message().find("Slurm job 77 scancelled"), std::string::npos) << r.message();
+  EXPECT_EQ(ReadText(fake_ / "scancel.args"), "77\n");
+}
+
+TEST_F(FakeSlurmTest, QueuedTimeDoesNotCountAgainstTheTimeout) {
+  a_.mutable_spec()->mutable_search()->set_trial_timeout_s(0.3);
+  WriteText(fake_ / "state", "PENDING\n");
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    WriteText(fake_ / "state", "FAILED\n");
+  });
+  v1::TrialResult r = Run();
+  later.join();
+  // It ended (FAILED, no results) before it ever ran: failed, not timeout, and no scancel.
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED) << r.message();
+  EXPECT_EQ(ReadText(fake_ / "scancel.args"), "");
+}
+
+TEST_F(FakeSlurmTest, OrphanedJobsOfThisWorkerTagAreCancelledOthersKept) {
+  const std::string tag = SlurmWorkerTag("node1", "/var/lib/remat-worker");
+  EXPECT_EQ(tag.size(), 16u);
+  EXPECT_EQ(tag, SlurmWorkerTag("node1", "/var/lib/remat-worker"));
+  EXPECT_NE(tag, SlurmWorkerTag("node2", "/var/lib/remat-worker"));
+  Script("squeue", "printf '5|remat:trial=t-1.1 remat:worker=" + tag +
+                       "\\n6|a user job\\n7|remat:trial=t-2.1 remat:worker=0123456789abcdef\\n'\n");
+  options_.squeue = fake_ / "squeue";
+  options_.worker_tag = tag;
+  std::string error;
+  std::vector<std::string> cancelled = CancelOrphanedSlurmJobs(options_, trial_ / "s", &error);
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(cancelled, std::vector<std::string>{"5"});
+  EXPECT_EQ(ReadText(fake_ / "scancel.args"), "5\n");
+  // Jobs carry the tag.
+  WriteText(fake_ / "state", "COMPLETED\n");
+  Run();
+  EXPECT_NE(ReadText(fake_ / "sbatch.args").find("--comment=remat:trial=t-9.2 remat:worker=" + tag),
+            std::string::npos);
+}
+
+TEST_F(FakeSlurmTest, ARequeuedJobGetsTheWholeTimeoutAgain) {
+  a_.mutable_spec()->mutable_search()->set_trial_timeout_s(1.5);
+  std::thread slurm([&] {
+    // Two runs of 0.9 s each, with a requeue between: 1.8 s running in all, each run < 1.5 s.
+    std::this_thread::sleep_for(std::chrono::milliseconds(900));
+    WriteText(fake_ / "state", "PENDING\n");
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    WriteText(fake_ / "state", "RUNNING\n");
+    std::this_thread::sleep_for(std::chrono::milliseconds(900));
+    WriteText(fake_ / "state", "COMPLETED\n");
+  });
+  v1::TrialResult r = Run();
+  slurm.join();
+  EXPECT_NE(r.status(), v1::TRIAL_STATUS_TIMEOUT) << r.message();
+  EXPECT_EQ(ReadText(fake_ / "scancel.args"), "");
+  // The job starts each run clean.
+  EXPECT_NE(ReadText(trial_ / "job.sh").find("rm -rf rendezvous exit-* result-*.pb"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace remat::worker

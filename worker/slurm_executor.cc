@@ -1,0 +1,521 @@
+// The Slurm executor (worker/slurm_executor.h): one Slurm batch job per trial.
+#include "worker/slurm_executor.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "worker/command_template.h"  // ShellQuote
+#include "worker/result_combiner.h"
+
+namespace remat::worker {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// A job neither scontrol nor sacct can describe for this long is given up (and scancelled).
+constexpr double kLostAfterS = 600;
+
+std::string Seconds(double s) {
+  char buf[32];
+  snprintf(buf, sizeof(buf), "%.4g s", s);
+  return buf;
+}
+
+bool WriteFile(const fs::path& path, const std::string& text, mode_t mode) {
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out || !(out << text)) return false;
+  }
+  return chmod(path.c_str(), mode) == 0;
+}
+
+std::string ReadSmallFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  if (in) ss << in.rdbuf();
+  return ss.str();
+}
+
+// The job's batch script: srun starts the W ranks. --kill-on-bad-exit: a rank that crashed takes
+// the step down (the engine's ranks that merely OOM exit 0 with their result); --wait: ranks
+// still running this long after one ended are stuck in a collective its peer will never join.
+std::string JobScript(const std::string& trial_id, int attempt, const SlurmLayout& layout,
+                      double peer_exit_grace_s) {
+  std::ostringstream s;
+  s << "#!/bin/sh\n"
+    << "# remat trial " << trial_id << " attempt " << attempt << ": " << layout.tasks
+    << " rank(s) on " << layout.nodes << " node(s), started by srun (worker/slurm_executor.h)\n"
+    << "# A requeued run (node failure, preemption) starts clean: nothing of the run before.\n"
+    << "rm -rf rendezvous exit-* result-*.pb && mkdir rendezvous || exit 1\n"
+    << "exec srun --kill-on-bad-exit=1 --wait=" << std::max(1, static_cast<int>(peer_exit_grace_s))
+    << " --output=stdout-%t.log --error=stderr-%t.log ./rank.sh\n";
+  return s.str();
+}
+
+// One rank: its number from Slurm's environment, one GPU of the node's (or none), remat-trial,
+// and its exit status left for the worker (srun reports only the worst).
+std::string RankScript(const std::string& trial_binary, int world, bool gpu) {
+  std::ostringstream s;
+  s << "#!/bin/sh\n"
+    << "r=\"${SLURM_PROCID:?not started by srun}\"\n"
+    << "if [ \"${SLURM_NTASKS:-}\" != " << world << " ]; then\n"
+    << "  echo \"remat: SLURM_NTASKS=${SLURM_NTASKS:-unset}, the trial has " << world
+    << " ranks\" >&2\n"
+    << "  exit 2\n"
+    << "fi\n";
+  if (gpu) {
+    // Slurm sets CUDA_VISIBLE_DEVICES to the node's allocated GPUs (GRES); the rank takes the
+    // SLURM_LOCALID-th, so each rank sees exactly one, as with the local executor.
+    s << "if [ -n \"${CUDA_VISIBLE_DEVICES:-}\" ]; then\n"
+      << "  CUDA_VISIBLE_DEVICES=$(printf '%s' \"$CUDA_VISIBLE_DEVICES\" | cut -d, -f$((${SLURM_LOCALID:-0} + 1)))\n"
+      << "  export CUDA_VISIBLE_DEVICES\n"
+      << "fi\n";
+  } else {
+    s << "export CUDA_VISIBLE_DEVICES=   # a CPU trial holds no GPU Slurm did not give it\n";
+  }
+  s << "export NCCL_NVLS_ENABLE=0\n"
+    << ShellQuote(trial_binary) << " --request \"request-$r.pb\" --result \"result-$r.pb\"\n"
+    << "rc=$?\n"
+    << "echo $rc > \"exit-$r.tmp\" && mv \"exit-$r.tmp\" \"exit-$r\"\n"
+    << "exit $rc\n";
+  return s.str();
+}
+
+struct CommandResult {
+  bool ok = false;  // started and exited 0
+  std::string out, err, how;
+};
+
+CommandResult RunCommand(const std::vector<std::string>& argv, const fs::path& dir,
+                         const std::string& name, double timeout_s) {
+  ChildSpec child;
+  child.argv = argv;
+  child.stdout_path = (dir / (name + ".out")).string();
+  child.stderr_path = (dir / (name + ".err")).string();
+  child.cwd = dir.string();
+  GroupLimits limits;
+  limits.timeout_s = timeout_s;
+  limits.kill_grace_s = 2;
+  GroupOutcome outcome = RunProcessGroup({child}, limits, nullptr);
+  CommandResult r;
+  r.out = ReadSmallFile(child.stdout_path);
+  r.err = ReadSmallFile(child.stderr_path);
+  r.ok = !outcome.timed_out && outcome.children[0].ok();
+  r.how = outcome.timed_out ? "gave no answer within " + Seconds(timeout_s)
+                            : outcome.children[0].Describe();
+  return r;
+}
+
+std::string LastLine(const std::string& text) {
+  std::string t = text;
+  while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
+  const size_t nl = t.rfind('\n');
+  return nl == std::string::npos ? t : t.substr(nl + 1);
+}
+
+class SlurmExecutor : public TrialExecutor {
+ public:
+  explicit SlurmExecutor(SlurmExecutorOptions options) : options_(std::move(options)) {}
+
+  v1::TrialResult Run(const TrialContext& context) override {
+    const v1::TrialAssignment& a = *context.assignment;
+    const int world = std::max(1, a.world_size());
+    const search::SearchSpec spec = AssignmentSpec(a);
+    const SlurmLayoutOrError planned =
+        PlanSlurmLayout(world, spec.search.device, options_.gpus_per_node);
+    if (!planned.error.empty()) return StatusResult(a, v1::TRIAL_STATUS_FAILED, planned.error);
+    const SlurmLayout& layout = planned.layout;
+    const double timeout = TrialTimeoutSeconds(a);
+    const fs::path dir(context.trial_dir);
+    const std::string name = a.trial_id() + "." + std::to_string(a.attempt());
+
+    if (std::string error = WriteTrialFiles(a, world, layout, timeout, dir); !error.empty()) {
+      return StatusResult(a, v1::TRIAL_STATUS_FAILED, error);
+    }
+    std::vector<std::string> argv = {options_.sbatch};
+    std::string comment = "remat:trial=" + name;
+    if (!options_.worker_tag.empty()) comment += " remat:worker=" + options_.worker_tag;
+    for (std::string& arg : SbatchArguments(options_, layout, "remat-" + name, comment,
+                                            dir.string(), timeout)) {
+      argv.push_back(std::move(arg));
+    }
+    argv.push_back((dir / "job.sh").string());
+    CommandResult submitted = RunCommand(argv, dir, "sbatch", options_.command_timeout_s);
+    const std::string job = ParseSbatchJobId(submitted.out);
+    if (!submitted.ok || job.empty()) {
+      std::string why = LastLine(submitted.err);
+      if (why.empty()) why = "sbatch " + submitted.how;
+      return StatusResult(a, v1::TRIAL_STATUS_FAILED, "Slurm refused the trial's job: " + why);
+    }
+    const std::string job_name = "Slurm job " + job;
+
+    // Follow the job until it ends; our own clock starts when it starts running.
+    bool running = false;  // the job runs (its current run, after a requeue)
+    Clock::time_point running_since;
+    Clock::time_point last_answer = Clock::now();
+    SlurmJobInfo info;
+    while (true) {
+      if (context.cancel && context.cancel->cancelled()) {
+        Cancel(job, dir);
+        return StatusResult(a, v1::TRIAL_STATUS_CANCELLED, "cancelled (" + job_name + " scancelled)");
+      }
+      if (std::optional<SlurmJobInfo> now = Query(job, dir)) {
+        info = *now;
+        last_answer = Clock::now();
+        if (info.terminal()) break;
+        if (info.started() && !running) running_since = Clock::now();
+        // Requeued (node failure, preemption): the next run gets the whole timeout again.
+        running = info.started();
+      } else if (std::chrono::duration<double>(Clock::now() - last_answer).count() >
+                 kLostAfterS) {
+        Cancel(job, dir);
+        return StatusResult(a, v1::TRIAL_STATUS_FAILED,
+                            "neither scontrol nor sacct knew " + job_name + " for " +
+                                Seconds(kLostAfterS) + " (scancelled)");
+      }
+      if (running &&
+          std::chrono::duration<double>(Clock::now() - running_since).count() > timeout) {
+        Cancel(job, dir);
+        std::string msg = "killed after search.trial_timeout_s = " + Seconds(timeout) + " (" +
+                          job_name + " scancelled)";
+        const std::string tail = FileTail((dir / "stderr-0.log").string(), 3, 600);
+        if (!tail.empty()) msg += "; rank 0 stderr: " + tail;
+        return StatusResult(a, v1::TRIAL_STATUS_TIMEOUT, msg);
+      }
+      if (context.cancel) {
+        context.cancel->WaitFor(options_.poll_interval_s);
+      } else {
+        std::this_thread::sleep_for(std::chrono::duration<double>(options_.poll_interval_s));
+      }
+    }
+    return Collect(a, world, dir, job_name, info);
+  }
+
+ private:
+  std::string WriteTrialFiles(const v1::TrialAssignment& a, int world, const SlurmLayout& layout,
+                              double timeout, const fs::path& dir) const {
+    const fs::path rendezvous = dir / "rendezvous";
+    std::error_code ec;
+    fs::create_directories(rendezvous, ec);
+    if (ec) return "cannot create " + rendezvous.string() + ": " + ec.message();
+    for (int r = 0; r < world; ++r) {
+      v1::TrialRequest request;
+      *request.mutable_spec() = a.spec();
+      *request.mutable_policy() = a.policy();
+      request.set_rank(r);
+      request.set_world_size(world);
+      request.set_rendezvous_dir(rendezvous.string());
+      request.set_collective_timeout_s(std::min(options_.collective_timeout_s, timeout));
+      const fs::path path = dir / ("request-" + std::to_string(r) + ".pb");
+      std::ofstream out(path, std::ios::binary | std::ios::trunc);
+      if (!out || !request.SerializeToOstream(&out)) return "cannot write " + path.string();
+    }
+    if (!WriteFile(dir / "job.sh",
+                   JobScript(a.trial_id(), a.attempt(), layout, options_.peer_exit_grace_s),
+                   0755) ||
+        !WriteFile(dir / "rank.sh",
+                   RankScript(options_.trial_binary, world, layout.gpus_per_node > 0), 0755)) {
+      return "cannot write the job's scripts in " + dir.string();
+    }
+    return "";
+  }
+
+  std::optional<SlurmJobInfo> Query(const std::string& job, const fs::path& dir) const {
+    CommandResult shown = RunCommand({options_.scontrol, "show", "job", "-o", job}, dir,
+                                     "scontrol", options_.command_timeout_s);
+    if (shown.ok) {
+      if (auto info = ParseScontrolJob(shown.out)) return info;
+    }
+    // The controller forgets finished jobs after MinJobAge; accounting remembers them.
+    CommandResult acct = RunCommand({options_.sacct, "-n", "-X", "-P", "-j", job, "-o",
+                                     "State,ExitCode,Reason"},
+                                    dir, "sacct", options_.command_timeout_s);
+    if (acct.ok) return ParseSacctJob(acct.out);
+    return std::nullopt;
+  }
+
+  // scancel, then wait (bounded) until Slurm says the job has ended, so no rank outlives the
+  // trial's report.
+  void Cancel(const std::string& job, const fs::path& dir) const {
+    RunCommand({options_.scancel, job}, dir, "scancel", options_.command_timeout_s);
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (Clock::now() < deadline) {
+      std::optional<SlurmJobInfo> info = Query(job, dir);
+      if (!info || (info->terminal() && info->state != "COMPLETING")) return;
+      std::this_thread::sleep_for(std::chrono::duration<double>(options_.poll_interval_s));
+    }
+  }
+
+  v1::TrialResult Collect(const v1::TrialAssignment& a, int world, const fs::path& dir,
+                          const std::string& job_name, const SlurmJobInfo& info) const {
+    std::vector<v1::TrialResult> per_rank;
+    bool all_results = true;
+    for (int r = 0; r < world; ++r) {
+      const std::string prefix = "rank " + std::to_string(r) + ": ";
+      const std::string exit_text = ReadSmallFile(dir / ("exit-" + std::to_string(r)));
+      const bool exited = !exit_text.empty();
+      const int exit_code = exited ? std::atoi(exit_text.c_str()) : -1;
+      v1::TrialResult rank_result;
+      std::ifstream in(dir / ("result-" + std::to_string(r) + ".pb"), std::ios::binary);
+      const bool have = in && rank_result.ParseFromIstream(&in) &&
+                        rank_result.status() != v1::TRIAL_STATUS_UNSPECIFIED;
+      if (have) {
+        if (rank_result.ranks_size() == 1) rank_result.mutable_ranks(0)->set_rank(r);
+        if (!rank_result.message().empty()) rank_result.set_message(prefix + rank_result.message());
+        if (exit_code != 0 && rank_result.status() == v1::TRIAL_STATUS_OK) {
+          rank_result.set_status(v1::TRIAL_STATUS_FAILED);
+          rank_result.set_message(prefix + "remat-trial " +
+                                  (exited ? "exited with status " + std::to_string(exit_code)
+                                          : std::string("was killed")) +
+                                  " after writing an ok result");
+        }
+        per_rank.push_back(std::move(rank_result));
+        continue;
+      }
+      all_results = false;
+      std::string msg = prefix + "remat-trial ";
+      msg += exited ? "exited with status " + std::to_string(exit_code)
+                    : "was killed with " + job_name + " (" + info.state + ")";
+      msg += ", no result file";
+      const std::string tail = FileTail((dir / ("stderr-" + std::to_string(r) + ".log")).string());
+      if (!tail.empty()) msg += ": " + tail;
+      v1::TrialResult failed = StatusResult(a, v1::TRIAL_STATUS_FAILED, msg);
+      per_rank.push_back(std::move(failed));
+    }
+    v1::TrialResult combined = CombineRankResults(a, per_rank);
+    // The files say it all when every rank wrote its result, or the job ran to its end.
+    if (all_results || info.state == "COMPLETED" || info.state == "FAILED") {
+      if (!all_results) {
+        const std::string tail = FileTail((dir / "slurm.log").string(), 3, 600);
+        if (!tail.empty()) combined.set_message(combined.message() + "; " + job_name + ": " + tail);
+      }
+      return combined;
+    }
+    v1::TrialResult ended = SlurmJobEndResult(a, job_name, info);
+    if (!combined.message().empty()) ended.set_message(ended.message() + "; " + combined.message());
+    return ended;
+  }
+
+  SlurmExecutorOptions options_;
+};
+
+int CeilDiv(int a, int b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+SlurmLayoutOrError PlanSlurmLayout(int world, search::Device device, int gpus_per_node) {
+  SlurmLayoutOrError out;
+  world = std::max(1, world);
+  const bool gpu = device == search::Device::kCuda ||
+                   (device == search::Device::kAuto && gpus_per_node > 0);
+  if (gpu && gpus_per_node <= 0) {
+    out.error =
+        "search.device cuda: this Slurm worker submits to CPU nodes (start it with "
+        "--slurm-gpus-per-node N for GPU nodes)";
+    return out;
+  }
+  out.layout.tasks = world;
+  if (!gpu) {
+    // The engine's CPU collectives meet over loopback TCP: every rank on one node.
+    out.layout.nodes = 1;
+    out.layout.tasks_per_node = world;
+    out.layout.gpus_per_node = 0;
+    return out;
+  }
+  out.layout.nodes = CeilDiv(world, gpus_per_node);
+  out.layout.tasks_per_node = CeilDiv(world, out.layout.nodes);
+  out.layout.gpus_per_node = out.layout.tasks_per_node;
+  return out;
+}
+
+std::string SlurmTimeLimit(double trial_timeout_s) {
+  const long minutes = static_cast<long>(std::ceil(std::max(0.0, trial_timeout_s) / 60.0)) + 1;
+  if (minutes < 60) return std::to_string(minutes);
+  char buf[32];
+  snprintf(buf, sizeof(buf), "%ld:%02ld:00", minutes / 60, minutes % 60);
+  return buf;
+}
+
+std::vector<std::string> SbatchArguments(const SlurmExecutorOptions& options,
+                                         const SlurmLayout& layout, const std::string& job_name,
+                                         const std::string& comment,
+                                         const std::string& trial_dir, double trial_timeout_s) {
+  std::vector<std::string> args = {
+      "--parsable",
+      "--job-name=" + job_name,
+      "--comment=" + comment,
+      "--chdir=" + trial_dir,
+      "--output=" + trial_dir + "/slurm.log",
+      "--nodes=" + std::to_string(layout.nodes),
+      "--ntasks=" + std::to_string(layout.tasks),
+      "--ntasks-per-node=" + std::to_string(layout.tasks_per_node),
+      // Not the worker's environment (its token, say): what the ranks need to start.
+      "--export=PATH,LD_LIBRARY_PATH,TMPDIR",
+      // After a node failure or a preemption Slurm may run the job again: job.sh starts each
+      // run clean and the worker restarts the trial's clock, so a requeue costs time, not a trial.
+      "--requeue",
+  };
+  if (layout.gpus_per_node > 0) args.push_back("--gres=gpu:" + std::to_string(layout.gpus_per_node));
+  if (!options.partition.empty()) args.push_back("--partition=" + options.partition);
+  if (!options.account.empty()) args.push_back("--account=" + options.account);
+  if (!options.qos.empty()) args.push_back("--qos=" + options.qos);
+  args.push_back("--time=" + (options.time_limit.empty() ? SlurmTimeLimit(trial_timeout_s)
+                                                         : options.time_limit));
+  for (const std::string& extra : options.extra_sbatch_args) args.push_back(extra);
+  return args;
+}
+
+bool SlurmJobInfo::terminal() const {
+  static const char* const kEnded[] = {"COMPLETED", "FAILED",    "CANCELLED",     "TIMEOUT",
+                                       "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "DEADLINE",
+                                       "PREEMPTED", "SPECIAL_EXIT", "REVOKED"};
+  for (const char* s : kEnded) {
+    if (state == s) return true;
+  }
+  return false;
+}
+
+bool SlurmJobInfo::started() const {
+  return state == "RUNNING" || state == "COMPLETING" || state == "SUSPENDED" ||
+         state == "STOPPED" || state == "SIGNALING" || state == "STAGE_OUT" || terminal();
+}
+
+namespace {
+
+void ParseExitCode(const std::string& value, SlurmJobInfo* info) {
+  const size_t colon = value.find(':');
+  info->exit_code = std::atoi(value.substr(0, colon).c_str());
+  info->signal = colon == std::string::npos ? 0 : std::atoi(value.substr(colon + 1).c_str());
+}
+
+std::string FirstWord(const std::string& s) {
+  const size_t end = s.find_first_of(" \t\n");
+  return end == std::string::npos ? s : s.substr(0, end);
+}
+
+}  // namespace
+
+std::optional<SlurmJobInfo> ParseScontrolJob(const std::string& line) {
+  SlurmJobInfo info;
+  bool have_state = false;
+  std::istringstream words(line);
+  std::string word;
+  while (words >> word) {
+    const size_t eq = word.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string key = word.substr(0, eq), value = word.substr(eq + 1);
+    if (key == "JobState") {
+      info.state = value;
+      have_state = true;
+    } else if (key == "Reason") {
+      info.reason = value;
+    } else if (key == "ExitCode") {
+      ParseExitCode(value, &info);
+    }
+  }
+  if (!have_state) return std::nullopt;
+  return info;
+}
+
+std::optional<SlurmJobInfo> ParseSacctJob(const std::string& output) {
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    std::vector<std::string> fields;
+    std::istringstream cols(line);
+    std::string col;
+    while (std::getline(cols, col, '|')) fields.push_back(col);
+    if (fields.empty() || fields[0].empty()) continue;
+    SlurmJobInfo info;
+    info.state = FirstWord(fields[0]);  // "CANCELLED by 0"
+    if (fields.size() > 1) ParseExitCode(fields[1], &info);
+    if (fields.size() > 2) info.reason = fields[2];
+    return info;
+  }
+  return std::nullopt;
+}
+
+std::string ParseSbatchJobId(const std::string& output) {
+  const std::string line = LastLine(output);
+  const std::string id = line.substr(0, line.find(';'));
+  if (id.empty() || id.find_first_not_of("0123456789_") != std::string::npos) return "";
+  return id;
+}
+
+v1::TrialResult SlurmJobEndResult(const v1::TrialAssignment& assignment, const std::string& job,
+                                  const SlurmJobInfo& info) {
+  const std::string reason =
+      info.reason.empty() || info.reason == "None" ? "" : ", reason " + info.reason;
+  const std::string ended = job + " ended " + info.state + reason;
+  if (info.state == "TIMEOUT" || info.state == "DEADLINE") {
+    return StatusResult(assignment, v1::TRIAL_STATUS_TIMEOUT,
+                        ended + ": Slurm's time limit (--time) ended it");
+  }
+  if (info.state == "OUT_OF_MEMORY") {
+    return StatusResult(assignment, v1::TRIAL_STATUS_FAILED,
+                        ended + ": out of host memory in the job's cgroup (not the policy's GPU "
+                                "memory); give the jobs more with --slurm-arg=--mem=...");
+  }
+  if (info.state == "CANCELLED") {
+    return StatusResult(assignment, v1::TRIAL_STATUS_FAILED,
+                        ended + ": cancelled outside remat (scancel by a user or an admin)");
+  }
+  return StatusResult(assignment, v1::TRIAL_STATUS_FAILED, ended);
+}
+
+std::string SlurmWorkerTag(const std::string& hostname, const std::string& work_dir) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a: stable across builds, unlike std::hash
+  for (char c : hostname + ":" + work_dir) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  char buf[17];
+  snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+std::vector<std::string> CancelOrphanedSlurmJobs(const SlurmExecutorOptions& options,
+                                                 const std::string& scratch_dir,
+                                                 std::string* error) {
+  std::vector<std::string> cancelled;
+  if (options.worker_tag.empty()) return cancelled;
+  std::error_code ec;
+  fs::create_directories(scratch_dir, ec);
+  CommandResult listed = RunCommand({options.squeue, "--me", "-h", "-o", "%i|%k"}, scratch_dir,
+                                    "squeue", options.command_timeout_s);
+  if (!listed.ok) {
+    *error = "squeue " + listed.how + ": " + LastLine(listed.err);
+    return cancelled;
+  }
+  const std::string mark = "remat:worker=" + options.worker_tag;
+  std::istringstream lines(listed.out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const size_t bar = line.find('|');
+    if (bar == std::string::npos) continue;
+    std::istringstream words(line.substr(bar + 1));
+    std::string word;
+    bool ours = false;
+    while (words >> word) ours = ours || word == mark;
+    if (!ours) continue;
+    const std::string id = line.substr(0, bar);
+    if (RunCommand({options.scancel, id}, scratch_dir, "scancel", options.command_timeout_s).ok) {
+      cancelled.push_back(id);
+    }
+  }
+  return cancelled;
+}
+
+std::unique_ptr<TrialExecutor> MakeSlurmExecutor(SlurmExecutorOptions options) {
+  return std::make_unique<SlurmExecutor>(std::move(options));
+}
+
+}  // namespace remat::worker
