@@ -87,11 +87,11 @@ int PrintImport(const search::StatusOr<std::string>& spec) {
 }
 
 int RunImportBridge(const std::string& path, const std::vector<std::string>& overrides) {
-  std::string text;
-  if (!ReadFile(path, &text)) return Fail(2, "FILE: cannot read " + path);
+  std::optional<std::string> text = ReadFile(path);
+  if (!text) return Fail(2, "FILE: cannot read " + path);
   std::string name = path.substr(path.find_last_of('/') + 1);
   name = name.substr(0, name.find_last_of('.'));
-  return PrintImport(ImportBridge(text, overrides, name));
+  return PrintImport(ImportBridge(*text, overrides, name));
 }
 
 int RunSubmit(const std::string& spec_path, const ClientOptions& options) {

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "proto/convert.h"
 #include "worker/command_template.h"  // ShellQuote
 #include "worker/result_combiner.h"
 
@@ -18,6 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using search::TrialStatus;
 
 // A job neither scontrol nor sacct can describe for this long is given up (and scancelled).
 constexpr double kLostAfterS = 600;
@@ -124,20 +126,19 @@ class SlurmExecutor : public TrialExecutor {
  public:
   explicit SlurmExecutor(SlurmExecutorOptions options) : options_(std::move(options)) {}
 
-  v1::TrialResult Run(const TrialContext& context) override {
-    const v1::TrialAssignment& a = *context.assignment;
-    const int world = std::max(1, a.world_size());
-    const search::SearchSpec spec = AssignmentSpec(a);
+  search::TrialResult Run(const TrialContext& context) override {
+    const Assignment& a = *context.assignment;
+    const int world = std::max(1, a.world_size);
     const SlurmLayoutOrError planned =
-        PlanSlurmLayout(world, spec.search.device, options_.gpus_per_node);
-    if (!planned.error.empty()) return StatusResult(a, v1::TRIAL_STATUS_FAILED, planned.error);
+        PlanSlurmLayout(world, a.spec.search.device, options_.gpus_per_node);
+    if (!planned.error.empty()) return StatusResult(TrialStatus::kFailed, planned.error);
     const SlurmLayout& layout = planned.layout;
-    const double timeout = TrialTimeoutSeconds(a);
+    const double timeout = a.spec.search.trial_timeout_s;
     const fs::path dir(context.trial_dir);
-    const std::string name = a.trial_id() + "." + std::to_string(a.attempt());
+    const std::string name = a.trial_id + "." + std::to_string(a.attempt);
 
     if (std::string error = WriteTrialFiles(a, world, layout, timeout, dir); !error.empty()) {
-      return StatusResult(a, v1::TRIAL_STATUS_FAILED, error);
+      return StatusResult(TrialStatus::kFailed, error);
     }
     std::vector<std::string> argv = {options_.sbatch};
     std::string comment = "remat:trial=" + name;
@@ -152,7 +153,7 @@ class SlurmExecutor : public TrialExecutor {
     if (!submitted.ok || job.empty()) {
       std::string why = LastLine(submitted.err);
       if (why.empty()) why = "sbatch " + submitted.how;
-      return StatusResult(a, v1::TRIAL_STATUS_FAILED, "Slurm refused the trial's job: " + why);
+      return StatusResult(TrialStatus::kFailed, "Slurm refused the trial's job: " + why);
     }
     const std::string job_name = "Slurm job " + job;
 
@@ -164,7 +165,7 @@ class SlurmExecutor : public TrialExecutor {
     while (true) {
       if (context.cancel && context.cancel->cancelled()) {
         Cancel(job, dir);
-        return StatusResult(a, v1::TRIAL_STATUS_CANCELLED, "cancelled (" + job_name + " scancelled)");
+        return StatusResult(TrialStatus::kCancelled, "cancelled (" + job_name + " scancelled)");
       }
       if (std::optional<SlurmJobInfo> now = Query(job, dir)) {
         info = *now;
@@ -176,7 +177,7 @@ class SlurmExecutor : public TrialExecutor {
       } else if (std::chrono::duration<double>(Clock::now() - last_answer).count() >
                  kLostAfterS) {
         Cancel(job, dir);
-        return StatusResult(a, v1::TRIAL_STATUS_FAILED,
+        return StatusResult(TrialStatus::kFailed,
                             "neither scontrol nor sacct knew " + job_name + " for " +
                                 Seconds(kLostAfterS) + " (scancelled)");
       }
@@ -187,7 +188,7 @@ class SlurmExecutor : public TrialExecutor {
                           job_name + " scancelled)";
         const std::string tail = FileTail((dir / "stderr-0.log").string(), 3, 600);
         if (!tail.empty()) msg += "; rank 0 stderr: " + tail;
-        return StatusResult(a, v1::TRIAL_STATUS_TIMEOUT, msg);
+        return StatusResult(TrialStatus::kTimeout, msg);
       }
       if (context.cancel) {
         context.cancel->WaitFor(options_.poll_interval_s);
@@ -199,16 +200,18 @@ class SlurmExecutor : public TrialExecutor {
   }
 
  private:
-  std::string WriteTrialFiles(const v1::TrialAssignment& a, int world, const SlurmLayout& layout,
+  std::string WriteTrialFiles(const Assignment& a, int world, const SlurmLayout& layout,
                               double timeout, const fs::path& dir) const {
     const fs::path rendezvous = dir / "rendezvous";
     std::error_code ec;
     fs::create_directories(rendezvous, ec);
     if (ec) return "cannot create " + rendezvous.string() + ": " + ec.message();
+    // The hand-off to remat-trial is a wire edge of its own: the spec with every field resolved.
+    const v1::SearchSpec wire_spec = proto::ToProto(a.spec);
     for (int r = 0; r < world; ++r) {
       v1::TrialRequest request;
-      *request.mutable_spec() = a.spec();
-      *request.mutable_policy() = a.policy();
+      *request.mutable_spec() = wire_spec;
+      request.mutable_policy()->set_canonical(a.policy_name);
       request.set_rank(r);
       request.set_world_size(world);
       request.set_rendezvous_dir(rendezvous.string());
@@ -218,7 +221,7 @@ class SlurmExecutor : public TrialExecutor {
       if (!out || !request.SerializeToOstream(&out)) return "cannot write " + path.string();
     }
     if (!WriteFile(dir / "job.sh",
-                   JobScript(a.trial_id(), a.attempt(), layout, options_.peer_exit_grace_s),
+                   JobScript(a.trial_id, a.attempt, layout, options_.peer_exit_grace_s),
                    0755) ||
         !WriteFile(dir / "rank.sh",
                    RankScript(options_.trial_binary, world, layout.gpus_per_node > 0), 0755)) {
@@ -253,28 +256,29 @@ class SlurmExecutor : public TrialExecutor {
     }
   }
 
-  v1::TrialResult Collect(const v1::TrialAssignment& a, int world, const fs::path& dir,
-                          const std::string& job_name, const SlurmJobInfo& info) const {
-    std::vector<v1::TrialResult> per_rank;
+  search::TrialResult Collect(const Assignment& a, int world, const fs::path& dir,
+                              const std::string& job_name, const SlurmJobInfo& info) const {
+    std::vector<search::TrialResult> per_rank;
     bool all_results = true;
     for (int r = 0; r < world; ++r) {
       const std::string prefix = "rank " + std::to_string(r) + ": ";
       const std::string exit_text = ReadSmallFile(dir / ("exit-" + std::to_string(r)));
       const bool exited = !exit_text.empty();
       const int exit_code = exited ? std::atoi(exit_text.c_str()) : -1;
-      v1::TrialResult rank_result;
+      v1::TrialResult rank_file;
       std::ifstream in(dir / ("result-" + std::to_string(r) + ".pb"), std::ios::binary);
-      const bool have = in && rank_result.ParseFromIstream(&in) &&
-                        rank_result.status() != v1::TRIAL_STATUS_UNSPECIFIED;
+      const bool have = in && rank_file.ParseFromIstream(&in) &&
+                        rank_file.status() != v1::TRIAL_STATUS_UNSPECIFIED;
       if (have) {
-        if (rank_result.ranks_size() == 1) rank_result.mutable_ranks(0)->set_rank(r);
-        if (!rank_result.message().empty()) rank_result.set_message(prefix + rank_result.message());
-        if (exit_code != 0 && rank_result.status() == v1::TRIAL_STATUS_OK) {
-          rank_result.set_status(v1::TRIAL_STATUS_FAILED);
-          rank_result.set_message(prefix + "remat-trial " +
-                                  (exited ? "exited with status " + std::to_string(exit_code)
-                                          : std::string("was killed")) +
-                                  " after writing an ok result");
+        search::TrialResult rank_result = ResultFromWire(rank_file);
+        if (rank_result.ranks.size() == 1) rank_result.ranks[0].rank = r;
+        if (!rank_result.message.empty()) rank_result.message = prefix + rank_result.message;
+        if (exit_code != 0 && rank_result.status == TrialStatus::kOk) {
+          rank_result.status = TrialStatus::kFailed;
+          rank_result.message = prefix + "remat-trial " +
+                                (exited ? "exited with status " + std::to_string(exit_code)
+                                        : std::string("was killed")) +
+                                " after writing an ok result";
         }
         per_rank.push_back(std::move(rank_result));
         continue;
@@ -286,20 +290,19 @@ class SlurmExecutor : public TrialExecutor {
       msg += ", no result file";
       const std::string tail = FileTail((dir / ("stderr-" + std::to_string(r) + ".log")).string());
       if (!tail.empty()) msg += ": " + tail;
-      v1::TrialResult failed = StatusResult(a, v1::TRIAL_STATUS_FAILED, msg);
-      per_rank.push_back(std::move(failed));
+      per_rank.push_back(StatusResult(TrialStatus::kFailed, msg));
     }
-    v1::TrialResult combined = CombineRankResults(a, per_rank);
+    search::TrialResult combined = CombineRankResults(a, per_rank);
     // The files say it all when every rank wrote its result, or the job ran to its end.
     if (all_results || info.state == "COMPLETED" || info.state == "FAILED") {
       if (!all_results) {
         const std::string tail = FileTail((dir / "slurm.log").string(), 3, 600);
-        if (!tail.empty()) combined.set_message(combined.message() + "; " + job_name + ": " + tail);
+        if (!tail.empty()) combined.message += "; " + job_name + ": " + tail;
       }
       return combined;
     }
-    v1::TrialResult ended = SlurmJobEndResult(a, job_name, info);
-    if (!combined.message().empty()) ended.set_message(ended.message() + "; " + combined.message());
+    search::TrialResult ended = SlurmJobEndResult(job_name, info);
+    if (!combined.message.empty()) ended.message += "; " + combined.message;
     return ended;
   }
 
@@ -450,25 +453,24 @@ std::string ParseSbatchJobId(const std::string& output) {
   return id;
 }
 
-v1::TrialResult SlurmJobEndResult(const v1::TrialAssignment& assignment, const std::string& job,
-                                  const SlurmJobInfo& info) {
+search::TrialResult SlurmJobEndResult(const std::string& job, const SlurmJobInfo& info) {
   const std::string reason =
       info.reason.empty() || info.reason == "None" ? "" : ", reason " + info.reason;
   const std::string ended = job + " ended " + info.state + reason;
   if (info.state == "TIMEOUT" || info.state == "DEADLINE") {
-    return StatusResult(assignment, v1::TRIAL_STATUS_TIMEOUT,
+    return StatusResult(TrialStatus::kTimeout,
                         ended + ": Slurm's time limit (--time) ended it");
   }
   if (info.state == "OUT_OF_MEMORY") {
-    return StatusResult(assignment, v1::TRIAL_STATUS_FAILED,
+    return StatusResult(TrialStatus::kFailed,
                         ended + ": out of host memory in the job's cgroup (not the policy's GPU "
                                 "memory); give the jobs more with --slurm-arg=--mem=...");
   }
   if (info.state == "CANCELLED") {
-    return StatusResult(assignment, v1::TRIAL_STATUS_FAILED,
+    return StatusResult(TrialStatus::kFailed,
                         ended + ": cancelled outside remat (scancel by a user or an admin)");
   }
-  return StatusResult(assignment, v1::TRIAL_STATUS_FAILED, ended);
+  return StatusResult(TrialStatus::kFailed, ended);
 }
 
 std::string SlurmWorkerTag(const std::string& hostname, const std::string& work_dir) {

@@ -115,7 +115,6 @@ std::string ParseSbatchJobId(const std::string& output);
 
 // The status and message a job's end gives a trial whose rank results are missing or
 // incomplete (see the header comment); `job` names the job in the message.
-v1::TrialResult SlurmJobEndResult(const v1::TrialAssignment& assignment, const std::string& job,
-                                  const SlurmJobInfo& info);
+search::TrialResult SlurmJobEndResult(const std::string& job, const SlurmJobInfo& info);
 
 }  // namespace remat::worker

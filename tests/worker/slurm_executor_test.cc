@@ -107,25 +107,22 @@ TEST(SlurmParse, SacctRowAndSbatchId) {
 }
 
 TEST(SlurmEnd, JobStatesBecomeTrialResults) {
-  v1::TrialAssignment a;
-  a.mutable_policy()->set_canonical("selective:[]");
   SlurmJobInfo info;
   info.state = "TIMEOUT";
-  EXPECT_EQ(SlurmJobEndResult(a, "Slurm job 5", info).status(), v1::TRIAL_STATUS_TIMEOUT);
+  EXPECT_EQ(SlurmJobEndResult("Slurm job 5", info).status, search::TrialStatus::kTimeout);
   info.state = "DEADLINE";
-  EXPECT_EQ(SlurmJobEndResult(a, "Slurm job 5", info).status(), v1::TRIAL_STATUS_TIMEOUT);
+  EXPECT_EQ(SlurmJobEndResult("Slurm job 5", info).status, search::TrialStatus::kTimeout);
   // Host memory is not the policy's GPU memory: failed, not oom.
   info.state = "OUT_OF_MEMORY";
-  v1::TrialResult r = SlurmJobEndResult(a, "Slurm job 5", info);
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
-  EXPECT_NE(r.message().find("host memory"), std::string::npos) << r.message();
+  search::TrialResult r = SlurmJobEndResult("Slurm job 5", info);
+  EXPECT_EQ(r.status, search::TrialStatus::kFailed);
+  EXPECT_NE(r.message.find("host memory"), std::string::npos) << r.message;
   info.state = "NODE_FAIL";
   info.reason = "NodeDown";
-  r = SlurmJobEndResult(a, "Slurm job 5", info);
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
-  EXPECT_NE(r.message().find("Slurm job 5 ended NODE_FAIL, reason NodeDown"), std::string::npos)
-      << r.message();
-  EXPECT_EQ(r.policy().canonical(), "selective:[]");
+  r = SlurmJobEndResult("Slurm job 5", info);
+  EXPECT_EQ(r.status, search::TrialStatus::kFailed);
+  EXPECT_NE(r.message.find("Slurm job 5 ended NODE_FAIL, reason NodeDown"), std::string::npos)
+      << r.message;
 }
 
 // Fake Slurm commands: sbatch records its arguments and prints a job id (or fails as told),
@@ -150,18 +147,18 @@ class FakeSlurmTest : public ::testing::Test {
     options_.scancel = fake_ / "scancel";
     options_.sacct = fake_ / "sacct";
     options_.poll_interval_s = 0.05;
-    a_.set_trial_id("t-9");
-    a_.set_attempt(2);
-    a_.set_world_size(2);
-    a_.mutable_policy()->set_canonical("selective:[mlp]");
-    a_.mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(2);
-    a_.mutable_spec()->mutable_search()->set_trial_timeout_s(30);
+    a_.trial_id = "t-9";
+    a_.attempt = 2;
+    a_.world_size = 2;
+    a_.policy_name = "selective:[mlp]";
+    a_.spec.parallel.tensor_model_parallel_size = 2;
+    a_.spec.search.trial_timeout_s = 30;
   }
   void Script(const std::string& name, const std::string& body) {
     WriteText(fake_ / name, "#!/bin/sh\n" + body);
     chmod((fake_ / name).c_str(), 0755);
   }
-  v1::TrialResult Run(const CancelToken* cancel = nullptr) {
+  search::TrialResult Run(const CancelToken* cancel = nullptr) {
     auto executor = MakeSlurmExecutor(options_);
     TrialContext context;
     context.assignment = &a_;
@@ -171,28 +168,28 @@ class FakeSlurmTest : public ::testing::Test {
   }
   TempDir fake_, trial_;
   SlurmExecutorOptions options_;
-  v1::TrialAssignment a_;
+  Assignment a_;
 };
 
 TEST_F(FakeSlurmTest, SbatchRefusalIsAFailedTrialWithSlurmsWords) {
   WriteText(fake_ / "refuse", "sbatch: error: invalid partition specified: nope\n");
-  v1::TrialResult r = Run();
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
-  EXPECT_EQ(r.message(),
+  search::TrialResult r = Run();
+  EXPECT_EQ(r.status, search::TrialStatus::kFailed);
+  EXPECT_EQ(r.message,
             "Slurm refused the trial's job: sbatch: error: invalid partition specified: nope");
 }
 
 TEST_F(FakeSlurmTest, WritesTheJobAndMapsOutOfMemory) {
   WriteText(fake_ / "state", "OUT_OF_MEMORY\n");
   WriteText(fake_ / "reason", "OutOfMemory\n");
-  v1::TrialResult r = Run();
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED);
-  EXPECT_NE(r.message().find("Slurm job 77 ended OUT_OF_MEMORY, reason OutOfMemory"),
+  search::TrialResult r = Run();
+  EXPECT_EQ(r.status, search::TrialStatus::kFailed);
+  EXPECT_NE(r.message.find("Slurm job 77 ended OUT_OF_MEMORY, reason OutOfMemory"),
             std::string::npos)
-      << r.message();
-  EXPECT_NE(r.message().find("rank 1: remat-trial was killed with Slurm job 77"),
+      << r.message;
+  EXPECT_NE(r.message.find("rank 1: remat-trial was killed with Slurm job 77"),
             std::string::npos)
-      << r.message();
+      << r.message;
   const std::string args = ReadText(fake_ / "sbatch.args");
   EXPECT_NE(args.find("--job-name=remat-t-9.2"), std::string::npos) << args;
   EXPECT_NE(args.find("--ntasks=2"), std::string::npos) << args;
@@ -215,31 +212,31 @@ TEST_F(FakeSlurmTest, CancelScancelsTheJob) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     cancel.Cancel();
   });
-  v1::TrialResult r = Run(&cancel);
+  search::TrialResult r = Run(&cancel);
   later.join();
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_CANCELLED);
+  EXPECT_EQ(r.status, search::TrialStatus::kCancelled);
   EXPECT_EQ(ReadText(fake_ / "scancel.args"), "77\n");
 }
 
 TEST_F(FakeSlurmTest, RunningPastTheTrialTimeoutIsScancelled) {
-  a_.mutable_spec()->mutable_search()->set_trial_timeout_s(0.3);
-  v1::TrialResult r = Run();
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_TIMEOUT);
-  EXPECT_NE(r.message().find("Slurm job 77 scancelled"), std::string::npos) << r.message();
+  a_.spec.search.trial_timeout_s = (0.3);
+  search::TrialResult r = Run();
+  EXPECT_EQ(r.status, search::TrialStatus::kTimeout);
+  EXPECT_NE(r.message.find("Slurm job 77 scancelled"), std::string::npos) << r.message;
   EXPECT_EQ(ReadText(fake_ / "scancel.args"), "77\n");
 }
 
 TEST_F(FakeSlurmTest, QueuedTimeDoesNotCountAgainstTheTimeout) {
-  a_.mutable_spec()->mutable_search()->set_trial_timeout_s(0.3);
+  a_.spec.search.trial_timeout_s = (0.3);
   WriteText(fake_ / "state", "PENDING\n");
   std::thread later([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(800));
     WriteText(fake_ / "state", "FAILED\n");
   });
-  v1::TrialResult r = Run();
+  search::TrialResult r = Run();
   later.join();
   // It ended (FAILED, no results) before it ever ran: failed, not timeout, and no scancel.
-  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_FAILED) << r.message();
+  EXPECT_EQ(r.status, search::TrialStatus::kFailed) << r.message;
   EXPECT_EQ(ReadText(fake_ / "scancel.args"), "");
 }
 
@@ -265,7 +262,7 @@ TEST_F(FakeSlurmTest, OrphanedJobsOfThisWorkerTagAreCancelledOthersKept) {
 }
 
 TEST_F(FakeSlurmTest, ARequeuedJobGetsTheWholeTimeoutAgain) {
-  a_.mutable_spec()->mutable_search()->set_trial_timeout_s(1.5);
+  a_.spec.search.trial_timeout_s = (1.5);
   std::thread slurm([&] {
     // Two runs of 0.9 s each, with a requeue between: 1.8 s running in all, each run < 1.5 s.
     std::this_thread::sleep_for(std::chrono::milliseconds(900));
@@ -275,9 +272,9 @@ TEST_F(FakeSlurmTest, ARequeuedJobGetsTheWholeTimeoutAgain) {
     std::this_thread::sleep_for(std::chrono::milliseconds(900));
     WriteText(fake_ / "state", "COMPLETED\n");
   });
-  v1::TrialResult r = Run();
+  search::TrialResult r = Run();
   slurm.join();
-  EXPECT_NE(r.status(), v1::TRIAL_STATUS_TIMEOUT) << r.message();
+  EXPECT_NE(r.status, search::TrialStatus::kTimeout) << r.message;
   EXPECT_EQ(ReadText(fake_ / "scancel.args"), "");
   // The job starts each run clean.
   EXPECT_NE(ReadText(trial_ / "job.sh").find("rm -rf rendezvous exit-* result-*.pb"),
