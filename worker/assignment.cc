@@ -1,6 +1,9 @@
 #include "worker/assignment.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
 
 #include "proto/convert.h"
 
@@ -61,6 +64,33 @@ v1::ReportTrialRequest MakeReport(const std::string& worker_id, const Assignment
   *report.mutable_result() = proto::ToProto(result);
   report.mutable_result()->mutable_policy()->set_canonical(assignment.policy_name);
   return report;
+}
+
+std::string RequestPath(const std::string& dir, int rank) {
+  return (std::filesystem::path(dir) / ("request-" + std::to_string(rank) + ".pb")).string();
+}
+
+std::string WriteTrialRequests(const Assignment& a, const std::string& dir,
+                               double collective_timeout_s) {
+  namespace fs = std::filesystem;
+  const fs::path rendezvous = fs::path(dir) / "rendezvous";
+  std::error_code ec;
+  fs::create_directories(rendezvous, ec);
+  if (ec) return "cannot create " + rendezvous.string() + ": " + ec.message();
+  const v1::SearchSpec wire_spec = proto::ToProto(a.spec);
+  for (int r = 0; r < a.world_size; ++r) {
+    v1::TrialRequest request;
+    *request.mutable_spec() = wire_spec;
+    request.mutable_policy()->set_canonical(a.policy_name);
+    request.set_rank(r);
+    request.set_world_size(a.world_size);
+    request.set_rendezvous_dir(rendezvous.string());
+    request.set_collective_timeout_s(collective_timeout_s);
+    const std::string path = RequestPath(dir, r);
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out || !request.SerializeToOstream(&out)) return "cannot write " + path;
+  }
+  return "";
 }
 
 }  // namespace remat::worker
