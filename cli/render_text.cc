@@ -209,20 +209,26 @@ std::string ProgressLine(const v1::SearchProgress& p, bool tty) {
            Memory(p.best_peak_bytes()) + ")";
   }
   const std::string eta = p.eta_s() > 0 ? Duration(p.eta_s()) : "?";
+  // The total moves only when the strategy proposed more than it said, and the line says so.
+  const std::string total =
+      std::to_string(planned) +
+      (p.trials_planned_revised_from() > 0
+           ? " (total revised from " + std::to_string(p.trials_planned_revised_from()) + ")"
+           : "");
   if (tty) {
     constexpr int kWidth = 24;
     const int filled = planned > 0 ? kWidth * p.trials_done() / planned : 0;
     std::string bar = "[" + std::string(filled, '#') + std::string(kWidth - filled, '-') + "]";
-    std::string line = bar + " " + std::to_string(p.trials_done()) + "/" + std::to_string(planned) +
-                       " trials, " + std::to_string(p.trials_running()) + " running, " +
-                       Duration(p.elapsed_s()) + " elapsed, ETA " + eta;
+    std::string line = bar + " " + std::to_string(p.trials_done()) + "/" + total + " trials, " +
+                       std::to_string(p.trials_running()) + " running, " + Duration(p.elapsed_s()) +
+                       " elapsed, ETA " + eta;
     if (!best.empty()) line += ", best " + best;
     return line;
   }
-  std::string line = "progress: " + std::to_string(p.trials_done()) + "/" +
-                     std::to_string(planned) + " trials done, " +
-                     std::to_string(p.trials_running()) + " running, " + Duration(p.elapsed_s()) +
-                     " elapsed, ETA " + eta + ", state " + StateName(p.state());
+  std::string line = "progress: " + std::to_string(p.trials_done()) + "/" + total +
+                     " trials done, " + std::to_string(p.trials_running()) + " running, " +
+                     Duration(p.elapsed_s()) + " elapsed, ETA " + eta + ", state " +
+                     StateName(p.state());
   line += best.empty() ? "; no point fits yet" : "; best so far: " + best;
   return line;
 }

@@ -130,7 +130,18 @@ std::vector<search::FrontierPoint> SearchRun::Frontier() const {
 }
 
 int SearchRun::PlannedTotal() const {
+  if (planned_shown > 0) return planned_shown;
   return std::max<int>(strategy->PlannedTotal(), static_cast<int>(trials.size()));
+}
+
+void SearchRun::RevisePlannedTotal() {
+  const int proposed = static_cast<int>(trials.size() + unsaved.size());
+  if (planned_shown == 0) {
+    planned_shown = std::max(strategy->PlannedTotal(), proposed);
+  } else if (proposed > planned_shown) {
+    planned_revised_from = planned_shown;
+    planned_shown = std::max(strategy->PlannedTotal(), proposed);
+  }
 }
 
 const v1::ReplayEntry* SearchRun::ReplayFor(const std::string& policy) const {
@@ -145,6 +156,7 @@ std::vector<TrialRecord> SearchRun::Proposals(int64_t target,
   if (want > 0 && !strategy->Done()) {
     for (auto& c : strategy->Propose(static_cast<int>(want))) unsaved.push_back(std::move(c));
   }
+  RevisePlannedTotal();
   std::vector<TrialRecord> out;
   for (const search::Candidate& c : unsaved) {
     TrialRecord t;

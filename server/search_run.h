@@ -65,7 +65,12 @@ struct SearchRun {
                              const std::function<absl::StatusOr<bool>(RunTrial&)>& keep_lease);
 
   std::vector<search::FrontierPoint> Frontier() const;
+  // The total shown in progress: the strategy's estimate when the search starts, raised (to the
+  // strategy's estimate then) only when more trials are proposed than it says, never lowered while
+  // the search runs (a finished search shows its trials). `planned_revised_from` is the total
+  // shown before the last raise (0: never raised), so progress can say it was revised.
   int PlannedTotal() const;
+  void RevisePlannedTotal();
   // Anything queued, leased, or proposed and not yet stored.
   bool Outstanding() const { return !queue.empty() || running > 0 || !unsaved.empty(); }
   // With backend replay: the table's entry for `policy` (nullptr when absent or not replay).
@@ -104,6 +109,8 @@ struct SearchRun {
   std::vector<search::TrialResult> results;  // finished, for the frontier and Done()
   std::vector<search::Candidate> unsaved;    // proposed, not yet written to the store
   bool finalize_pending = false;             // finished, but the store write failed
+  int planned_shown = 0;                     // see PlannedTotal
+  int planned_revised_from = 0;
 };
 
 }  // namespace remat::server

@@ -106,6 +106,7 @@ v1::SearchProgress ProgressView(const SearchRun& s, const RunTrial* last, int64_
           ? s.PlannedTotal()
           : static_cast<int>(s.trials.size());
   p.set_trials_planned(planned);
+  if (!IsFinished(s.rec.state)) p.set_trials_planned_revised_from(s.planned_revised_from);
   p.set_trials_running(s.running);
   std::vector<search::FrontierPoint> frontier = s.Frontier();
   for (const auto& f : frontier) p.add_frontier(f.policy.ToString());
