@@ -178,6 +178,7 @@ search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetri
     const std::vector<double> measured = search::MeasuredSteps(r.step_times_s, warmup, measure);
     const double median = search::MedianStepTime(measured);
     rr.step_time_s = median;
+    rr.step_times_s = measured;
     step = std::max(step, median);
     auto [mn, mx] = std::minmax_element(measured.begin(), measured.end());
     lo = any_step ? std::min(lo, *mn) : *mn;
