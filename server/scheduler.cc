@@ -340,7 +340,7 @@ absl::StatusOr<v1::ReportTrialResponse> Scheduler::ReportTrial(
   v1::TrialResult result = ResultOfTrial(*t, request.result());
   result.set_reused(false);
   std::string cache_key;
-  if (w != nullptr &&
+  if (w != nullptr && !t->remeasure &&
       (result.status() == v1::TRIAL_STATUS_OK || result.status() == v1::TRIAL_STATUS_OOM)) {
     cache_key = st.CacheKey(*s, *t, *w);
   }

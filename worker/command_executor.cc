@@ -1,6 +1,7 @@
 // The command executor: an operator-configured command template, run once per trial with
 // /bin/sh -c in its own process group; the job launches its own ranks (e.g. torchrun) and writes
 // the metrics file the worker reads afterwards.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -67,7 +68,8 @@ class CommandExecutor : public TrialExecutor {
         {"trial_id", ShellQuote(a.trial_id)},
         {"warmup_steps", std::to_string(warmup)},
         {"measure_steps", std::to_string(measure)},
-        {"train_iters", std::to_string(warmup + measure)},
+        // Room for the longest warm-up the steady-state rule may take (search/steady_state.h).
+        {"train_iters", std::to_string(std::max(warmup, so.warmup_max_steps) + measure)},
         {"micro_batch_size", std::to_string(a.spec.train.micro_batch_size)},
         {"seq_length", std::to_string(a.spec.model.seq_length)},
     };

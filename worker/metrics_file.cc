@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "common/read_file.h"
+#include "search/steady_state.h"
 
 namespace remat::worker {
 namespace {
@@ -150,8 +151,24 @@ absl::StatusOr<JobMetrics> ReadMetricsFiles(const std::string& path) {
 
 search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetrics& metrics) {
   const search::SearchSpec& spec = assignment.spec;
-  const int warmup = spec.search.warmup_steps;
-  const int measure = spec.search.measure_steps;
+  const search::SearchOptions& so = spec.search;
+  const int warmup = so.warmup_steps;
+
+  // The warm-up ends where the slowest rank's step times settle (search/steady_state.h), the
+  // same step for every rank, as in the engine.
+  std::vector<double> slowest;
+  bool first = true;
+  for (const RankMetrics& r : metrics.ranks) {
+    if (r.step_times_s.empty()) continue;
+    if (first) {
+      slowest = r.step_times_s;
+      first = false;
+      continue;
+    }
+    slowest.resize(std::min(slowest.size(), r.step_times_s.size()));
+    for (size_t i = 0; i < slowest.size(); ++i) slowest[i] = std::max(slowest[i], r.step_times_s[i]);
+  }
+  const search::SteadySplit split = search::SplitSteadyState(so, slowest);
 
   search::TrialResult out;
   bool oom = metrics.status == "oom";
@@ -167,18 +184,25 @@ search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetri
     if (r.status == "failed") failed = true;
     const std::string rank = "rank " + std::to_string(r.memory.rank) + ": ";
     if (!r.message.empty()) notes.push_back(rank + r.message);
-    if (static_cast<int>(r.step_times_s.size()) <= warmup) {
+    if (static_cast<int>(r.step_times_s.size()) <= split.warmup_steps) {
       if (r.status == "ok") {
         failed = true;
         notes.push_back(rank + "metrics have " + std::to_string(r.step_times_s.size()) +
-                        " step times; warmup_steps is " + std::to_string(warmup));
+                        " step times; warmup_steps is " + std::to_string(warmup) +
+                        " and the warm-up took " + std::to_string(split.warmup_steps) +
+                        " (warmup_max_steps " + std::to_string(so.warmup_max_steps) +
+                        "), leaving none to measure");
       }
       continue;
     }
-    const std::vector<double> measured = search::MeasuredSteps(r.step_times_s, warmup, measure);
+    const std::vector<double> measured =
+        search::MeasuredSteps(r.step_times_s, split.warmup_steps, so.measure_steps);
+    rr.warmup_steps_taken = split.warmup_steps;
+    rr.warmup_step_times_s.assign(r.step_times_s.begin(),
+                                  r.step_times_s.begin() + split.warmup_steps);
+    rr.step_times_s = measured;
     const double median = search::MedianStepTime(measured);
     rr.step_time_s = median;
-    rr.step_times_s = measured;
     step = std::max(step, median);
     auto [mn, mx] = std::minmax_element(measured.begin(), measured.end());
     lo = any_step ? std::min(lo, *mn) : *mn;
@@ -190,6 +214,8 @@ search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetri
       have_loss = true;
     }
   }
+  out.warmup_steps_taken = split.warmup_steps;
+  out.warmup_settled = split.settled;
   if (metrics.ranks.empty()) {
     failed = true;
     notes.push_back("metrics file lists no ranks");

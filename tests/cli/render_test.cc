@@ -189,6 +189,80 @@ TEST(Render, JsonHasTheContractKeys) {
   EXPECT_FALSE(control.contains("proxies"));
 }
 
+// Issue 11: the warm-up each trial took, near-tie re-measures, the numerics check against the
+// control and the versions and spec the search ran with, as the coordinator decided them.
+v1::Search SearchWithProvenance() {
+  v1::Search s = FixedSearch();
+  s.mutable_spec()->mutable_train()->set_precision("bf16");
+  s.mutable_spec()->mutable_search()->set_steady_window(3);
+  s.mutable_spec()->mutable_search()->set_steady_tolerance(0.05);
+  for (v1::Trial& t : *s.mutable_trials()) {
+    if (t.status() != v1::TRIAL_STATUS_OK) continue;
+    t.mutable_result()->set_warmup_steps_taken(4);
+    t.mutable_result()->set_warmup_settled(true);
+    t.mutable_result()->mutable_ranks(0)->set_warmup_steps_taken(4);
+    for (double w : {0.9, 0.5, 0.41, 0.4}) t.mutable_result()->mutable_ranks(0)->add_warmup_step_times_s(w);
+    (*t.mutable_result()->mutable_versions())["remat"] = "0.9.0";
+  }
+  v1::Trial* core_attn = s.mutable_trials(1);
+  core_attn->mutable_result()->set_warmup_steps_taken(8);
+  core_attn->mutable_result()->set_warmup_settled(false);
+  const std::string off =
+      "selective:[mlp]: loss 10.6 vs the control's 10.5 (9.5e-03 relative; tolerance 1.0e-03, bf16)";
+  s.mutable_trials(2)->set_numerics_mismatch(off);
+  s.add_numerics_mismatches(off);
+  s.set_numerics_compared(3);
+  s.set_numerics_tolerance(1e-3);
+  s.set_numerics_reference("selective:[]");
+  v1::Trial* again = s.add_trials();
+  *again = s.trials(0);
+  again->set_id("t-again");
+  again->set_remeasure(true);
+  again->set_reason("re-measure: frontier point within 0.5% of selective:[core_attn] (noise band 1.0%)");
+  (*s.mutable_versions())["remat"] = "0.9.0";
+  (*s.mutable_versions())["gpu"] = "NVIDIA H200";
+  (*s.mutable_versions())["driver"] = "550.54.15 | 560.1";
+  return s;
+}
+
+TEST(Render, JsonCarriesWarmupNumericsVersionsAndSpec) {
+  const nlohmann::json j = nlohmann::json::parse(ResultJson(SearchWithProvenance()));
+  const nlohmann::json& control = j["trials"][0];
+  EXPECT_EQ(control["warmup_steps_taken"], 4);
+  EXPECT_EQ(control["warmup_settled"], true);
+  EXPECT_EQ(control["ranks"][0]["warmup_step_times_s"].size(), 4u);
+  EXPECT_TRUE(control["numerics_mismatch"].is_null());
+  EXPECT_EQ(control["remeasure"], false);
+  EXPECT_EQ(control["versions"]["remat"], "0.9.0");
+  EXPECT_EQ(j["trials"][1]["warmup_settled"], false);
+  EXPECT_NE(j["trials"][2]["numerics_mismatch"].get<std::string>().find("loss 10.6"),
+            std::string::npos);
+  EXPECT_TRUE(j["trials"][4]["warmup_steps_taken"].is_null());  // the oom trial measured nothing
+  EXPECT_EQ(j["trials"].back()["remeasure"], true);
+  EXPECT_EQ(j["numerics"]["ok"], false);
+  EXPECT_EQ(j["numerics"]["compared"], 3);
+  EXPECT_DOUBLE_EQ(j["numerics"]["tolerance"].get<double>(), 1e-3);
+  EXPECT_EQ(j["numerics"]["mismatches"].size(), 1u);
+  EXPECT_EQ(j["numerics"]["reference"], "selective:[]");
+  EXPECT_EQ(j["versions"]["gpu"], "NVIDIA H200");
+  EXPECT_EQ(j["spec"]["name"], "fixture");
+  EXPECT_EQ(j["spec"]["search"]["steady_window"], 3);
+}
+
+TEST(Render, ReportMarksUnsettledRemeasuredAndNumericsOff) {
+  std::ostringstream out;
+  RenderReport(SearchWithProvenance(), out);
+  const std::string text = out.str();
+  for (const std::string needle :
+       {"warm-up unsettled", "re-measure", "NUMERICS OFF", "NUMERICS OFF: selective:[mlp]: loss 10.6",
+        "warm-up: 4-8 steps before the measured ones (until the last 3 agreed within 5%)",
+        "1 trial(s) reached search.warmup_max_steps unsettled",
+        "numerics: 1 of 3 trials DO NOT match the control's loss and grad norm",
+        "(tolerance 1e-03 relative, bf16)", "ran with: remat 0.9.0; driver 550.54.15 | 560.1; gpu NVIDIA H200;"}) {
+    EXPECT_NE(text.find(needle), std::string::npos) << "missing '" << needle << "' in\n" << text;
+  }
+}
+
 TEST(Render, JsonWhenNothingFits) {
   v1::Search s = FixedSearch();
   s.clear_frontier();

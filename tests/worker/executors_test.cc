@@ -32,6 +32,9 @@ v1::TrialAssignment Assignment(const std::string& mode, int world, double timeou
   spec->mutable_parallel()->set_data_parallel_size(1);
   spec->mutable_search()->set_trial_timeout_s(timeout_s);
   spec->mutable_search()->set_warmup_steps(2);
+  // A fixed warm-up of 2 (a window of one settles at once), so the figures below are exact.
+  spec->mutable_search()->set_warmup_max_steps(2);
+  spec->mutable_search()->set_steady_window(1);
   spec->mutable_search()->set_measure_steps(3);
   return a;
 }
@@ -387,6 +390,33 @@ TEST(MetricsFile, RefusesMalformedDocumentsNamingTheKey) {
   bad = ParseMetricsJson(R"({"ranks": [{"peak_allocated_bytes": -1}]})");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("peak_allocated_bytes"), std::string::npos);
+}
+
+// The command backend applies the steady-state rule (search/steady_state.h) to the reported step
+// times, judged on the slowest rank's time of each step: every rank's warm-up ends together.
+TEST(MetricsFile, WarmupLastsUntilTheSlowestRankSettles) {
+  auto m = ParseMetricsJson(R"({"ranks": [
+      {"rank": 0, "peak_allocated_bytes": 1,
+       "step_times_s": [0.9, 0.6, 0.40, 0.41, 0.40, 0.40, 0.40, 0.39, 0.40, 0.40, 0.40],
+       "losses": [9, 8, 7, 6, 5, 4, 3, 2, 1, 1, 1]},
+      {"rank": 1, "peak_allocated_bytes": 1,
+       "step_times_s": [0.8, 0.7, 0.45, 0.40, 0.40, 0.41, 0.42, 0.42, 0.42, 0.42, 0.42]}]})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  v1::TrialAssignment a = Assignment("cmd", 2);
+  a.mutable_spec()->mutable_search()->set_warmup_max_steps(8);
+  a.mutable_spec()->mutable_search()->set_steady_window(3);
+  a.mutable_spec()->mutable_search()->set_steady_tolerance(0.05);
+  search::TrialResult r = MetricsToResult(ToAssignment(a), *m);
+  ASSERT_EQ(r.status, TrialStatus::kOk) << r.message;
+  // The slowest times: 0.9 0.7 0.45 0.41 0.40 0.41 ...: the last three agree within 5% after 6.
+  EXPECT_EQ(r.warmup_steps_taken, 6);
+  EXPECT_TRUE(r.warmup_settled);
+  ASSERT_EQ(r.ranks.size(), 2u);
+  EXPECT_EQ(r.ranks[0].warmup_steps_taken, 6);
+  EXPECT_EQ(r.ranks[0].warmup_step_times_s.size(), 6u);
+  EXPECT_EQ(r.ranks[0].step_times_s, (std::vector<double>{0.40, 0.39, 0.40}));
+  EXPECT_DOUBLE_EQ(r.step_time_s, 0.42);
+  EXPECT_DOUBLE_EQ(r.loss, 7);  // step index warmup_steps (2), whatever the warm-up took
 }
 
 TEST(MetricsFile, TooFewStepsIsFailed) {
