@@ -55,14 +55,9 @@ std::string UnsupportedReason(const search::SearchSpec& spec, const search::Poli
   if (par.pipeline_model_parallel_size > 1) {
     return "parallel.pipeline_model_parallel_size > 1 is not supported by the builtin engine";
   }
-  // Modelled and planned (search/memory_model.h), not run: the engine has no ring attention and
-  // runs one micro-batch per step.
+  // Modelled and planned (search/memory_model.h), not run: the engine has no ring attention.
   if (par.context_parallel_size > 1) {
     return "parallel.context_parallel_size > 1 is not supported by the builtin engine";
-  }
-  if (spec.NumMicrobatches() > 1) {
-    return "train.global_batch_size above micro_batch_size x data_parallel_size (several "
-           "micro-batches per step) is not supported by the builtin engine";
   }
   const int ep = par.expert_model_parallel_size;
   if (ep > 1) {

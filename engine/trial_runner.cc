@@ -72,7 +72,7 @@ class MainGradHook final : public torch::autograd::FunctionPostHook {
 // 3x forward (forward, backward wgrad, backward dgrad), recompute not counted.
 double ModelFlopsPerStep(const search::SearchSpec& spec, int64_t vocab_padded) {
   const auto& m = spec.model;
-  const double b = static_cast<double>(spec.train.micro_batch_size) * spec.parallel.data_parallel_size;
+  const double b = static_cast<double>(spec.EffectiveGlobalBatchSize());
   const double s = m.seq_length, h = m.hidden_size, a = m.num_attention_heads;
   const double tokens = b * s, s2 = b * s * s;
   const double ffn_exp = m.gated_linear_unit ? 3 : 2;
@@ -474,24 +474,37 @@ search::TrialResult RunTrial(const TrialOptions& o) {
     at::Generator data_gen = at::make_generator<at::CPUGeneratorImpl>(spec.train.seed + 1 + rt.dp.rank);
 
     const int b = spec.train.micro_batch_size, s = spec.model.seq_length;
+    // Gradient accumulation: M micro-batches per step, the optimizer once (Megatron's
+    // forward_backward_func). The step's tokens are drawn at once on the host, so M micro-batches
+    // of b sequences see the tokens of one micro-batch of M x b.
+    const int microbatches = spec.NumMicrobatches();
     const int steps = spec.search.warmup_steps + spec.search.measure_steps;
     std::vector<double> times;
     result.setup_s = Seconds(start, Clock::now());
     for (int step = 0; step < steps; ++step) {
-      at::Tensor tokens = at::randint(0, spec.model.vocab_size, {b, s}, data_gen, at::kLong).to(device);
-      at::Tensor labels = at::randint(0, spec.model.vocab_size, {b, s}, data_gen, at::kLong).to(device);
+      const int64_t rows = static_cast<int64_t>(microbatches) * b;
+      at::Tensor all_tokens = at::randint(0, spec.model.vocab_size, {rows, s}, data_gen, at::kLong);
+      at::Tensor all_labels = at::randint(0, spec.model.vocab_size, {rows, s}, data_gen, at::kLong);
       SynchronizeDevice(device);
       const auto t0 = Clock::now();
       optimizer.ZeroGrad();
-      at::Tensor loss = model.Loss(tokens, labels);
-      torch::autograd::backward({loss});
+      at::Tensor loss;  // sum of the micro-batches' losses / M: the step's mean, as Megatron logs
+      for (int mb = 0; mb < microbatches; ++mb) {
+        at::Tensor tokens = all_tokens.narrow(0, static_cast<int64_t>(mb) * b, b).to(device);
+        at::Tensor labels = all_labels.narrow(0, static_cast<int64_t>(mb) * b, b).to(device);
+        // Megatron divides each micro-batch's mean loss by M before its backward, so the
+        // accumulated gradient is the step's mean.
+        at::Tensor mb_loss = model.Loss(tokens, labels) / microbatches;
+        torch::autograd::backward({mb_loss});
+        loss = loss.defined() ? loss + mb_loss.detach() : mb_loss.detach();
+      }
       at::Tensor norm = optimizer.Step();
       comm->Synchronize();
       SynchronizeDevice(device);
       const auto t1 = Clock::now();
       if (step == spec.search.warmup_steps) {
         // Megatron logs the loss averaged over the data-parallel ranks.
-        at::Tensor mean_loss = loss.detach().to(at::kFloat).reshape({1}).clone();
+        at::Tensor mean_loss = loss.to(at::kFloat).reshape({1}).clone();
         AllReduceTensor(rt, rt.dp, mean_loss, ReduceOp::kSum);
         comm->Synchronize();
         result.loss = mean_loss.item<double>() / dp;
