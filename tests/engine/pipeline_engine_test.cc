@@ -42,8 +42,7 @@ std::string Yaml(const std::string& train, const std::string& parallel, int laye
          "  position_embedding_type: rope\n"
          "train:\n"
          "  precision: fp32\n" + train +
-         "parallel:\n"
-         "  tensor_model_parallel_size: 1\n" + parallel +
+         "parallel:\n" + (parallel.empty() ? "  tensor_model_parallel_size: 1\n" : parallel) +
          "search:\n"
          "  memory_budget_gib: 1\n"
          "  warmup_steps: 1\n"
@@ -77,6 +76,75 @@ TEST(PipelineEngineTest, GradientAccumulationMatchesOneBigMicrobatch) {
     EXPECT_NEAR(four["tokens_per_s"].get<double>() * four["step_time_s"].get<double>(), 8 * 32,
                 1e-6);
   }
+}
+
+std::vector<nlohmann::json> RunRanks(const fs::path& spec, const std::string& policy, int world) {
+  return testing::RunRanks(kTrial, spec, policy, world, 60);
+}
+
+// Pipeline layouts against the 1-rank run with the same global batch (4 micro-batches): the same
+// loss and gradient norm on every rank (the last stage's loss, the norm over all stages), and
+// every rank's own peaks. `stages` is the pipeline size; ranks are TP-major (Megatron's order).
+void ExpectPipelineMatchesOneRank(const std::string& name, const std::string& parallel, int world,
+                                  int stages, const std::vector<std::string>& policies,
+                                  bool tied = false, int layers = 4) {
+  const fs::path dir = testing::TempDir("remat-pipeline");
+  std::string train = "  micro_batch_size: 2\n  global_batch_size: 8\n";
+  std::string yaml_one = Yaml(train, "", layers), yaml_pp = Yaml(train, parallel, layers);
+  if (tied) {
+    for (std::string* y : {&yaml_one, &yaml_pp}) {
+      y->replace(y->find("train:"), 0, "  share_embeddings_and_output_weights: true\n");
+    }
+  }
+  const fs::path one = testing::WriteSpec(dir, "one.yaml", yaml_one);
+  const fs::path pp = testing::WriteSpec(dir, name + ".yaml", yaml_pp);
+  for (const std::string& policy : policies) {
+    const nlohmann::json base = RunOne(one, policy);
+    ASSERT_EQ(base["status"], "ok") << base.dump();
+    const std::vector<nlohmann::json> ranks = RunRanks(pp, policy, world);
+    double static_sum = 0;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const nlohmann::json& res = ranks[r];
+      ASSERT_EQ(res["status"], "ok") << name << " " << policy << " rank " << r << ": " << res.dump();
+      EXPECT_LT(RelDiff(res["loss"], base["loss"]), 1e-5) << name << " " << policy;
+      EXPECT_LT(RelDiff(res["grad_norm"], base["grad_norm"]), 1e-5) << name << " " << policy;
+      const nlohmann::json& mine = res["ranks"][0];
+      EXPECT_EQ(mine["rank"], r);
+      EXPECT_GT(mine["peak_allocated_bytes"].get<double>(), mine["static_bytes"].get<double>());
+      if (static_cast<int>(r) % (world / stages) == 0) static_sum += mine["static_bytes"].get<double>();
+    }
+    // The stages split the weights: untied and without TP they add up to the 1-rank model (tied,
+    // the last stage adds its copy of the embedding).
+    if (!tied && world == stages) {
+      EXPECT_EQ(static_sum, base["ranks"][0]["static_bytes"].get<double>()) << name;
+    }
+  }
+}
+
+const std::vector<std::string> kAllDensePolicies = {
+    "selective:[]", "selective:[core_attn,layernorm,mlp]", "full:uniform:1", "full:block:1"};
+
+TEST(PipelineEngineTest, OneFOneBWithTwoStagesMatchesOneRank) {
+  ExpectPipelineMatchesOneRank("pp2", "  pipeline_model_parallel_size: 2\n", 2, 2,
+                               kAllDensePolicies);
+}
+
+TEST(PipelineEngineTest, TiedEmbeddingsAcrossTheFirstAndLastStage) {
+  ExpectPipelineMatchesOneRank("pp2-tied", "  pipeline_model_parallel_size: 2\n", 2, 2,
+                               {"selective:[]", "full:uniform:2"}, /*tied=*/true);
+}
+
+TEST(PipelineEngineTest, TensorTimesPipelineParallelMatchesOneRank) {
+  ExpectPipelineMatchesOneRank(
+      "tp2-pp2",
+      "  tensor_model_parallel_size: 2\n  pipeline_model_parallel_size: 2\n"
+      "  sequence_parallel: true\n",
+      4, 2, {"selective:[]", "selective:[core_attn,mlp]", "full:block:2"}, /*tied=*/true);
+}
+
+TEST(PipelineEngineTest, FourStagesMatchOneRank) {
+  ExpectPipelineMatchesOneRank("pp4", "  pipeline_model_parallel_size: 4\n", 4, 4,
+                               {"selective:[]", "full:uniform:1"});
 }
 
 }  // namespace
