@@ -147,5 +147,24 @@ TEST(PipelineEngineTest, FourStagesMatchOneRank) {
                                {"selective:[]", "full:uniform:1"});
 }
 
+TEST(PipelineEngineTest, UnevenStagesMatchOneRank) {
+  ExpectPipelineMatchesOneRank(
+      "pp2-uneven", "  pipeline_model_parallel_size: 2\n  num_layers_in_first_pipeline_stage: 1\n",
+      2, 2, {"selective:[]", "full:block:2"});
+}
+
+// The interleaved schedule: each rank runs two chunks (PP 2: layers {0, 2} and {1, 3}; PP 4 of
+// an 8-layer model: {p, p + 4}); activations wrap from the last rank to the first between chunks.
+TEST(PipelineEngineTest, InterleavedScheduleMatchesOneRank) {
+  ExpectPipelineMatchesOneRank(
+      "pp2-vpp2",
+      "  pipeline_model_parallel_size: 2\n  virtual_pipeline_model_parallel_size: 2\n", 2, 2,
+      {"selective:[]", "selective:[core_attn]", "full:uniform:1"});
+  ExpectPipelineMatchesOneRank(
+      "pp4-vpp2",
+      "  pipeline_model_parallel_size: 4\n  virtual_pipeline_model_parallel_size: 2\n", 4, 4,
+      {"selective:[]", "full:block:1"}, /*tied=*/true, /*layers=*/8);
+}
+
 }  // namespace
 }  // namespace remat::engine
