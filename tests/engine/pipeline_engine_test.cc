@@ -10,6 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "search/memory_model.h"
+#include "search/policy.h"
+#include "specfile/spec_file.h"
 #include "tests/engine/test_process.h"
 
 namespace remat::engine {
@@ -164,6 +167,64 @@ TEST(PipelineEngineTest, InterleavedScheduleMatchesOneRank) {
       "pp4-vpp2",
       "  pipeline_model_parallel_size: 4\n  virtual_pipeline_model_parallel_size: 2\n", 4, 4,
       {"selective:[]", "full:block:1"}, /*tied=*/true, /*layers=*/8);
+}
+
+// Each rank's measured peak against search::EstimateMemory's prediction for its stage (the plan's
+// per-stage figure), on bench/engine/specs/pipeline-cpu.yaml's model (bf16, seq 256, PP 4, 8
+// micro-batches): 1F1B keeps 4 - p micro-batches in flight on stage p, so the peaks fall from the
+// first stage on, and the model follows within 5% (bench/engine/pipeline_peaks.py prints the
+// table; docs/memory-model.md, "Engine pipeline").
+TEST(PipelineEngineTest, StagePeaksFollowTheMemoryModel) {
+  const std::string yaml = R"(name: pipeline-cpu
+model:
+  num_layers: 8
+  hidden_size: 128
+  num_attention_heads: 4
+  num_query_groups: 2
+  ffn_hidden_size: 344
+  gated_linear_unit: true
+  normalization: RMSNorm
+  seq_length: 256
+  vocab_size: 1024
+  attention_backend: unfused
+  attention_dropout: 0.0
+  hidden_dropout: 0.0
+  add_bias_linear: false
+  position_embedding_type: rope
+train:
+  micro_batch_size: 1
+  global_batch_size: 8
+  precision: bf16
+parallel:
+  pipeline_model_parallel_size: 4
+search:
+  memory_budget_gib: 4
+  warmup_steps: 1
+  measure_steps: 1
+  device: cpu
+)";
+  auto spec = spec::ParseSpecYaml(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  const fs::path file = testing::WriteSpec(testing::TempDir("remat-pipeline"), "pp4.yaml", yaml);
+  const std::string policy = "selective:[core_attn]";
+  auto parsed = search::ParsePolicy(policy);
+  ASSERT_TRUE(parsed.ok());
+  const search::MemoryEstimate estimate = search::EstimateMemory(*spec, *parsed);
+  ASSERT_EQ(estimate.stages.size(), 4u);
+  const std::vector<nlohmann::json> ranks = RunRanks(file, policy, 4);
+  double previous = 0;
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_EQ(ranks[r]["status"], "ok") << ranks[r].dump();
+    const double measured = ranks[r]["ranks"][0]["peak_allocated_bytes"].get<double>();
+    const search::StageMemory& stage = estimate.stages[r];
+    EXPECT_EQ(stage.in_flight, 4 - r);
+    EXPECT_LT(RelDiff(stage.peak_bytes, measured), 0.05)
+        << "stage " << r << ": predicted " << stage.peak_bytes << ", measured " << measured;
+    if (r > 0 && r < 3) {
+      EXPECT_LT(measured, previous) << "stage " << r;  // fewer in flight
+    }
+    previous = measured;
+  }
 }
 
 }  // namespace
