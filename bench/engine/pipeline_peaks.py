@@ -7,7 +7,8 @@ prediction (issue 12 step 3e).
 Runs every rank of the spec's layout as its own remat-trial process (TCP collectives on CPU, or
 NCCL where the binary and the spec's device say so), asks remat-bench-estimate for
 search::EstimateMemory's stages, and prints one row per rank: its pipeline stage, the measured and
-predicted static bytes and peaks, and predicted / measured. `--set` edits the spec before the run
+predicted static bytes and peaks, predicted / measured, and the rank's loss and grad norm (to set
+against a PP 1 run of the same spec: `--set parallel.pipeline_model_parallel_size=1`). `--set` edits the spec before the run
 (e.g. --set parallel.virtual_pipeline_model_parallel_size=2). Standard library only.
 """
 import json
@@ -75,8 +76,8 @@ def main(argv):
         [os.path.join(bin_dir, "remat-bench-estimate"), "--spec", spec, "--policies",
          ";".join(policies)]))
     print("spec %s %s: TP %d, DP %d, PP %d" % (spec_path, " ".join(sets), tp, dp, pp))
-    print("| policy | rank | stage | in flight | static MiB (measured / model) | peak MiB (measured / model) | model / measured |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| policy | rank | stage | in flight | static MiB (measured / model) | peak MiB (measured / model) | model / measured | loss | grad norm |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for policy in policies:
         rendezvous = tempfile.mkdtemp(dir=work)
         procs = [subprocess.Popen(
@@ -93,10 +94,11 @@ def main(argv):
             st = stages[stage]
             mine = res["ranks"][0]
             mib = 1 << 20
-            print("| `%s` | %d | %d | %d | %.2f / %.2f | %.2f / %.2f | %.3f |" % (
+            print("| `%s` | %d | %d | %d | %.2f / %.2f | %.2f / %.2f | %.3f | %.6f | %.6f |" % (
                 policy, r, stage, st["in_flight"], mine["static_bytes"] / mib,
                 st["static_bytes"] / mib, mine["peak_allocated_bytes"] / mib,
-                st["peak_bytes"] / mib, st["peak_bytes"] / mine["peak_allocated_bytes"]))
+                st["peak_bytes"] / mib, st["peak_bytes"] / mine["peak_allocated_bytes"],
+                res["loss"], res["grad_norm"]))
 
 
 if __name__ == "__main__":
