@@ -169,10 +169,15 @@ int main(int argc, char** argv) {
       }
       megatron_path = fs::absolute(megatron_path).string();  // ranks start in trial folders
     }
-    if (megatron_driver.empty()) {
-      megatron_driver =
-          (fs::path(remat::common::SelfDir()) / "megatron_driver" / "remat_megatron_driver.py")
-              .string();
+    if (megatron_driver.empty()) {  // beside the program (a build), else the installed copy
+      const fs::path self(remat::common::SelfDir());
+      megatron_driver = (self / "megatron_driver" / "remat_megatron_driver.py").string();
+      if (access(megatron_driver.c_str(), R_OK) != 0) {
+        megatron_driver =
+            (self / ".." / "share" / "remat" / "megatron_driver" / "remat_megatron_driver.py")
+                .lexically_normal()
+                .string();
+      }
     }
     if (access(megatron_driver.c_str(), R_OK) != 0) {
       return Fail(2, "--megatron-driver: cannot read " + megatron_driver);
