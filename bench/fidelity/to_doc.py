@@ -23,16 +23,18 @@ TIME_GOAL = 0.10
 # What is known to separate the engine from Megatron Core under a label (shared reference notes,
 # megatron-moe-saved.md); a miss under that label is listed with it as the likely cause, to be
 # confirmed. Keys: (family prefix, label).
+GLU_GAP = ("Megatron's glu multiplies by x_linear + glu_linear_offset, a new f-wide tensor "
+           "even at offset 0 that its product keeps for backward; the engine's SwiGLU multiplies "
+           "by the x_linear view and keeps one f-wide tensor less per token")
 KNOWN_CAUSES = {
-    ("moe", "moe"): "Megatron Core's MoE layer keeps per routed token fc1's output (2f), three "
-                    "more f-wide activation tensors and fc2's input (T·k·6f in all), and T·5fs "
-                    "in the shared experts; an engine that keeps less there saves less under "
-                    "`moe`",
-    ("moe", "shared_experts"): "Megatron Core's shared experts keep T·5fs (fc1 output 2fs, two "
-                               "fs-wide activation tensors, fc2 input fs)",
-    ("dense", "mlp"): "Megatron Core's local SwiGLU MLP keeps T·(h + 5f) per layer; an MLP that "
-                      "keeps four f-wide tensors saves a fifth less",
-    ("mla", "mlp"): "as for dense: Megatron Core's SwiGLU MLP keeps T·(h + 5f) per layer",
+    ("moe", "moe"): "Megatron Core's MoE layer keeps T·k·6f in the experts and T·5fs in the "
+                    "shared experts (megatron-moe-saved.md); " + GLU_GAP,
+    ("moe", "shared_experts"): "Megatron Core's shared experts keep T·5fs; " + GLU_GAP,
+    ("moe-grouped", "moe_act"): GLU_GAP,
+    ("dense", "mlp"): "Megatron Core's SwiGLU MLP keeps T·(h + 5f) per layer; " + GLU_GAP,
+    ("mla", "mlp"): "Megatron Core's SwiGLU MLP keeps T·(h + 5f) per layer; " + GLU_GAP,
+    ("mla", "mla_up_proj"): "RoPE: Megatron's unfused rotary builds cos/sin tables per call in "
+                            "the activation dtype and the products keep them",
     ("moe-grouped", ""): "the Megatron Core reference runs SequentialMLP experts (no grouped GEMM "
                          "without Transformer Engine)",
 }

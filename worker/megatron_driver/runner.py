@@ -122,11 +122,14 @@ class Session:
         return config, model, optimizer, notes
 
     def _batches(self, plan):
-        """One fixed micro-batch per micro-batch slot: tokens drawn from the trial's seed."""
+        """One fixed micro-batch per micro-batch slot: tokens drawn from the trial's seed and the
+        data-parallel rank (the ranks of one TP group must see the same tokens)."""
         torch = self.torch
+        from megatron.core import parallel_state  # noqa: PLC0415
+
         train = plan["train"]
         gen = torch.Generator(device="cuda")
-        gen.manual_seed(train["seed"] + 1000 * self.parallel["dp"] + self.rank)
+        gen.manual_seed(train["seed"] + 1000 * parallel_state.get_data_parallel_rank())
         mb, s = train["micro_batch_size"], train["seq_length"]
         out = []
         for _ in range(train["num_microbatches"]):
@@ -186,9 +189,15 @@ class Session:
     def run(self, plan, setup_start=None):
         """Runs one trial; returns a metrics.rank_entry dict (never raises for an OOM)."""
         torch = self.torch
+        from megatron.core import parallel_state  # noqa: PLC0415
+
         notes = self._shims(plan)
         for note in notes:
             self.log(note)
+        # A fresh global memory buffer (the unfused attention's baddbmm input): allocated by this
+        # trial's first forward and counted in its peak, as in a process of its own.
+        parallel_state.destroy_global_memory_buffer()
+        parallel_state._set_global_memory_buffer()  # pylint: disable=protected-access
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -201,7 +210,12 @@ class Session:
         status, message, failing = "ok", "", 0
         try:
             self._steps(plan, rec, setup_start)
-        except torch.cuda.OutOfMemoryError as exc:
+        except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:
+            # An allocation over the budget is OutOfMemoryError; cuBLAS or NCCL running out of
+            # device memory say so in a RuntimeError. Anything else is the caller's failure.
+            if not isinstance(exc, torch.cuda.OutOfMemoryError) and \
+                    "out of memory" not in str(exc).lower():
+                raise
             status, message = "oom", str(exc).splitlines()[0][:400]
             failing = metrics.failing_request_bytes(str(exc))
         gc.collect()  # the model and optimizer lived in _steps' frame only
