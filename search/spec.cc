@@ -24,7 +24,7 @@ constexpr const char* kPrecision[] = {"bf16", "fp32"};
 constexpr const char* kMemoryMetric[] = {"reserved", "allocated"};
 constexpr const char* kStrategy[] = {"guided", "exhaustive"};
 constexpr const char* kObjective[] = {"frontier", "recommend"};
-constexpr const char* kBackend[] = {"builtin", "command", "replay"};
+constexpr const char* kBackend[] = {"builtin", "command", "replay", "megatron"};
 constexpr const char* kDevice[] = {"auto", "cuda", "cpu"};
 
 Status Positive(const char* field, long long v) {

@@ -27,7 +27,8 @@ enum class StrategyKind { kGuided, kExhaustive };
 // What the guided search maps: the whole memory/throughput frontier, or only what decides the
 // recommendation (the decision guide's path; search/planner.h).
 enum class Objective { kFrontier, kRecommend };
-enum class Backend { kBuiltin, kCommand, kReplay };
+// megatron: trials run Megatron Core's own model and step (worker/megatron_executor.h).
+enum class Backend { kBuiltin, kCommand, kReplay, kMegatron };
 enum class Device { kAuto, kCuda, kCpu };
 
 struct ModelSpec {

@@ -282,7 +282,7 @@ Status ReadSearch(Section& s, search::SearchOptions* o) {
   REMAT_SEARCH_RETURN_IF_ERROR(s.Double("steady_tolerance", &o->steady_tolerance));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("measure_steps", &o->measure_steps));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Enum<search::Backend>(
-      "backend", search::ParseBackend, "builtin, command, replay", &o->backend));
+      "backend", search::ParseBackend, "builtin, command, replay, megatron", &o->backend));
   REMAT_SEARCH_RETURN_IF_ERROR(s.String("replay_table", &o->replay_table));
   REMAT_SEARCH_RETURN_IF_ERROR(s.String("command_template", &o->command_template));
   REMAT_SEARCH_RETURN_IF_ERROR(

@@ -3,7 +3,6 @@
 // the metrics file the worker reads afterwards.
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 
 #include "worker/metrics_file.h"
 #include "worker/result_combiner.h"
@@ -14,20 +13,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using search::TrialStatus;
-
-// Whether the end of a log says the job ran out of device memory.
-bool MentionsOom(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  in.seekg(0, std::ios::end);
-  std::streamoff size = in.tellg();
-  in.seekg(size > (1 << 18) ? size - (1 << 18) : 0);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  for (const char* needle : {"CUDA out of memory", "OutOfMemoryError", "out of memory"}) {
-    if (text.find(needle) != std::string::npos) return true;
-  }
-  return false;
-}
 
 class CommandExecutor : public TrialExecutor {
  public:
@@ -114,13 +99,13 @@ class CommandExecutor : public TrialExecutor {
         result.status = TrialStatus::kFailed;
         result.message = "command " + exit.Describe() + tail();
       } else if (!exit.ok() && result.status == TrialStatus::kFailed &&
-                 (MentionsOom(child.stderr_path) || MentionsOom(child.stdout_path))) {
+                 (LogMentionsOom(child.stderr_path) || LogMentionsOom(child.stdout_path))) {
         result.status = TrialStatus::kOom;
       }
       return result;
     }
     if (!exit.ok()) {
-      const bool oom = MentionsOom(child.stderr_path) || MentionsOom(child.stdout_path);
+      const bool oom = LogMentionsOom(child.stderr_path) || LogMentionsOom(child.stdout_path);
       return StatusResult(oom ? TrialStatus::kOom : TrialStatus::kFailed,
                           "command " + exit.Describe() + tail());
     }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -92,6 +94,12 @@ absl::StatusOr<JobMetrics> ParseMetricsJson(const std::string& json_text) {
         absl::Status s = ReadList(r, key, where, field);
         if (!s.ok()) return s;
       }
+      if (r.contains("setup_s") && !r["setup_s"].is_null()) {
+        if (!r["setup_s"].is_number() || r["setup_s"].get<double>() < 0) {
+          return absl::InvalidArgumentError(where + ".setup_s: must be a non-negative number");
+        }
+        m.setup_s = r["setup_s"].get<double>();
+      }
       if (r.contains("status")) {
         if (!r["status"].is_string()) {
           return absl::InvalidArgumentError(where + ".status: must be a string");
@@ -171,6 +179,12 @@ search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetri
   const search::SteadySplit split = search::SplitSteadyState(so, slowest);
 
   search::TrialResult out;
+  if (metrics.status == "invalid") {
+    search::TrialResult refused;
+    refused.status = search::TrialStatus::kInvalid;
+    refused.message = metrics.message.empty() ? "the job refused the trial" : metrics.message;
+    return refused;
+  }
   bool oom = metrics.status == "oom";
   bool failed = metrics.status == "failed";
   std::vector<std::string> notes;
@@ -180,6 +194,7 @@ search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetri
   bool have_loss = false;
   for (const RankMetrics& r : metrics.ranks) {
     search::RankResult& rr = out.ranks.emplace_back(r.memory);
+    out.setup_s = std::max(out.setup_s, r.setup_s);
     if (r.status == "oom") oom = true;
     if (r.status == "failed") failed = true;
     const std::string rank = "rank " + std::to_string(r.memory.rank) + ": ";
@@ -234,6 +249,19 @@ search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetri
     out.tokens_per_s = search::TokensPerSecond(spec, step);
   }
   return out;
+}
+
+bool LogMentionsOom(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(size > (1 << 18) ? size - (1 << 18) : 0);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* needle : {"CUDA out of memory", "OutOfMemoryError", "out of memory"}) {
+    if (text.find(needle) != std::string::npos) return true;
+  }
+  return false;
 }
 
 }  // namespace remat::worker
