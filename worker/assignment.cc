@@ -6,6 +6,8 @@
 #include <system_error>
 
 #include "proto/convert.h"
+#include "search/limits.h"
+#include "search/text.h"
 
 namespace remat::worker {
 
@@ -62,6 +64,10 @@ v1::ReportTrialRequest MakeReport(const std::string& worker_id, const Assignment
   report.set_trial_id(assignment.trial_id);
   report.set_attempt(assignment.attempt);
   *report.mutable_result() = proto::ToProto(result);
+  // What trials wrote (stderr tails, their own messages) may be any bytes: a proto3 string with
+  // invalid UTF-8 makes the coordinator refuse the whole report, and megabytes would crowd it.
+  report.mutable_result()->set_message(
+      search::BoundedUtf8(result.message, search::limits::kMaxTrialMessageBytes));
   report.mutable_result()->mutable_policy()->set_canonical(assignment.policy_name);
   return report;
 }

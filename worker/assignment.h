@@ -52,7 +52,8 @@ search::TrialResult StatusResult(search::TrialStatus status, std::string message
 
 // The report of `result` for the coordinator, from `worker_id`: trial id and attempt of the
 // assignment, and the result under the assignment's policy_name. The one place a result gets its
-// policy: nothing upstream sets or reads the domain result's policy.
+// policy: nothing upstream sets or reads the domain result's policy. The message is made valid
+// UTF-8 and cut to search::limits::kMaxTrialMessageBytes (search/text.h BoundedUtf8).
 v1::ReportTrialRequest MakeReport(const std::string& worker_id, const Assignment& assignment,
                                   const search::TrialResult& result);
 

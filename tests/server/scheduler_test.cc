@@ -9,6 +9,7 @@
 #include <set>
 
 #include "search/frontier.h"
+#include "search/limits.h"
 #include "search/rules.h"
 #include "server/metrics.h"
 #include "tests/server/test_util.h"
@@ -214,6 +215,20 @@ TEST_F(SchedulerTest, DuplicateReportsAreNotAcceptedTwice) {
   unknown.set_trial_id("t-unknown");
   *unknown.mutable_replay() = Entry(1, 1);
   EXPECT_FALSE(*Report(w, unknown));
+}
+
+// A client other than our worker may send a message of any size: it is kept bounded, so no
+// reply that carries the trial (GetSearch, watch, list) outgrows the transport.
+TEST_F(SchedulerTest, ReportedMessagesAreBounded) {
+  const std::string w = Register(1);
+  const std::string id = SubmitScripted("s", kTable, {"selective:[]"});
+  v1::TrialAssignment a = LeaseOne(w);
+  v1::TrialResult result = a.replay().result();
+  result.set_message(std::string(10 << 20, 'e'));
+  ASSERT_TRUE(*Report(w, a, result));
+  const std::string kept = TrialOf(Get(id), "selective:[]").result().message();
+  EXPECT_LE(kept.size(), search::limits::kMaxTrialMessageBytes);
+  EXPECT_EQ(kept.substr(0, 10), "eeeeeeeeee");
 }
 
 TEST_F(SchedulerTest, SilentWorkerLosesItsLeaseAndTheTrialRunsElsewhere) {

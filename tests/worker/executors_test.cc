@@ -4,6 +4,8 @@
 #include <thread>
 
 #include "tests/worker/test_util.h"
+#include "search/limits.h"
+#include "worker/assignment.h"
 #include "worker/command_template.h"
 #include "worker/metrics_file.h"
 #include "worker/trial_executor.h"
@@ -309,6 +311,28 @@ TEST_F(CommandTest, FailuresAndTimeouts) {
   EXPECT_NE(r.message.find("no metrics file"), std::string::npos) << r.message;
   r = Run("job: sleep 100\n", Assignment("cmd", 1, /*timeout_s=*/0.3));
   EXPECT_EQ(r.status, TrialStatus::kTimeout);
+}
+
+// A job whose stderr holds invalid UTF-8 and megabytes: the failure and its real error still
+// reach the coordinator in a report it can parse.
+TEST_F(CommandTest, StderrWithInvalidUtf8AndMegabytesStillMakesAParsableReport) {
+  const v1::TrialAssignment wire = Assignment("cmd", 1);
+  search::TrialResult r = Run(
+      "job: |-\n  head -c 3000000 /dev/zero | tr '\\000' x >&2; printf '\\377\\376 CUDA error: "
+      "device-side assert\\n' >&2; exit 1\n",
+      wire);
+  ASSERT_EQ(r.status, TrialStatus::kFailed) << r.message.substr(0, 200);
+  v1::TrialAssignment leased = wire;
+  leased.mutable_spec()->mutable_search()->set_backend("command");
+  leased.mutable_spec()->mutable_search()->set_command_template("job");
+  const v1::ReportTrialRequest report = MakeReport("w-1", ToAssignment(leased), r);
+  std::string bytes;
+  ASSERT_TRUE(report.SerializeToString(&bytes));
+  v1::ReportTrialRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(bytes)) << "the coordinator could not read the report";
+  EXPECT_LE(parsed.result().message().size(), search::limits::kMaxTrialMessageBytes);
+  EXPECT_NE(parsed.result().message().find("CUDA error: device-side assert"), std::string::npos)
+      << parsed.result().message().substr(0, 200);
 }
 
 TEST_F(CommandTest, OnlyConfiguredTemplatesRun) {
