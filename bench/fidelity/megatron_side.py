@@ -64,7 +64,9 @@ def main():
                     out.write(json.dumps(line) + "\n")
                     continue
                 try:
-                    trial = mapping.map_trial(family["spec"], policy)
+                    trial = mapping.map_trial(family["spec"], policy,
+                                              have_te=_importable("transformer_engine"),
+                                              have_apex=_importable("apex"))
                 except (mapping.Unsupported, ValueError) as exc:
                     line.update(status="invalid", message=str(exc))
                     out.write(json.dumps(line) + "\n")
@@ -88,6 +90,11 @@ def main():
     if session is not None:
         session.close()
     return 0
+
+
+def _importable(name):
+    import importlib.util  # noqa: PLC0415
+    return importlib.util.find_spec(name) is not None
 
 
 def _free_port():
