@@ -1,6 +1,7 @@
 #include "worker/megatron_executor.h"
 
 #include <google/protobuf/util/json_util.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -186,6 +187,16 @@ class MegatronExecutor : public TrialExecutor {
 
 std::unique_ptr<TrialExecutor> MakeMegatronExecutor(MegatronExecutorOptions options) {
   return std::make_unique<MegatronExecutor>(std::move(options));
+}
+
+std::string FindMegatronDriver(const std::string& program_dir) {
+  const fs::path dir(program_dir);
+  for (const fs::path& candidate :
+       {dir / "megatron_driver" / "remat_megatron_driver.py",
+        dir / ".." / "share" / "remat" / "megatron_driver" / "remat_megatron_driver.py"}) {
+    if (access(candidate.c_str(), R_OK) == 0) return candidate.lexically_normal().string();
+  }
+  return "";
 }
 
 }  // namespace remat::worker
