@@ -127,15 +127,17 @@ class MegatronExecutor : public TrialExecutor {
 
     auto metrics = ReadMetricsFiles(metrics_path);
     std::vector<bool> have(world, false);
+    bool any_oom = false;  // a rank out of device memory takes its peers' collectives down
     if (metrics.ok()) {
+      any_oom = metrics->status == "oom";
       for (const RankMetrics& r : metrics->ranks) {
         if (r.memory.rank >= 0 && r.memory.rank < world) have[r.memory.rank] = true;
+        any_oom = any_oom || r.status == "oom";
       }
       if (metrics->status == "invalid") return MetricsToResult(a, *metrics);
     }
     // A rank that wrote nothing: how it ended, and the end of its stderr.
     std::vector<std::string> missing;
-    bool any_oom = false;
     for (int r = 0; r < world; ++r) {
       const ChildExit& exit = outcome.children[r];
       const bool oom = LogMentionsOom(StderrPath(dir, r));
