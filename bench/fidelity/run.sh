@@ -43,4 +43,9 @@ python3 bench/fidelity/fidelity.py --build build-gpu --megatron "$MEGATRON" --ou
 rc=$?
 echo "== done in $(( $(date +%s) - START )) s; table: $OUT_DIR/fidelity.md"
 [ -f "$OUT_DIR/fidelity.md" ] && grep -A 200 '^## ' "$OUT_DIR/fidelity.md" | grep -E '^(## |\| `)' | cut -c1-160
+# A Megatron Core side that broke: its first traceback, so one run says why.
+if grep -q '"status": "failed"' "$OUT_DIR/megatron.jsonl" 2>/dev/null; then
+  echo "== Megatron Core failures: first traceback in megatron.log"
+  grep -m1 -A25 Traceback "$OUT_DIR/megatron.log" | head -30
+fi
 exit $rc
