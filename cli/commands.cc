@@ -215,6 +215,11 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
   search->add_option("--gpus", gpus, "GPUs to use, e.g. 0,1 (default: all)");
   search->add_option("--trial-binary", trial_binary, "remat-trial (default: beside remat)");
   search->add_option("--command-templates", templates, "command templates (backend command)");
+  std::string megatron_path, python = "python3";
+  search->add_option("--megatron-path", megatron_path,
+                     "backend megatron: a Megatron-LM checkout (a folder holding megatron/core); "
+                     "default: the installed megatron-core");
+  search->add_option("--python", python, "backend megatron: the Python with torch (default python3)");
   search->add_option("--work-dir", work_dir, "keep the worker's trial folders here");
   search->add_option("--log-level", log_level, "service logs: trace ... off (default warn)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
@@ -300,6 +305,8 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
     options.gpus = gpus;
     options.trial_binary = trial_binary;
     options.command_templates = templates;
+    options.megatron_path = megatron_path;
+    options.python = python;
     options.work_dir = work_dir;
     return RunSearchWithSignals(options, local_search);
   }

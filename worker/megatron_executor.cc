@@ -1,6 +1,7 @@
 #include "worker/megatron_executor.h"
 
 #include <google/protobuf/util/json_util.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -126,15 +127,17 @@ class MegatronExecutor : public TrialExecutor {
 
     auto metrics = ReadMetricsFiles(metrics_path);
     std::vector<bool> have(world, false);
+    bool any_oom = false;  // a rank out of device memory takes its peers' collectives down
     if (metrics.ok()) {
+      any_oom = metrics->status == "oom";
       for (const RankMetrics& r : metrics->ranks) {
         if (r.memory.rank >= 0 && r.memory.rank < world) have[r.memory.rank] = true;
+        any_oom = any_oom || r.status == "oom";
       }
       if (metrics->status == "invalid") return MetricsToResult(a, *metrics);
     }
     // A rank that wrote nothing: how it ended, and the end of its stderr.
     std::vector<std::string> missing;
-    bool any_oom = false;
     for (int r = 0; r < world; ++r) {
       const ChildExit& exit = outcome.children[r];
       const bool oom = LogMentionsOom(StderrPath(dir, r));
@@ -186,6 +189,16 @@ class MegatronExecutor : public TrialExecutor {
 
 std::unique_ptr<TrialExecutor> MakeMegatronExecutor(MegatronExecutorOptions options) {
   return std::make_unique<MegatronExecutor>(std::move(options));
+}
+
+std::string FindMegatronDriver(const std::string& program_dir) {
+  const fs::path dir(program_dir);
+  for (const fs::path& candidate :
+       {dir / "megatron_driver" / "remat_megatron_driver.py",
+        dir / ".." / "share" / "remat" / "megatron_driver" / "remat_megatron_driver.py"}) {
+    if (access(candidate.c_str(), R_OK) == 0) return candidate.lexically_normal().string();
+  }
+  return "";
 }
 
 }  // namespace remat::worker

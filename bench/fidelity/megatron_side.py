@@ -40,8 +40,19 @@ def main():
     with open(a.plan, encoding="utf-8") as f:
         plan = json.load(f)
     sys.path.insert(0, a.megatron_path)
-    import megatron.core  # noqa: F401,PLC0415
-    from megatron_driver import runner  # noqa: PLC0415
+    try:
+        import megatron.core  # noqa: F401,PLC0415
+        from megatron_driver import runner  # noqa: PLC0415
+    except Exception as exc:  # noqa: BLE001 - every row says why nothing ran
+        traceback.print_exc()
+        with open(a.jsonl, "a", encoding="utf-8") as out:
+            for family in plan:
+                for policy in family["policies"]:
+                    out.write(json.dumps({"family": family["family"], "policy": policy,
+                                          "status": "failed",
+                                          "message": "cannot import Megatron Core: %s" % exc})
+                              + "\n")
+        return 1
 
     session = None
     with open(a.jsonl, "a", encoding="utf-8") as out:
@@ -53,7 +64,9 @@ def main():
                     out.write(json.dumps(line) + "\n")
                     continue
                 try:
-                    trial = mapping.map_trial(family["spec"], policy)
+                    trial = mapping.map_trial(family["spec"], policy,
+                                              have_te=_importable("transformer_engine"),
+                                              have_apex=_importable("apex"))
                 except (mapping.Unsupported, ValueError) as exc:
                     line.update(status="invalid", message=str(exc))
                     out.write(json.dumps(line) + "\n")
@@ -77,6 +90,11 @@ def main():
     if session is not None:
         session.close()
     return 0
+
+
+def _importable(name):
+    import importlib.util  # noqa: PLC0415
+    return importlib.util.find_spec(name) is not None
 
 
 def _free_port():

@@ -138,6 +138,11 @@ class MappingTest(unittest.TestCase):
         with self.assertRaisesRegex(mapping.Unsupported, "pipeline_model_parallel_size"):
             mapping.map_trial(spec, "none")
         spec = dense()
+        spec["parallel"]["sequence_parallel"] = True
+        with self.assertRaisesRegex(mapping.Unsupported, "parallel.sequence_parallel"):
+            mapping.map_trial(spec, "none")
+        self.assertTrue(mapping.map_trial(spec, "none", have_apex=True)["config"]["sequence_parallel"])
+        spec = dense()
         spec["search"]["device"] = "cpu"
         with self.assertRaisesRegex(mapping.Unsupported, "search.device"):
             mapping.map_trial(spec, "none")

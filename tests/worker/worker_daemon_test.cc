@@ -121,8 +121,10 @@ v1::TrialAssignment Replay(const std::string& id, double wall_s, int world = 1) 
 
 class DaemonTest : public ::testing::Test {
  protected:
-  void Start(int slots = 2) {
+  void Start(int slots = 2, const std::string& megatron_driver = "") {
     WorkerDaemonOptions options;
+    options.megatron_driver = megatron_driver;
+    options.megatron_python = "/usr/bin/python3";
     options.slots = PlainSlots(slots);
     options.work_dir = dir_.path();
     options.lease_wait_s = 0.01;
@@ -206,6 +208,38 @@ TEST_F(DaemonTest, UnknownBackendIsAFailedResultNotACrash) {
   std::lock_guard<std::mutex> lock(coordinator_.mu);
   EXPECT_EQ(coordinator_.reports[0].result().status(), v1::TRIAL_STATUS_FAILED);
   EXPECT_EQ(coordinator_.reports[0].result().message(), "this worker has no builtin backend");
+}
+
+TEST_F(DaemonTest, OffersAndRunsTheMegatronBackendWhenADriverIsConfigured) {
+  if (access("/usr/bin/python3", X_OK) != 0) GTEST_SKIP() << "python3 not installed";
+  setenv("REMAT_SOURCE_DIR", REMAT_SOURCE_DIR, 1);
+  Start(1, std::string(REMAT_SOURCE_DIR) + "/tests/worker/fake_megatron_driver.py");
+  ASSERT_TRUE(WaitUntil([&] { return daemon_->stats().registered; }));
+  {
+    std::lock_guard<std::mutex> lock(coordinator_.mu);
+    std::vector<std::string> backends(coordinator_.last_register.backends().begin(),
+                                      coordinator_.last_register.backends().end());
+    EXPECT_EQ(backends, std::vector<std::string>({"megatron", "replay"}));
+  }
+  v1::TrialAssignment a = Replay("t-9", 0);
+  a.mutable_policy()->set_canonical("full:uniform:1");
+  a.clear_replay();
+  a.set_replay_found(false);
+  v1::SearchSpec* spec = a.mutable_spec();
+  spec->set_name("ok");  // the fake driver's mode
+  spec->mutable_model()->set_num_layers(2);
+  spec->mutable_model()->set_hidden_size(64);
+  spec->mutable_model()->set_num_attention_heads(4);
+  spec->mutable_model()->set_vocab_size(1000);
+  spec->mutable_search()->set_backend("megatron");
+  coordinator_.Push(a);
+  ASSERT_TRUE(WaitUntil([&] { return coordinator_.NumReports() == 1; }, 20));
+  std::lock_guard<std::mutex> lock(coordinator_.mu);
+  const v1::TrialResult& r = coordinator_.reports[0].result();
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_OK) << r.message();
+  EXPECT_EQ(r.policy().canonical(), "full:uniform:1");
+  ASSERT_EQ(r.ranks_size(), 1);
+  EXPECT_EQ(r.ranks(0).peak_allocated_bytes(), 2500u);  // the fake's 1000 per layer + 500
 }
 
 TEST_F(DaemonTest, AnUnreadableAssignmentIsAFailedReportUnderItsPolicy) {

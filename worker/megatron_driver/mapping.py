@@ -82,7 +82,7 @@ def is_moe_layer(model, i):
     return freq > 0 and i % freq == 0
 
 
-def map_trial(spec, policy_text, have_te=False):
+def map_trial(spec, policy_text, have_te=False, have_apex=False):
     """The driver's plan for one trial: a dict with
       config_class  "TransformerConfig" | "MLATransformerConfig"
       config        TransformerConfig keyword arguments (plain values; "activation_func" and
@@ -117,6 +117,10 @@ def map_trial(spec, policy_text, have_te=False):
         raise Unsupported("parallel.context_parallel_size: Megatron Core's local "
                           "DotProductAttention refuses context parallelism (it needs Transformer "
                           "Engine's attention)")
+    if sp and not have_apex:
+        raise Unsupported("parallel.sequence_parallel: without Apex the local layer spec's norm is "
+                          "WrappedTorchNorm (torch's LayerNorm/RMSNorm), which refuses sequence "
+                          "parallelism")
     if search.get("device") == "cpu":
         raise Unsupported("search.device: the megatron backend runs on CUDA only")
     if _get(model, "attention_backend", "unfused") != "unfused":
