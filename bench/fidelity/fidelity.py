@@ -47,9 +47,13 @@ FAMILIES = {
     # Llama-like dense layer with grouped-query attention.
     "dense": {"hidden_size": 2048, "num_attention_heads": 16, "num_query_groups": 4,
               "ffn_hidden_size": 5632},
-    # DeepSeek-V2-Lite-like attention (no q compression) with a dense SwiGLU MLP.
+    # DeepSeek-V3-like attention (q compressed to 512, Megatron Core's MLATransformerConfig
+    # default, and kv to 512) with a dense SwiGLU MLP. Without q compression Megatron Core's local
+    # spec cannot be built at this commit (its qk-norm resolver asks for Transformer Engine's
+    # fused norm-linear), so that variant is the engine's alone.
     "mla": {"hidden_size": 2048, "num_attention_heads": 16, "ffn_hidden_size": 5632,
-            "multi_latent_attention": True, "kv_lora_rank": 512, "qk_head_dim": 128,
+            "multi_latent_attention": True, "q_lora_rank": 512, "kv_lora_rank": 512,
+            "qk_head_dim": 128,
             "qk_pos_emb_head_dim": 64, "v_head_dim": 128},
     # Every layer MoE: 16 experts, top-4, shared experts.
     "moe-seq": {"hidden_size": 1024, "num_attention_heads": 8, "ffn_hidden_size": 2816,

@@ -94,17 +94,24 @@ class MappingTest(unittest.TestCase):
     def test_mla_config_and_shims(self):
         spec = dense(multi_latent_attention=True, kv_lora_rank=64, qk_head_dim=32,
                      qk_pos_emb_head_dim=16, v_head_dim=32)
+        # Absent: MLATransformerConfig's default, as remat's spec reader resolves it.
+        self.assertEqual(mapping.map_trial(spec, "selective:[]")["config"]["q_lora_rank"], 512)
+        spec["model"]["q_lora_rank"] = None
         plan = mapping.map_trial(spec, "selective:[mla_up_proj]")
         c = plan["config"]
         self.assertEqual(plan["config_class"], "MLATransformerConfig")
-        self.assertIsNone(c["q_lora_rank"])  # the spec's null, not MLATransformerConfig's 512
+        self.assertIsNone(c["q_lora_rank"])  # the spec's explicit null
         self.assertEqual(c["rope_type"], "rope")
         self.assertEqual((c["kv_lora_rank"], c["qk_head_dim"], c["v_head_dim"]), (64, 32, 32))
-        self.assertEqual(plan["shims"], ["te_fp8_stand_in", "mla_core_attention_channels"])
+        # No q compression: no q norm either (Megatron Core refuses one that nothing uses).
+        self.assertEqual(plan["shims"],
+                         ["te_fp8_stand_in", "mla_core_attention_channels", "mla_no_q_norm"])
         self.assertTrue(plan["layer_spec"]["multi_latent_attention"])
         self.assertTrue(plan["layer_spec"]["qk_layernorm"])
         self.assertTrue(c["qk_layernorm"])
-        # With Transformer Engine installed the FP8 stand-in is not needed.
+        # With Transformer Engine installed the FP8 stand-in is not needed; with q compression
+        # the q norm stays.
+        spec["model"]["q_lora_rank"] = 96
         self.assertEqual(mapping.map_trial(spec, "selective:[mla_up_proj]", have_te=True)["shims"],
                          ["mla_core_attention_channels"])
 

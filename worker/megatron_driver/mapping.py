@@ -211,8 +211,9 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
     if mla:
         config.update({
             "multi_latent_attention": True,
-            "q_lora_rank": model.get("q_lora_rank"),  # null: no q compression (MLA config's
-            "kv_lora_rank": _get(model, "kv_lora_rank", 512),  # own default is 512)
+            # Absent: MLATransformerConfig's (and remat's) default of 512; null: no q compression.
+            "q_lora_rank": model.get("q_lora_rank", 512),
+            "kv_lora_rank": _get(model, "kv_lora_rank", 512),
             "qk_head_dim": _get(model, "qk_head_dim", 128),
             "qk_pos_emb_head_dim": _get(model, "qk_pos_emb_head_dim", 64),
             "v_head_dim": _get(model, "v_head_dim", 128),
@@ -247,6 +248,10 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
         shims.append("te_fp8_stand_in")
     if mla:
         shims.append("mla_core_attention_channels")
+        if model.get("q_lora_rank") is None:
+            # Without q compression there is no compressed q to normalise, and Megatron Core
+            # refuses a q_layernorm it would not use; the local spec has one flag for both norms.
+            shims.append("mla_no_q_norm")
 
     mb = _get(train, "micro_batch_size", 1)
     gbs = train.get("global_batch_size") or mb * dp

@@ -99,6 +99,8 @@ class Session:
         layer_spec = get_gpt_layer_local_spec(**plan["layer_spec"])
         if "mla_core_attention_channels" in plan["shims"]:
             notes.append(shims.patch_mla_layer_spec(layer_spec))
+        if "mla_no_q_norm" in plan["shims"]:
+            notes.append(shims.drop_mla_q_norm(layer_spec))
 
         torch.manual_seed(train["seed"])
         tensor_parallel.model_parallel_cuda_manual_seed(train["seed"])
