@@ -45,7 +45,7 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
   out << "    " << Pad("policy", policy_width) << "  " << Pad("status", 9)
       << Pad(std::string("alloc ") + unit.name, 10, true)
       << Pad(std::string("resv ") + unit.name, 10, true) << Pad("step s", 10, true)
-      << Pad("tokens/s", 12, true) << "\n";
+      << Pad("tokens/s", 12, true) << Pad("warm-up", 9, true) << "\n";
   bool any_reused = false, any_predicted = false;
   int noisy = 0, unsettled = 0;
   int warmup_lo = 0, warmup_hi = 0;
@@ -68,7 +68,9 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
         << Pad(has_memory ? unit.Of(MaxAllocated(r)) : "-", 10, true)
         << Pad(has_memory ? unit.Of(MaxReserved(r)) : "-", 10, true)
         << Pad(ok ? StepTime(r.step_time_s()) : "-", 10, true)
-        << Pad(ok ? Tokens(r.tokens_per_s()) : "-", 12, true);
+        << Pad(ok ? Tokens(r.tokens_per_s()) : "-", 12, true)
+        << Pad(ok && r.warmup_steps_taken() > 0 ? std::to_string(r.warmup_steps_taken()) : "-", 9,
+               true);
     std::vector<std::string> marks;
     if (r.reused()) {
       marks.push_back("reused");

@@ -263,7 +263,7 @@ TEST(Render, ReportMarksUnsettledRemeasuredAndNumericsOff) {
         "1 trial(s) reached search.warmup_max_steps unsettled",
         "numerics: 1 of 3 trials DO NOT match the control's loss and grad norm (see notes)",
         "recommendation: selective:[]  (9.00 GiB reserved peak per rank, 977 tokens/s)",
-        "(tolerance 1e-03 relative, bf16)", "ran with: remat 0.9.0; driver 550.54.15 | 560.1; gpu NVIDIA H200;"}) {
+        "(tolerance 1e-03 relative, bf16)", "tokens/s  warm-up", "ran with: remat 0.9.0; driver 550.54.15 | 560.1; gpu NVIDIA H200;"}) {
     EXPECT_NE(text.find(needle), std::string::npos) << "missing '" << needle << "' in\n" << text;
   }
   // The recommended policy, measured twice, is marked once: on its last trial.
