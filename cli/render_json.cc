@@ -80,6 +80,16 @@ std::string ResultJson(const v1::Search& s) {
         t.numerics_mismatch().empty() ? ordered_json(nullptr) : ordered_json(t.numerics_mismatch());
     tj["remeasure"] = t.remeasure();
     tj["versions"] = std::map<std::string, std::string>(r.versions().begin(), r.versions().end());
+    if (t.has_combined()) {  // the policy's runs combined: what its frontier point used
+      const v1::TrialResult& c = t.combined();
+      tj["combined"] = {{"step_time_s", Known(c.step_time_s())},
+                        {"step_time_spread_s", c.step_time_spread_s()},
+                        {"tokens_per_s", Known(c.tokens_per_s())},
+                        {"peak_allocated_bytes", MaxAllocated(c)},
+                        {"peak_reserved_bytes", MaxReserved(c)}};
+    } else {
+      tj["combined"] = nullptr;
+    }
     tj["model_tflops"] = measured ? Known(r.model_tflops()) : ordered_json(nullptr);
     tj["setup_s"] = Known(r.setup_s());
     tj["wall_s"] = r.wall_s();

@@ -45,12 +45,14 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
   out << "    " << Pad("policy", policy_width) << "  " << Pad("status", 9)
       << Pad(std::string("alloc ") + unit.name, 10, true)
       << Pad(std::string("resv ") + unit.name, 10, true) << Pad("step s", 10, true)
-      << Pad("tokens/s", 12, true) << "\n";
+      << Pad("tokens/s", 12, true) << Pad("warm-up", 9, true) << "\n";
   bool any_reused = false, any_predicted = false;
   int noisy = 0, unsettled = 0;
   int warmup_lo = 0, warmup_hi = 0;
   double worst_spread = 0;
   std::vector<std::string> notes;
+  std::map<std::string, const v1::Trial*> last_trial;  // a re-measured policy is marked once
+  for (const v1::Trial& t : s.trials()) last_trial[t.policy().canonical()] = &t;
   for (const v1::Trial& t : s.trials()) {
     const v1::TrialStatus status = StatusOf(t);
     const v1::TrialResult& r = t.result();
@@ -66,7 +68,9 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
         << Pad(has_memory ? unit.Of(MaxAllocated(r)) : "-", 10, true)
         << Pad(has_memory ? unit.Of(MaxReserved(r)) : "-", 10, true)
         << Pad(ok ? StepTime(r.step_time_s()) : "-", 10, true)
-        << Pad(ok ? Tokens(r.tokens_per_s()) : "-", 12, true);
+        << Pad(ok ? Tokens(r.tokens_per_s()) : "-", 12, true)
+        << Pad(ok && r.warmup_steps_taken() > 0 ? std::to_string(r.warmup_steps_taken()) : "-", 9,
+               true);
     std::vector<std::string> marks;
     if (r.reused()) {
       marks.push_back("reused");
@@ -94,7 +98,8 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
       ++unsettled;
     }
     if (!t.numerics_mismatch().empty()) marks.push_back("NUMERICS OFF");
-    if (!recommended.empty() && t.policy().canonical() == recommended) {
+    if (!recommended.empty() && t.policy().canonical() == recommended &&
+        last_trial[recommended] == &t) {
       marks.push_back("<- recommended");
     }
     for (const auto& m : marks) out << "  " << m;
@@ -136,17 +141,20 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
     for (const auto& n : notes) out << "  " << n << "\n";
   }
 
-  // The frontier, memory ascending, with its figures.
-  std::map<std::string, const v1::Trial*> by_policy;
-  for (const auto& t : s.trials()) by_policy[t.policy().canonical()] = &t;
+  // The frontier, memory ascending, with its figures: a policy measured twice shows its runs
+  // combined (what the frontier and the recommendation used).
+  std::map<std::string, const v1::TrialResult*> by_policy;
+  for (const auto& t : s.trials()) {
+    by_policy[t.policy().canonical()] = t.has_combined() ? &t.combined() : &t.result();
+  }
   if (s.frontier_size() > 0) {
     out << "\nfrontier (" << metric << " memory ascending):\n";
     for (const std::string& p : s.frontier()) {
       out << "  " << Pad(p, policy_width);
       auto it = by_policy.find(p);
       if (it != by_policy.end()) {
-        out << "  " << Pad(unit.Of(MemoryOf(it->second->result(), metric)), 8, true) << " "
-            << unit.name << "  " << Pad(Tokens(it->second->result().tokens_per_s()), 10, true)
+        out << "  " << Pad(unit.Of(MemoryOf(*it->second, metric)), 8, true) << " "
+            << unit.name << "  " << Pad(Tokens(it->second->tokens_per_s()), 10, true)
             << " tokens/s";
       }
       out << "\n";
@@ -163,8 +171,8 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
     out << "recommendation: " << recommended;
     auto it = by_policy.find(recommended);
     if (it != by_policy.end()) {
-      out << "  (" << Memory(MemoryOf(it->second->result(), metric)) << " " << metric
-          << " peak per rank, " << Tokens(it->second->result().tokens_per_s()) << " tokens/s)";
+      out << "  (" << Memory(MemoryOf(*it->second, metric)) << " " << metric
+          << " peak per rank, " << Tokens(it->second->tokens_per_s()) << " tokens/s)";
     }
     out << "\n";
     if (s.has_recommendation_detail()) {
@@ -202,16 +210,16 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
   // Numerical sanity and provenance.
   if (s.numerics_compared() > 0) {
     const std::string precision = s.spec().train().precision();
-    const std::string whose = s.numerics_reference().empty() || s.numerics_reference() == "selective:[]"
-                                  ? "the control's"
-                                  : s.numerics_reference() + "'s (the control did not run ok)";
+    const std::string whose =
+        s.numerics_reference().empty() || s.numerics_reference() == "selective:[]"
+            ? "the control's loss and grad norm"
+            : "the loss and grad norm of " + s.numerics_reference() + " (the control did not run ok)";
     out << "\nnumerics: "
         << (s.numerics_mismatches_size() == 0
-                ? "all " + std::to_string(s.numerics_compared()) + " trials match " + whose +
-                      " loss and grad norm"
+                ? "all " + std::to_string(s.numerics_compared()) + " trials match " + whose
                 : std::to_string(s.numerics_mismatches_size()) + " of " +
                       std::to_string(s.numerics_compared()) + " trials DO NOT match " + whose +
-                      " loss and grad norm (see notes)")
+                      " (see notes)")
         << " (tolerance " << Format("%.0e", s.numerics_tolerance()) << " relative, " << precision
         << ")\n";
   }

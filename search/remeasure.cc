@@ -136,14 +136,31 @@ std::vector<Remeasure> NearTiesToRemeasure(const SearchSpec& spec,
     return it != by_policy.end() && !it->second->predicted;
   };
 
-  std::map<std::string, std::string> why;  // policy -> reason
-  std::vector<Policy> order;
-  auto add = [&](const Policy& p, const std::string& reason) {
-    if (!measured_once(p)) return;
-    const std::string key = p.ToString();
-    if (why.emplace(key, reason).second) order.push_back(p);
+  // Candidates with their priority: what decides the recommendation first (the choice and the
+  // best, then the other tied policies, closest first), then frontier near-ties, closest first.
+  struct Pick {
+    Policy policy;
+    std::string reason;
+    int rank_class = 0;
+    double closeness = 0;
   };
-
+  std::vector<Pick> picks;
+  std::set<std::string> picked;
+  auto add = [&](const Policy& p, const std::string& reason, int rank_class, double closeness) {
+    if (!measured_once(p)) return;
+    if (!picked.insert(p.ToString()).second) return;
+    picks.push_back({p, reason, rank_class, closeness});
+  };
+  if (auto rec = RecommendPolicy(spec, measured); rec && rec->tied.size() > 1) {
+    for (const RecommendationCandidate& c : rec->tied) {
+      const bool decides = c.policy == rec->choice.policy || c.policy == rec->best.policy;
+      add(c.policy,
+          "re-measure: tied with the best (" + rec->best.policy.ToString() +
+              ") for the recommendation, " + Percent(c.below_best) + " below it (band " +
+              Percent(c.tolerance) + ")",
+          decides ? 0 : 1, c.below_best);
+    }
+  }
   const std::vector<FrontierPoint> frontier =
       ComputeFrontier(measured, spec.search.memory_metric, spec.search.MemoryBudgetBytes());
   for (size_t i = 0; i < frontier.size(); ++i) {
@@ -154,20 +171,28 @@ std::vector<Remeasure> NearTiesToRemeasure(const SearchSpec& spec,
       const double top = std::max(a.tokens_per_s, b.tokens_per_s);
       if (!(top > 0)) continue;
       const double apart = std::abs(a.tokens_per_s - b.tokens_per_s) / top;
-      const double band =
-          std::max({kMinNoiseTolerance, noise(a.policy), noise(b.policy)});
+      const double band = std::max({kMinNoiseTolerance, noise(a.policy), noise(b.policy)});
       if (apart <= band) {
-        add(a.policy, "re-measure: frontier point within " + Percent(apart) + " of " +
-                          b.policy.ToString() + " (noise band " + Percent(band) + ")");
+        add(a.policy,
+            "re-measure: frontier point within " + Percent(apart) + " of " + b.policy.ToString() +
+                " (noise band " + Percent(band) + ")",
+            2, apart);
       }
     }
   }
-  if (auto rec = RecommendPolicy(spec, measured); rec && rec->tied.size() > 1) {
-    for (const RecommendationCandidate& c : rec->tied) {
-      add(c.policy, "re-measure: tied with the best (" + rec->best.policy.ToString() +
-                        ") for the recommendation, " + Percent(c.below_best) + " below it (band " +
-                        Percent(c.tolerance) + ")");
-    }
+  // The cost bound: a quarter of the policies measured (at least 2), so a noisy surface where
+  // everything ties does not double the search.
+  std::stable_sort(picks.begin(), picks.end(), [](const Pick& a, const Pick& b) {
+    if (a.rank_class != b.rank_class) return a.rank_class < b.rank_class;
+    return a.closeness < b.closeness;
+  });
+  const size_t limit = std::max<size_t>(kMinRemeasures, (measured.size() + 3) / 4);
+  if (picks.size() > limit) picks.resize(limit);
+  std::map<std::string, std::string> why;
+  std::vector<Policy> order;
+  for (const Pick& p : picks) {
+    why[p.policy.ToString()] = p.reason;
+    order.push_back(p.policy);
   }
   std::vector<Remeasure> out;
   for (const Policy& p : order) out.push_back({p, why[p.ToString()]});

@@ -9,6 +9,7 @@
 // CombineRemeasured(results). Thread-safety: pure functions.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -23,12 +24,17 @@ struct Remeasure {
   std::string reason;  // e.g. "re-measure: within 1.0% of selective:[mlp] (band 1.0%)"
 };
 
+// At least this many near-ties may be re-measured in a search, however few policies it measured.
+inline constexpr size_t kMinRemeasures = 2;
+
 // The policies to measure again, memory ascending: ok, measured (not predicted) trials
-// measured once so far that are (a) on the frontier within the noise band of another frontier
-// point (max of 1% and the two trials' relative spreads, as the recommendation's band) or (b) in
-// the recommendation's tie set when it has more than one member. Empty with backend replay (a
-// table holds one measurement per policy: a second replays the same figures) and once any
-// policy was measured twice (the one round has run).
+// measured once so far that are (a) in the recommendation's tie set when it has more than one
+// member or (b) on the frontier within the noise band of another frontier point (max of 1% and
+// the two trials' relative spreads, as the recommendation's band). At most a quarter of the
+// policies measured (at least kMinRemeasures), chosen in this order: the recommendation's choice
+// and the best, the other tied policies closest to the best first, then the frontier near-ties
+// closest first. Empty with backend replay (a table holds one measurement per policy: a second
+// replays the same figures) and once any policy was measured twice (the one round has run).
 std::vector<Remeasure> NearTiesToRemeasure(const SearchSpec& spec,
                                            const std::vector<TrialResult>& results);
 

@@ -1,6 +1,7 @@
 #include "server/search_views.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 
@@ -79,9 +80,13 @@ v1::Search SearchView(const SearchRecord& rec, const std::vector<const TrialReco
   std::vector<search::TrialResult> final_results;  // in trial order, for the numerics check
   std::vector<int> final_trial;                    // the index in out.trials of each
   std::set<std::string> seen;
+  std::map<std::string, int> last_of;  // policy -> index of its last trial, when measured again
   for (const TrialRecord* t : trials) {
     *out.add_trials() = TrialView(*t);
-    if (!seen.insert(t->policy).second) out.mutable_trials(out.trials_size() - 1)->set_remeasure(true);
+    if (!seen.insert(t->policy).second) {
+      out.mutable_trials(out.trials_size() - 1)->set_remeasure(true);
+      last_of[t->policy] = out.trials_size() - 1;
+    }
     if (IsFinal(t->status)) ++done;
     if (IsFinal(t->status) && t->result) {
       final_results.push_back(ResultToDomain(t->policy, *t->result));
@@ -102,6 +107,11 @@ v1::Search SearchView(const SearchRecord& rec, const std::vector<const TrialReco
   }
   out.set_trials_done(done);
   out.set_trials_planned(std::max<int>(planned, static_cast<int>(trials.size())));
+  // A policy measured more than once: what its runs came to, on its last trial.
+  for (const search::TrialResult& r : results) {
+    auto it = last_of.find(r.policy.ToString());
+    if (it != last_of.end()) *out.mutable_trials(it->second)->mutable_combined() = proto::ToProto(r);
+  }
   FillRecommendationDetail(rec, spec, results, &out);
   return out;
 }

@@ -219,6 +219,8 @@ v1::Search SearchWithProvenance() {
   again->set_id("t-again");
   again->set_remeasure(true);
   again->set_reason("re-measure: frontier point within 0.5% of selective:[core_attn] (noise band 1.0%)");
+  *again->mutable_combined() = again->result();
+  again->mutable_combined()->set_tokens_per_s(977);
   (*s.mutable_versions())["remat"] = "0.9.0";
   (*s.mutable_versions())["gpu"] = "NVIDIA H200";
   (*s.mutable_versions())["driver"] = "550.54.15 | 560.1";
@@ -239,6 +241,8 @@ TEST(Render, JsonCarriesWarmupNumericsVersionsAndSpec) {
             std::string::npos);
   EXPECT_TRUE(j["trials"][4]["warmup_steps_taken"].is_null());  // the oom trial measured nothing
   EXPECT_EQ(j["trials"].back()["remeasure"], true);
+  EXPECT_EQ(j["trials"].back()["combined"]["tokens_per_s"], 977);
+  EXPECT_TRUE(control["combined"].is_null());
   EXPECT_EQ(j["numerics"]["ok"], false);
   EXPECT_EQ(j["numerics"]["compared"], 3);
   EXPECT_DOUBLE_EQ(j["numerics"]["tolerance"].get<double>(), 1e-3);
@@ -257,10 +261,15 @@ TEST(Render, ReportMarksUnsettledRemeasuredAndNumericsOff) {
        {"warm-up unsettled", "re-measure", "NUMERICS OFF", "NUMERICS OFF: selective:[mlp]: loss 10.6",
         "warm-up: 4-8 steps before the measured ones (until the last 3 agreed within 5%)",
         "1 trial(s) reached search.warmup_max_steps unsettled",
-        "numerics: 1 of 3 trials DO NOT match the control's loss and grad norm",
-        "(tolerance 1e-03 relative, bf16)", "ran with: remat 0.9.0; driver 550.54.15 | 560.1; gpu NVIDIA H200;"}) {
+        "numerics: 1 of 3 trials DO NOT match the control's loss and grad norm (see notes)",
+        "recommendation: selective:[]  (9.00 GiB reserved peak per rank, 977 tokens/s)",
+        "(tolerance 1e-03 relative, bf16)", "tokens/s  warm-up", "ran with: remat 0.9.0; driver 550.54.15 | 560.1; gpu NVIDIA H200;"}) {
     EXPECT_NE(text.find(needle), std::string::npos) << "missing '" << needle << "' in\n" << text;
   }
+  // The recommended policy, measured twice, is marked once: on its last trial.
+  const size_t first = text.find("<- recommended");
+  ASSERT_NE(first, std::string::npos);
+  EXPECT_EQ(text.find("<- recommended", first + 1), std::string::npos) << text;
 }
 
 TEST(Render, JsonWhenNothingFits) {

@@ -55,8 +55,45 @@ TEST(Remeasure, NearTiesOnTheFrontierAreNamed) {
   };
   const std::vector<Remeasure> again = NearTiesToRemeasure(spec, results);
   EXPECT_EQ(Policies(again), (std::vector<std::string>{"selective:[core_attn]", "selective:[]"}));
-  EXPECT_NE(again[0].reason.find("within 0.6% of selective:[]"), std::string::npos)
+  EXPECT_NE(again[0].reason.find("tied with the best (selective:[]) for the recommendation, 0.6%"),
+            std::string::npos)
       << again[0].reason;
+}
+
+TEST(Remeasure, FrontierNearTiesAwayFromTheBestToo) {
+  const SearchSpec spec = Spec();
+  // The two low-memory points are 0.5% apart, far below the control: not the recommendation's
+  // business, but the frontier's.
+  const std::vector<TrialResult> results = {
+      Measure(spec, "selective:[]", 70, {0.500, 0.500, 0.500}),
+      Measure(spec, "full:block:1", 35, {0.700, 0.700, 0.700}),
+      Measure(spec, "full:uniform:1", 30, {0.7035, 0.7035, 0.7035}),
+  };
+  const std::vector<Remeasure> again = NearTiesToRemeasure(spec, results);
+  EXPECT_EQ(Policies(again), (std::vector<std::string>{"full:uniform:1", "full:block:1"}));
+  EXPECT_NE(again[0].reason.find("frontier point within 0.5% of full:block:1"), std::string::npos)
+      << again[0].reason;
+}
+
+TEST(Remeasure, TheRoundIsBoundedToAQuarterOfThePolicies) {
+  const SearchSpec spec = Spec();
+  // Eight policies, every one within the noise of every other: only two are measured again,
+  // the ones that decide the recommendation (the choice and the best).
+  std::vector<TrialResult> results;
+  const char* policies[] = {"selective:[]",          "selective:[core_attn]",
+                            "selective:[mlp]",       "selective:[layernorm]",
+                            "selective:[core_attn,mlp]", "full:uniform:1",
+                            "full:block:1",          "full:block:2"};
+  double gib = 70;
+  for (const char* p : policies) {
+    results.push_back(Measure(spec, p, gib, {0.50, 0.53, 0.56}));
+    gib -= 5;
+  }
+  results[3] = Measure(spec, "selective:[layernorm]", 55, {0.49, 0.52, 0.55});  // the best
+  const std::vector<Remeasure> again = NearTiesToRemeasure(spec, results);
+  ASSERT_EQ(again.size(), 2u);
+  EXPECT_EQ(Policies(again),
+            (std::vector<std::string>{"selective:[layernorm]", "selective:[]"}));
 }
 
 TEST(Remeasure, NoisyTrialsWidenTheBand) {

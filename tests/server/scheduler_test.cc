@@ -503,6 +503,13 @@ TEST_F(SchedulerTest, NearTiesAreMeasuredOnceMoreBeforeTheRecommendation) {
   EXPECT_EQ(pooled.policy(), "selective:[core_attn]");
   EXPECT_DOUBLE_EQ(pooled.tokens_per_s(), search::TokensPerSecond(spec, 0.516));
   EXPECT_NEAR(pooled.noise(), 0.028 / 0.516, 1e-9);
+  // The policy's last trial carries the combined figures; the first does not.
+  EXPECT_FALSE(s.trials(1).has_combined());
+  const v1::Trial& last = s.trials(3).policy().canonical() == "selective:[core_attn]" ? s.trials(3)
+                                                                                      : s.trials(4);
+  ASSERT_TRUE(last.has_combined());
+  EXPECT_DOUBLE_EQ(last.combined().step_time_s(), 0.516);
+  EXPECT_EQ(last.combined().ranks(0).step_times_s_size(), 6);
   // Numerics: every trial's loss matched the control's; versions summed up.
   EXPECT_EQ(s.numerics_mismatches_size(), 0);
   EXPECT_EQ(s.versions().at("remat"), "test");
