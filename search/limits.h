@@ -15,6 +15,10 @@ namespace remat::search::limits {
 inline constexpr size_t kMaxSpecFileBytes = 1u << 20;          // 1 MiB
 inline constexpr size_t kMaxReplayTableFileBytes = 16u << 20;  // 16 MiB
 inline constexpr size_t kMaxReplayTableEntries = 100000;
+// A configuration `remat import bridge` reads.
+inline constexpr size_t kMaxImportFileBytes = 4u << 20;
+// A command-backend job's metrics file (worker/metrics_file.h), per rank.
+inline constexpr size_t kMaxMetricsFileBytes = 16u << 20;
 
 // Strings in a spec: the name, template names, file names, enum values.
 inline constexpr size_t kMaxNameBytes = 256;         // `name`, `search.command_template`

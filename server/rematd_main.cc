@@ -16,7 +16,7 @@ using remat::common::Fail;
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int RealMain(int argc, char** argv) {
   remat::server::CoordinatorOptions options;
   std::string log_level = "info";
   double drain_s = 10;
@@ -101,4 +101,8 @@ int main(int argc, char** argv) {
   c->Wait();
   signals.Finish();
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return remat::common::GuardedMain([&] { return RealMain(argc, argv); });
 }

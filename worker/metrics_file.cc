@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "common/read_file.h"
+#include "search/limits.h"
 
 namespace remat::worker {
 namespace {
@@ -131,8 +132,11 @@ absl::StatusOr<JobMetrics> ReadMetricsFiles(const std::string& path) {
   JobMetrics merged;
   std::map<int, RankMetrics> by_rank;
   for (const std::string& f : files) {
-    // A file that vanished since it was listed reads as empty: "not valid JSON", naming it.
-    auto m = ParseMetricsJson(common::ReadFile(f).value_or(""));
+    // The job wrote (or linked) it: read only a regular file of bounded size, so a metrics
+    // file that is /dev/zero or a FIFO cannot hang the worker or fill its memory.
+    common::FileText text = common::ReadRegularFile(f, search::limits::kMaxMetricsFileBytes);
+    if (!text.text) return absl::InvalidArgumentError(f + ": " + text.error);
+    auto m = ParseMetricsJson(*text.text);
     if (!m.ok()) {
       return absl::InvalidArgumentError(f + ": " + std::string(m.status().message()));
     }

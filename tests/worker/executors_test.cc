@@ -329,6 +329,14 @@ TEST_F(CommandTest, StderrWithInvalidUtf8AndMegabytesStillMakesAParsableReport) 
       << parsed.result().message().substr(0, 200);
 }
 
+// A job that links its metrics file to /dev/zero cannot make the worker read for ever.
+TEST_F(CommandTest, AMetricsFileThatIsNotARegularFileIsAFailedTrial) {
+  search::TrialResult r =
+      Run("job: ln -s /dev/zero {metrics_file}.rank0\n", Assignment("cmd", 1, /*timeout_s=*/30));
+  EXPECT_EQ(r.status, TrialStatus::kFailed);
+  EXPECT_NE(r.message.find("is not a regular file"), std::string::npos) << r.message;
+}
+
 TEST_F(CommandTest, OnlyConfiguredTemplatesRun) {
   auto templates = ParseCommandTemplatesYaml("other: 'true'\n");
   ASSERT_TRUE(templates.ok());
