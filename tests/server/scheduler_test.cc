@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 #include "search/frontier.h"
@@ -228,6 +230,47 @@ TEST_F(SchedulerTest, ReportedMessagesAreBounded) {
   const std::string kept = TrialOf(Get(id), "selective:[]").result().message();
   EXPECT_LE(kept.size(), search::limits::kMaxTrialMessageBytes);
   EXPECT_EQ(kept.substr(0, 10), "eeeeeeeeee");
+}
+
+TEST_F(SchedulerTest, ReportsAreValidatedBeforeTheyCount) {
+  const std::string w = Register(1);
+  const std::string id = SubmitScripted("s", kTable, {"selective:[]"});
+  v1::TrialAssignment a = LeaseOne(w);
+  const v1::TrialResult good = a.replay().result();
+  const std::pair<std::function<void(v1::TrialResult&)>, std::string> bad[] = {
+      {[](v1::TrialResult& r) { r.mutable_ranks(0)->set_rank(5); }, "result.ranks[0].rank:"},
+      {[](v1::TrialResult& r) { r.add_ranks()->set_rank(0); }, "result.ranks: 2 ranks"},
+      {[](v1::TrialResult& r) { r.set_tokens_per_s(-1); }, "result.tokens_per_s:"},
+      {[](v1::TrialResult& r) { r.set_step_time_s(std::nan("")); }, "result.step_time_s:"},
+      {[](v1::TrialResult& r) { r.mutable_ranks(0)->add_step_times_s(-0.5); },
+       "result.ranks[0].step_times_s:"},
+  };
+  for (const auto& [edit, start] : bad) {
+    v1::TrialResult r = good;
+    edit(r);
+    auto st = Report(w, a, r);
+    ASSERT_FALSE(st.ok()) << start;
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(st.status().message()).rfind(start, 0), 0u) << st.status().message();
+  }
+  EXPECT_EQ(Get(id).trials_done(), 0);
+  ASSERT_TRUE(*Report(w, a, good));
+  EXPECT_EQ(Get(id).trials_done(), 1);
+}
+
+TEST_F(SchedulerTest, ReplayTablesAreValidatedAtSubmit) {
+  std::map<std::string, v1::ReplayEntry> table = kTable;
+  table["selective:[]"].mutable_result()->set_status(v1::TRIAL_STATUS_RUNNING);
+  auto r = sched_->SubmitSearch(Principal::Anonymous(), Submit(SmallSpec("t"), table));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("replay_table[selective:[]].result.status"),
+            std::string::npos) << r.status().message();
+  table = kTable;
+  table["selective:[]"].set_wall_s(-1);
+  r = sched_->SubmitSearch(Principal::Anonymous(), Submit(SmallSpec("t"), table));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("wall_s"), std::string::npos) << r.status().message();
 }
 
 TEST_F(SchedulerTest, SilentWorkerLosesItsLeaseAndTheTrialRunsElsewhere) {
