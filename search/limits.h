@@ -34,6 +34,11 @@ inline constexpr size_t kMaxPolicyBytes = 256;
 // Strings from trials (messages, stderr tails) once they enter a protobuf message: valid UTF-8,
 // cut to this many bytes.
 inline constexpr size_t kMaxTrialMessageBytes = 4096;
+// The coordinator's gRPC messages, both ways (a search with its replay table, a search's
+// trials), and how much of that one LeaseTrial reply fills before it stops adding trials.
+inline constexpr int kMaxGrpcMessageBytes = 64 << 20;
+inline constexpr size_t kMaxLeaseReplyBytes = 16u << 20;
+
 // A value quoted in an error line is cut to this many bytes.
 inline constexpr size_t kMaxQuotedValueBytes = 64;
 

@@ -47,6 +47,12 @@ static int RealMain(int argc, char** argv) {
   app.add_option("--max-attempts", options.max_trial_attempts,
                  "leases per trial before it is recorded as failed")
       ->capture_default_str();
+  app.add_option("--max-searches-per-user", options.max_searches_per_user,
+                 "searches one user may have queued or running (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--max-trials-per-user", options.max_trials_per_user,
+                 "trials one user's searches may still run (0: no limit)")
+      ->capture_default_str();
   app.add_option("--drain", drain_s, "seconds to let calls finish on SIGTERM")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical, off")

@@ -81,6 +81,7 @@ absl::StatusOr<v1::SubmitSearchResponse> Scheduler::SubmitSearch(
   s.rec.id = st.NewId("s-");
   s.rec.created_unix_ms = s.rec.updated_unix_ms = st.UnixNow();
   s.rec.trials_planned = s.strategy->PlannedTotal();
+  REMAT_RETURN_IF_ERROR(st.CheckQuota(who.name, s.rec.trials_planned));
   REMAT_RETURN_IF_ERROR(st.store_->CreateSearch(s.rec));
   st.CountState(v1::SEARCH_STATE_UNSPECIFIED, v1::SEARCH_STATE_QUEUED);
   const std::string id = s.rec.id;

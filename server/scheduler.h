@@ -65,6 +65,9 @@ struct SchedulerOptions {
   int max_trial_attempts = 3;
   double max_lease_wait_s = 10;
   int max_frontier_series = 200;  // remat_frontier_points series at most (active searches)
+  // Per owner (CoordinatorOptions): active searches and their trials not yet final; 0 = any.
+  int max_searches_per_user = 100;
+  int64_t max_trials_per_user = 100000;
   // Monotonic milliseconds for leases and long polls, and Unix milliseconds for timestamps.
   std::function<int64_t()> monotonic_ms;
   std::function<int64_t()> unix_ms;

@@ -39,7 +39,7 @@ class SchedulerTest : public ::testing::Test {
   }
 
   void StartScheduler() {
-    SchedulerOptions o;
+    SchedulerOptions o = options_;
     o.lease_timeout_s = 15;
     o.heartbeat_interval_s = 2;
     o.max_trial_attempts = 3;
@@ -123,6 +123,7 @@ class SchedulerTest : public ::testing::Test {
     return v1::Trial();
   }
 
+  SchedulerOptions options_;  // what a test changes before StartScheduler
   FakeClock clock_;
   Metrics metrics_{"test"};
   std::unique_ptr<FaultyStore> store_;
@@ -271,6 +272,58 @@ TEST_F(SchedulerTest, ReplayTablesAreValidatedAtSubmit) {
   r = sched_->SubmitSearch(Principal::Anonymous(), Submit(SmallSpec("t"), table));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("wall_s"), std::string::npos) << r.status().message();
+}
+
+// Issue 14: one user cannot fill the coordinator with searches or trials; others still submit.
+TEST_F(SchedulerTest, PerUserLimitsOnSearchesAndTrials) {
+  options_.max_searches_per_user = 2;
+  options_.max_trials_per_user = 6;
+  StartScheduler();
+  const Principal alice = Principal::User("alice");
+  const Principal bob = Principal::User("bob");
+  const std::map<std::string, v1::ReplayEntry> two = {{"selective:[]", Entry(70, 0.5)},
+                                                      {"full:uniform:1", Entry(30, 0.7)}};
+  SubmitScripted("a1", two, {}, alice);
+  SubmitScripted("a2", two, {}, alice);
+  scripts_["a3"] = {"selective:[]"};
+  auto third = sched_->SubmitSearch(alice, Submit(SmallSpec("a3"), two));
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("--max-searches-per-user"), std::string::npos)
+      << third.status().message();
+  SubmitScripted("b1", two, {}, bob);  // bob is not alice
+  scripts_["b2"] = {"selective:[]", "full:uniform:1", "full:block:1", "selective:[core_attn]",
+                    "full:uniform:2"};
+  auto many = sched_->SubmitSearch(bob, Submit(SmallSpec("b2"), kTable));
+  ASSERT_FALSE(many.ok());  // 2 + 5 trials > 6
+  EXPECT_EQ(many.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(many.status().message().find("--max-trials-per-user"), std::string::npos);
+}
+
+// A lease reply never outgrows the transport: a worker with many free slots gets the trials
+// whose assignments fit limits::kMaxLeaseReplyBytes, the rest in its next lease.
+TEST_F(SchedulerTest, LeaseRepliesStayUnderTheTransportLimit) {
+  std::map<std::string, v1::ReplayEntry> table = kTable;
+  for (auto& [policy, entry] : table) {
+    entry.mutable_result()->set_status(v1::TRIAL_STATUS_FAILED);
+    entry.mutable_result()->clear_ranks();
+    for (int r = 0; r < 40000; ++r) {  // ~8 MiB of ranks per entry
+      v1::RankResult* rank = entry.mutable_result()->add_ranks();
+      rank->set_rank(r);
+      rank->set_peak_allocated_bytes(1ull << 40);
+      rank->set_peak_reserved_bytes(1ull << 40);
+      rank->set_static_bytes(1ull << 40);
+      rank->set_step_time_s(0.5);
+      for (int k = 0; k < 20; ++k) rank->add_step_times_s(0.5);
+    }
+  }
+  const std::string w = Register(64);
+  SubmitScripted("big", table);
+  auto got = LeaseNow(w, 64);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_GE(got->trials_size(), 1);
+  EXPECT_LT(got->trials_size(), static_cast<int>(table.size()));
+  EXPECT_LE(got->ByteSizeLong(), 2 * search::limits::kMaxLeaseReplyBytes);
 }
 
 TEST_F(SchedulerTest, SilentWorkerLosesItsLeaseAndTheTrialRunsElsewhere) {
