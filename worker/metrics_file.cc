@@ -1,6 +1,7 @@
 #include "worker/metrics_file.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -21,10 +22,11 @@ absl::Status ReadU64(const json& obj, const char* key, const std::string& where,
     *out = v.get<uint64_t>();
   } else if (v.is_number_integer() && v.get<int64_t>() >= 0) {
     *out = static_cast<uint64_t>(v.get<int64_t>());
-  } else if (v.is_number_float() && v.get<double>() >= 0) {
-    *out = static_cast<uint64_t>(v.get<double>());
+  } else if (v.is_number_float() && v.get<double>() >= 0 && v.get<double>() < 0x1p64) {
+    *out = static_cast<uint64_t>(v.get<double>());  // in range: the cast is defined
   } else {
-    return absl::InvalidArgumentError(where + "." + key + ": must be a non-negative number");
+    return absl::InvalidArgumentError(where + "." + key +
+                                      ": must be a non-negative number below 2^64");
   }
   return absl::OkStatus();
 }
@@ -35,9 +37,13 @@ absl::Status ReadList(const json& obj, const char* key, const std::string& where
   if (!obj[key].is_array()) {
     return absl::InvalidArgumentError(where + "." + key + ": must be a list of numbers");
   }
+  // Step times feed the throughput the coordinator checks (finite, not negative): refuse them
+  // here, naming the key, rather than have the report refused.
+  const bool times = std::string(key) == "step_times_s";
   for (const json& v : obj[key]) {
-    if (!v.is_number()) {
-      return absl::InvalidArgumentError(where + "." + key + ": must be a list of numbers");
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || (times && v.get<double>() < 0)) {
+      return absl::InvalidArgumentError(where + "." + key + ": must be a list of " +
+                                        (times ? "non-negative numbers" : "finite numbers"));
     }
     out->push_back(v.get<double>());
   }
@@ -70,10 +76,12 @@ absl::StatusOr<JobMetrics> ParseMetricsJson(const std::string& json_text) {
       if (!r.is_object()) return absl::InvalidArgumentError(where + ": must be an object");
       RankMetrics m;
       if (r.contains("rank")) {
-        if (!r["rank"].is_number_integer() || r["rank"].get<int>() < 0) {
-          return absl::InvalidArgumentError(where + ".rank: must be a non-negative integer");
+        if (!r["rank"].is_number_integer() || r["rank"].get<int64_t>() < 0 ||
+            r["rank"].get<int64_t>() >= search::limits::kMaxWorldSize) {
+          return absl::InvalidArgumentError(where + ".rank: must be a non-negative integer below " +
+                                            std::to_string(search::limits::kMaxWorldSize));
         }
-        m.memory.rank = r["rank"].get<int>();
+        m.memory.rank = static_cast<int>(r["rank"].get<int64_t>());
       }
       for (auto [key, field] :
            {std::pair<const char*, uint64_t*>{"peak_allocated_bytes",
