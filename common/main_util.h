@@ -21,7 +21,9 @@ int Fail(int code, const std::string& message);
 // exception that escapes `body` (or any thread: the terminate handler is replaced) becomes one
 // "error: internal error: ..." line and exit 1. Bad input never gets here (parsers return
 // statuses, and mains exit 2 naming the field); this is the backstop.
-//   int main(int argc, char** argv) { return common::GuardedMain([&] { return Run(argc, argv); }); }
+//   int main(int argc, char** argv) {
+//     return common::GuardedMain([&] { return Run(argc, argv); });
+//   }
 int GuardedMain(const std::function<int()>& body);
 
 // The folder of the running executable (from /proc/self/exe); "." when that cannot be read.

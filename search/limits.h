@@ -45,8 +45,8 @@ inline constexpr size_t kMaxQuotedValueBytes = 64;
 // Model and layout ranges (inclusive upper bounds; the lower bounds are the fields' own, e.g.
 // positive). Far above real recipes, low enough that the memory and FLOP model's doubles stay
 // exact and planning takes milliseconds.
-inline constexpr int64_t kMaxLayers = 1024;            // num_layers, proxy depths, stage layers, VPP
-inline constexpr int64_t kMaxHiddenSize = 1 << 18;     // hidden, FFN, MoE FFN, LoRA ranks, head dims
+inline constexpr int64_t kMaxLayers = 1024;         // num_layers, proxy depths, stage layers, VPP
+inline constexpr int64_t kMaxHiddenSize = 1 << 18;  // hidden, FFN, MoE FFN, LoRA ranks, head dims
 inline constexpr int64_t kMaxAttentionHeads = 4096;    // heads, query groups
 inline constexpr int64_t kMaxSeqLength = 1 << 22;      // tokens
 inline constexpr int64_t kMaxVocabSize = 1 << 22;

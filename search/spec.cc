@@ -350,7 +350,8 @@ Status ValidateLimits(const SearchSpec& spec) {
            {"model.v_head_dim", m.v_head_dim}}) {
     REMAT_SEARCH_RETURN_IF_ERROR(AtMost(field, value, l::kMaxHiddenSize));
   }
-  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.ffn_hidden_size", m.ffn_hidden_size, l::kMaxHiddenSize));
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      AtMost("model.ffn_hidden_size", m.ffn_hidden_size, l::kMaxHiddenSize));
   REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.kv_channels", m.kv_channels, l::kMaxHiddenSize));
   REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.q_lora_rank", m.q_lora_rank, l::kMaxHiddenSize));
   REMAT_SEARCH_RETURN_IF_ERROR(

@@ -75,12 +75,13 @@ absl::Status ValidateWireResult(const v1::TrialResult& result, const std::string
     return absl::InvalidArgumentError(
         where + ".status: must be a final status (ok, oom, failed, timeout, invalid or cancelled)");
   }
-  for (const auto& [value, field] : {std::pair<double, const char*>{result.step_time_s(), "step_time_s"},
-                                     {result.step_time_spread_s(), "step_time_spread_s"},
-                                     {result.tokens_per_s(), "tokens_per_s"},
-                                     {result.model_tflops(), "model_tflops"},
-                                     {result.setup_s(), "setup_s"},
-                                     {result.wall_s(), "wall_s"}}) {
+  for (const auto& [value, field] :
+       {std::pair<double, const char*>{result.step_time_s(), "step_time_s"},
+        {result.step_time_spread_s(), "step_time_spread_s"},
+        {result.tokens_per_s(), "tokens_per_s"},
+        {result.model_tflops(), "model_tflops"},
+        {result.setup_s(), "setup_s"},
+        {result.wall_s(), "wall_s"}}) {
     REMAT_RETURN_IF_ERROR(Figure(value, where + "." + field));
   }
   REMAT_RETURN_IF_ERROR(Ranks(result.ranks(), where, world_size));

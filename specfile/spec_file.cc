@@ -161,7 +161,8 @@ class Section {
     try {
       *out = n.as<uint64_t>();
     } catch (const YAML::Exception&) {
-      return InvalidArgument(Key(key) + ": must be a non-negative integer, got " + Quote(n.Scalar()));
+      return InvalidArgument(Key(key) + ": must be a non-negative integer, got " +
+                             Quote(n.Scalar()));
     }
     return search::OkStatus();
   }
