@@ -403,7 +403,10 @@ class WorkerDaemon::Impl {
 
   // True when the report is settled (delivered or refused for good).
   bool Send(v1::ReportTrialRequest report) {
-    report.set_worker_id(worker_id());
+    // A report answers the lease of the id it was made under (the coordinator accepts it only
+    // from that id): a restarted worker redelivers its predecessor's spooled reports under the
+    // predecessor's id, which its token registered too.
+    if (report.worker_id().empty()) report.set_worker_id(worker_id());
     auto response = client_->ReportTrial(report);
     if (!response.ok()) {
       if (IsTransient(response.status())) {

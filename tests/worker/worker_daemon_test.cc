@@ -265,6 +265,7 @@ TEST_F(DaemonTest, ARestartedWorkerSendsWhatItsPredecessorSpooled) {
   ResultSpool spool(dir_ / "spool");
   ASSERT_TRUE(spool.Init().ok());
   v1::ReportTrialRequest old;
+  old.set_worker_id("w-0");  // the predecessor's id: the lease the report answers
   old.set_trial_id("t-old");
   old.set_attempt(2);
   old.mutable_result()->set_status(v1::TRIAL_STATUS_OK);
@@ -276,7 +277,7 @@ TEST_F(DaemonTest, ARestartedWorkerSendsWhatItsPredecessorSpooled) {
   std::lock_guard<std::mutex> lock(coordinator_.mu);
   EXPECT_EQ(coordinator_.reports[0].trial_id(), "t-old");
   EXPECT_EQ(coordinator_.reports[0].attempt(), 2);
-  EXPECT_EQ(coordinator_.reports[0].worker_id(), "w-1");
+  EXPECT_EQ(coordinator_.reports[0].worker_id(), "w-0");
 }
 
 // Issue 14: a SIGKILLed worker's trial ran on beside its re-run and its folder stayed for ever.
