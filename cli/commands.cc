@@ -20,6 +20,8 @@
 #include "cli/submit_request.h"
 #include "common/main_util.h"
 #include "common/version.h"
+#include "search/limits.h"
+#include "search/text.h"
 
 namespace remat::cli {
 namespace {
@@ -87,8 +89,10 @@ int PrintImport(const search::StatusOr<std::string>& spec) {
 }
 
 int RunImportBridge(const std::string& path, const std::vector<std::string>& overrides) {
-  std::optional<std::string> text = ReadFile(path);
-  if (!text) return Fail(2, "FILE: cannot read " + path);
+  // A recipe someone handed over: a regular file of bounded size (not /dev/zero or a FIFO).
+  common::FileText file = common::ReadRegularFile(path, search::limits::kMaxImportFileBytes);
+  if (!file.text) return Fail(2, "FILE: " + search::QuoteForError(path, 256) + " " + file.error);
+  const std::optional<std::string>& text = file.text;
   std::string name = path.substr(path.find_last_of('/') + 1);
   name = name.substr(0, name.find_last_of('.'));
   return PrintImport(ImportBridge(*text, overrides, name));

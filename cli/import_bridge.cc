@@ -5,6 +5,7 @@
 
 #include "cli/import_spec.h"
 #include "cli/import_yaml_util.h"
+#include "search/text.h"
 
 namespace remat::cli {
 namespace {
@@ -114,9 +115,10 @@ bool IsTrue(const YAML::Node& n) {
 
 }  // namespace
 
-search::StatusOr<std::string> ImportBridge(const std::string& yaml_text,
-                                           const std::vector<std::string>& overrides,
-                                           const std::string& name) {
+namespace {
+search::StatusOr<std::string> ImportBridgeUnguarded(const std::string& yaml_text,
+                                                    const std::vector<std::string>& overrides,
+                                                    const std::string& name) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -372,6 +374,21 @@ search::StatusOr<std::string> ImportBridge(const std::string& yaml_text,
                            " (the data-parallel size is not in the input: pass parallel.data_parallel_size=N)");
   }
   return spec;
+}
+
+}  // namespace
+
+search::StatusOr<std::string> ImportBridge(const std::string& yaml_text,
+                                           const std::vector<std::string>& overrides,
+                                           const std::string& name) {
+  // A recipe is any YAML: a key that is a list or a value of the wrong shape makes yaml-cpp
+  // throw; that is bad input (exit 2), not a crash.
+  try {
+    return ImportBridgeUnguarded(yaml_text, overrides, name);
+  } catch (const std::exception& e) {
+    return InvalidArgument("config: " + search::BoundedUtf8(e.what(), 200) +
+                           " (keys must be plain strings)");
+  }
 }
 
 }  // namespace remat::cli

@@ -94,7 +94,7 @@ std::optional<int> ParseInt(const std::string& s) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int RealMain(int argc, char** argv) {
   const auto process_start = Clock::now();
   InstallCrashReporter();
   std::map<std::string, std::string> args;
@@ -219,4 +219,8 @@ int main(int argc, char** argv) {
     std::cout << std::endl;
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return remat::common::GuardedMain([&] { return RealMain(argc, argv); });
 }

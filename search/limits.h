@@ -15,6 +15,10 @@ namespace remat::search::limits {
 inline constexpr size_t kMaxSpecFileBytes = 1u << 20;          // 1 MiB
 inline constexpr size_t kMaxReplayTableFileBytes = 16u << 20;  // 16 MiB
 inline constexpr size_t kMaxReplayTableEntries = 100000;
+// A configuration `remat import bridge` reads.
+inline constexpr size_t kMaxImportFileBytes = 4u << 20;
+// A command-backend job's metrics file (worker/metrics_file.h), per rank.
+inline constexpr size_t kMaxMetricsFileBytes = 16u << 20;
 
 // Strings in a spec: the name, template names, file names, enum values.
 inline constexpr size_t kMaxNameBytes = 256;         // `name`, `search.command_template`
@@ -30,14 +34,19 @@ inline constexpr size_t kMaxPolicyBytes = 256;
 // Strings from trials (messages, stderr tails) once they enter a protobuf message: valid UTF-8,
 // cut to this many bytes.
 inline constexpr size_t kMaxTrialMessageBytes = 4096;
+// The coordinator's gRPC messages, both ways (a search with its replay table, a search's
+// trials), and how much of that one LeaseTrial reply fills before it stops adding trials.
+inline constexpr int kMaxGrpcMessageBytes = 64 << 20;
+inline constexpr size_t kMaxLeaseReplyBytes = 16u << 20;
+
 // A value quoted in an error line is cut to this many bytes.
 inline constexpr size_t kMaxQuotedValueBytes = 64;
 
 // Model and layout ranges (inclusive upper bounds; the lower bounds are the fields' own, e.g.
 // positive). Far above real recipes, low enough that the memory and FLOP model's doubles stay
 // exact and planning takes milliseconds.
-inline constexpr int64_t kMaxLayers = 1024;            // num_layers, proxy depths, stage layers, VPP
-inline constexpr int64_t kMaxHiddenSize = 1 << 18;     // hidden, FFN, MoE FFN, LoRA ranks, head dims
+inline constexpr int64_t kMaxLayers = 1024;         // num_layers, proxy depths, stage layers, VPP
+inline constexpr int64_t kMaxHiddenSize = 1 << 18;  // hidden, FFN, MoE FFN, LoRA ranks, head dims
 inline constexpr int64_t kMaxAttentionHeads = 4096;    // heads, query groups
 inline constexpr int64_t kMaxSeqLength = 1 << 22;      // tokens
 inline constexpr int64_t kMaxVocabSize = 1 << 22;

@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <set>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "proto/convert.h"
+#include "search/limits.h"
 #include "search/memory_model.h"
 #include "search/policy.h"
 #include "search/remeasure.h"
+#include "search/text.h"
 #include "server/status_util.h"
 
 namespace remat::server {
@@ -35,6 +38,66 @@ search::TrialResult ResultToDomain(const std::string& policy, const v1::TrialRes
   return r;
 }
 
+namespace {
+
+absl::Status Figure(double v, const std::string& field) {
+  if (!std::isfinite(v) || v < 0) {
+    return absl::InvalidArgumentError(field + ": must be a finite number, not negative");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Ranks(const google::protobuf::RepeatedPtrField<v1::RankResult>& ranks,
+                   const std::string& where, int world_size) {
+  if (ranks.size() > world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".ranks: ", ranks.size(), " ranks for a world of ", world_size));
+  }
+  for (int i = 0; i < ranks.size(); ++i) {
+    const v1::RankResult& r = ranks[i];
+    const std::string at = absl::StrCat(where, ".ranks[", i, "]");
+    if (r.rank() < 0 || r.rank() >= world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ".rank: ", r.rank(), " is not a rank of a world of ", world_size));
+    }
+    REMAT_RETURN_IF_ERROR(Figure(r.step_time_s(), at + ".step_time_s"));
+    if (r.step_times_s_size() > search::limits::kMaxSteps + 1000) {
+      return absl::InvalidArgumentError(at + ".step_times_s: too many steps");
+    }
+    for (double t : r.step_times_s()) REMAT_RETURN_IF_ERROR(Figure(t, at + ".step_times_s"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateWireResult(const v1::TrialResult& result, const std::string& where,
+                                int world_size) {
+  if (!IsFinal(result.status())) {
+    return absl::InvalidArgumentError(
+        where + ".status: must be a final status (ok, oom, failed, timeout, invalid or cancelled)");
+  }
+  for (const auto& [value, field] :
+       {std::pair<double, const char*>{result.step_time_s(), "step_time_s"},
+        {result.step_time_spread_s(), "step_time_spread_s"},
+        {result.tokens_per_s(), "tokens_per_s"},
+        {result.model_tflops(), "model_tflops"},
+        {result.setup_s(), "setup_s"},
+        {result.wall_s(), "wall_s"}}) {
+    REMAT_RETURN_IF_ERROR(Figure(value, where + "." + field));
+  }
+  REMAT_RETURN_IF_ERROR(Ranks(result.ranks(), where, world_size));
+  if (result.proxies_size() > 16) {
+    return absl::InvalidArgumentError(where + ".proxies: more than 16 depths");
+  }
+  for (int i = 0; i < result.proxies_size(); ++i) {
+    const std::string at = absl::StrCat(where, ".proxies[", i, "]");
+    REMAT_RETURN_IF_ERROR(Figure(result.proxies(i).step_time_s(), at + ".step_time_s"));
+    REMAT_RETURN_IF_ERROR(Ranks(result.proxies(i).ranks(), at, world_size));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<SearchRun>> SearchRun::FromRequest(
     const std::string& owner, const v1::SubmitSearchRequest& request) {
   auto spec = proto::FromProto(request.spec());
@@ -54,13 +117,28 @@ absl::StatusOr<std::unique_ptr<SearchRun>> SearchRun::FromRequest(
       return absl::InvalidArgumentError(
           "replay_table: backend replay needs the table's entries (the client sends the table)");
     }
+    if (request.replay_table().trials_size() >
+        static_cast<int>(search::limits::kMaxReplayTableEntries)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replay_table: more than ", search::limits::kMaxReplayTableEntries, " trials"));
+    }
     for (const auto& [key, entry] : request.replay_table().trials()) {
       auto policy = search::ParsePolicy(key);
       if (!policy.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("replay_table: \"", key, "\": ", policy.status().message()));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "replay_table: ", search::QuoteForError(key), ": ", policy.status().message()));
       }
-      (*s->rec.replay_table.mutable_trials())[policy->ToString()] = entry;
+      const std::string where = "replay_table[" + policy->ToString() + "].result";
+      REMAT_RETURN_IF_ERROR(ValidateWireResult(entry.result(), where,
+                                               static_cast<int>(search::limits::kMaxWorldSize)));
+      if (!std::isfinite(entry.wall_s()) || entry.wall_s() < 0) {
+        return absl::InvalidArgumentError("replay_table[" + policy->ToString() +
+                                          "].wall_s: must be a finite number, not negative");
+      }
+      v1::ReplayEntry& kept = (*s->rec.replay_table.mutable_trials())[policy->ToString()];
+      kept = entry;
+      kept.mutable_result()->set_message(search::BoundedUtf8(
+          entry.result().message(), search::limits::kMaxTrialMessageBytes));
     }
   }
   if (s->spec.search.backend == search::Backend::kCommand &&

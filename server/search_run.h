@@ -36,6 +36,14 @@ bool IsFinished(v1::SearchState s);
 // one, so a strategy still observes every trial it proposed.
 search::TrialResult ResultToDomain(const std::string& policy, const v1::TrialResult& msg);
 
+// Checks a result that came over the wire (a worker's report, a replay entry sent with a
+// search): a final status, figures that are finite and not negative, at most `world_size` ranks
+// numbered below it (limits::kMaxWorldSize for a replay table), bounded lists. InvalidArgument
+// naming `where` and the field ("result.ranks[2].rank: ..."). The message is not checked: the
+// caller bounds it (search/text.h BoundedUtf8).
+absl::Status ValidateWireResult(const v1::TrialResult& result, const std::string& where,
+                                int world_size);
+
 struct RunTrial {
   TrialRecord rec;
   // A second measurement of a near-tie (search/remeasure.h): not the strategy's, and never

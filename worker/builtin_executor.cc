@@ -57,6 +57,7 @@ class BuiltinExecutor : public TrialExecutor {
 
     GroupLimits limits = options_.limits;
     limits.timeout_s = timeout;
+    limits.group_record_path = (dir / kGroupRecordFile).string();
     GroupOutcome outcome = RunProcessGroup(children, limits, context.cancel);
     if (outcome.cancelled) return StatusResult(TrialStatus::kCancelled, "cancelled");
     if (outcome.timed_out) {

@@ -79,6 +79,7 @@ class CommandExecutor : public TrialExecutor {
 
     GroupLimits limits = options_.limits;
     limits.timeout_s = so.trial_timeout_s;
+    limits.group_record_path = (dir / kGroupRecordFile).string();
     GroupOutcome outcome = RunProcessGroup({child}, limits, context.cancel);
     const ChildExit& exit = outcome.children[0];
     if (outcome.cancelled) return StatusResult(TrialStatus::kCancelled, "cancelled");

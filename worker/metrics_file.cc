@@ -1,6 +1,7 @@
 #include "worker/metrics_file.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -10,6 +11,7 @@
 #include "absl/status/status.h"
 #include "common/read_file.h"
 #include "search/steady_state.h"
+#include "search/limits.h"
 
 namespace remat::worker {
 namespace {
@@ -23,10 +25,11 @@ absl::Status ReadU64(const json& obj, const char* key, const std::string& where,
     *out = v.get<uint64_t>();
   } else if (v.is_number_integer() && v.get<int64_t>() >= 0) {
     *out = static_cast<uint64_t>(v.get<int64_t>());
-  } else if (v.is_number_float() && v.get<double>() >= 0) {
-    *out = static_cast<uint64_t>(v.get<double>());
+  } else if (v.is_number_float() && v.get<double>() >= 0 && v.get<double>() < 0x1p64) {
+    *out = static_cast<uint64_t>(v.get<double>());  // in range: the cast is defined
   } else {
-    return absl::InvalidArgumentError(where + "." + key + ": must be a non-negative number");
+    return absl::InvalidArgumentError(where + "." + key +
+                                      ": must be a non-negative number below 2^64");
   }
   return absl::OkStatus();
 }
@@ -37,9 +40,13 @@ absl::Status ReadList(const json& obj, const char* key, const std::string& where
   if (!obj[key].is_array()) {
     return absl::InvalidArgumentError(where + "." + key + ": must be a list of numbers");
   }
+  // Step times feed the throughput the coordinator checks (finite, not negative): refuse them
+  // here, naming the key, rather than have the report refused.
+  const bool times = std::string(key) == "step_times_s";
   for (const json& v : obj[key]) {
-    if (!v.is_number()) {
-      return absl::InvalidArgumentError(where + "." + key + ": must be a list of numbers");
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || (times && v.get<double>() < 0)) {
+      return absl::InvalidArgumentError(where + "." + key + ": must be a list of " +
+                                        (times ? "non-negative numbers" : "finite numbers"));
     }
     out->push_back(v.get<double>());
   }
@@ -72,10 +79,12 @@ absl::StatusOr<JobMetrics> ParseMetricsJson(const std::string& json_text) {
       if (!r.is_object()) return absl::InvalidArgumentError(where + ": must be an object");
       RankMetrics m;
       if (r.contains("rank")) {
-        if (!r["rank"].is_number_integer() || r["rank"].get<int>() < 0) {
-          return absl::InvalidArgumentError(where + ".rank: must be a non-negative integer");
+        if (!r["rank"].is_number_integer() || r["rank"].get<int64_t>() < 0 ||
+            r["rank"].get<int64_t>() >= search::limits::kMaxWorldSize) {
+          return absl::InvalidArgumentError(where + ".rank: must be a non-negative integer below " +
+                                            std::to_string(search::limits::kMaxWorldSize));
         }
-        m.memory.rank = r["rank"].get<int>();
+        m.memory.rank = static_cast<int>(r["rank"].get<int64_t>());
       }
       for (auto [key, field] :
            {std::pair<const char*, uint64_t*>{"peak_allocated_bytes",
@@ -140,8 +149,11 @@ absl::StatusOr<JobMetrics> ReadMetricsFiles(const std::string& path) {
   JobMetrics merged;
   std::map<int, RankMetrics> by_rank;
   for (const std::string& f : files) {
-    // A file that vanished since it was listed reads as empty: "not valid JSON", naming it.
-    auto m = ParseMetricsJson(common::ReadFile(f).value_or(""));
+    // The job wrote (or linked) it: read only a regular file of bounded size, so a metrics
+    // file that is /dev/zero or a FIFO cannot hang the worker or fill its memory.
+    common::FileText text = common::ReadRegularFile(f, search::limits::kMaxMetricsFileBytes);
+    if (!text.text) return absl::InvalidArgumentError(f + ": " + text.error);
+    auto m = ParseMetricsJson(*text.text);
     if (!m.ok()) {
       return absl::InvalidArgumentError(f + ": " + std::string(m.status().message()));
     }

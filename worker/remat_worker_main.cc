@@ -25,7 +25,7 @@ using remat::common::ReadFile;
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int RealMain(int argc, char** argv) {
   CLI::App app{"remat-worker: runs remat trials on this machine for a remat coordinator"};
   std::string coordinator, gpus, token_file, tls_ca, work_dir, trial_binary, templates_file;
   std::string log_level = "info";
@@ -231,4 +231,8 @@ int main(int argc, char** argv) {
   stop_signals.Finish();
   if (!status.ok()) return Fail(1, "coordinator " + coordinator + ": " + status.ToString());
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return remat::common::GuardedMain([&] { return RealMain(argc, argv); });
 }

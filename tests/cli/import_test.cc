@@ -271,7 +271,7 @@ TEST(ImportCli, BridgeFileAndOverrides) {
   ASSERT_TRUE(spec.ok()) << spec.status().message();
   EXPECT_EQ(spec->name, "bridge-qwen-moe");  // the file's stem
   EXPECT_EQ(Cli({"import", "bridge", "/nonexistent.yaml"}, &out, &err), 2);
-  EXPECT_EQ(err, "error: FILE: cannot read /nonexistent.yaml\n");
+  EXPECT_EQ(err, "error: FILE: \"/nonexistent.yaml\" cannot be read: No such file or directory\n");
 }
 
 }  // namespace

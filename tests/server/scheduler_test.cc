@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <set>
 
@@ -38,7 +40,7 @@ class SchedulerTest : public ::testing::Test {
   }
 
   void StartScheduler() {
-    SchedulerOptions o;
+    SchedulerOptions o = options_;
     o.lease_timeout_s = 15;
     o.heartbeat_interval_s = 2;
     o.max_trial_attempts = 3;
@@ -122,6 +124,7 @@ class SchedulerTest : public ::testing::Test {
     return v1::Trial();
   }
 
+  SchedulerOptions options_;  // what a test changes before StartScheduler
   FakeClock clock_;
   Metrics metrics_{"test"};
   std::unique_ptr<FaultyStore> store_;
@@ -229,6 +232,99 @@ TEST_F(SchedulerTest, ReportedMessagesAreBounded) {
   const std::string kept = TrialOf(Get(id), "selective:[]").result().message();
   EXPECT_LE(kept.size(), search::limits::kMaxTrialMessageBytes);
   EXPECT_EQ(kept.substr(0, 10), "eeeeeeeeee");
+}
+
+TEST_F(SchedulerTest, ReportsAreValidatedBeforeTheyCount) {
+  const std::string w = Register(1);
+  const std::string id = SubmitScripted("s", kTable, {"selective:[]"});
+  v1::TrialAssignment a = LeaseOne(w);
+  const v1::TrialResult good = a.replay().result();
+  const std::pair<std::function<void(v1::TrialResult&)>, std::string> bad[] = {
+      {[](v1::TrialResult& r) { r.mutable_ranks(0)->set_rank(5); }, "result.ranks[0].rank:"},
+      {[](v1::TrialResult& r) { r.add_ranks()->set_rank(0); }, "result.ranks: 2 ranks"},
+      {[](v1::TrialResult& r) { r.set_tokens_per_s(-1); }, "result.tokens_per_s:"},
+      {[](v1::TrialResult& r) { r.set_step_time_s(std::nan("")); }, "result.step_time_s:"},
+      {[](v1::TrialResult& r) { r.mutable_ranks(0)->add_step_times_s(-0.5); },
+       "result.ranks[0].step_times_s:"},
+  };
+  for (const auto& [edit, start] : bad) {
+    v1::TrialResult r = good;
+    edit(r);
+    auto st = Report(w, a, r);
+    ASSERT_FALSE(st.ok()) << start;
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(st.status().message()).rfind(start, 0), 0u) << st.status().message();
+  }
+  EXPECT_EQ(Get(id).trials_done(), 0);
+  ASSERT_TRUE(*Report(w, a, good));
+  EXPECT_EQ(Get(id).trials_done(), 1);
+}
+
+TEST_F(SchedulerTest, ReplayTablesAreValidatedAtSubmit) {
+  std::map<std::string, v1::ReplayEntry> table = kTable;
+  table["selective:[]"].mutable_result()->set_status(v1::TRIAL_STATUS_RUNNING);
+  auto r = sched_->SubmitSearch(Principal::Anonymous(), Submit(SmallSpec("t"), table));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("replay_table[selective:[]].result.status"),
+            std::string::npos) << r.status().message();
+  table = kTable;
+  table["selective:[]"].set_wall_s(-1);
+  r = sched_->SubmitSearch(Principal::Anonymous(), Submit(SmallSpec("t"), table));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("wall_s"), std::string::npos) << r.status().message();
+}
+
+// Issue 14: one user cannot fill the coordinator with searches or trials; others still submit.
+TEST_F(SchedulerTest, PerUserLimitsOnSearchesAndTrials) {
+  options_.max_searches_per_user = 2;
+  options_.max_trials_per_user = 6;
+  StartScheduler();
+  const Principal alice = Principal::User("alice");
+  const Principal bob = Principal::User("bob");
+  const std::map<std::string, v1::ReplayEntry> two = {{"selective:[]", Entry(70, 0.5)},
+                                                      {"full:uniform:1", Entry(30, 0.7)}};
+  SubmitScripted("a1", two, {}, alice);
+  SubmitScripted("a2", two, {}, alice);
+  scripts_["a3"] = {"selective:[]"};
+  auto third = sched_->SubmitSearch(alice, Submit(SmallSpec("a3"), two));
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("--max-searches-per-user"), std::string::npos)
+      << third.status().message();
+  SubmitScripted("b1", two, {}, bob);  // bob is not alice
+  scripts_["b2"] = {"selective:[]", "full:uniform:1", "full:block:1", "selective:[core_attn]",
+                    "full:uniform:2"};
+  auto many = sched_->SubmitSearch(bob, Submit(SmallSpec("b2"), kTable));
+  ASSERT_FALSE(many.ok());  // 2 + 5 trials > 6
+  EXPECT_EQ(many.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(many.status().message().find("--max-trials-per-user"), std::string::npos);
+}
+
+// A lease reply never outgrows the transport: a worker with many free slots gets the trials
+// whose assignments fit limits::kMaxLeaseReplyBytes, the rest in its next lease.
+TEST_F(SchedulerTest, LeaseRepliesStayUnderTheTransportLimit) {
+  std::map<std::string, v1::ReplayEntry> table = kTable;
+  for (auto& [policy, entry] : table) {
+    entry.mutable_result()->set_status(v1::TRIAL_STATUS_FAILED);
+    entry.mutable_result()->clear_ranks();
+    for (int r = 0; r < 40000; ++r) {  // ~8 MiB of ranks per entry
+      v1::RankResult* rank = entry.mutable_result()->add_ranks();
+      rank->set_rank(r);
+      rank->set_peak_allocated_bytes(1ull << 40);
+      rank->set_peak_reserved_bytes(1ull << 40);
+      rank->set_static_bytes(1ull << 40);
+      rank->set_step_time_s(0.5);
+      for (int k = 0; k < 20; ++k) rank->add_step_times_s(0.5);
+    }
+  }
+  const std::string w = Register(64);
+  SubmitScripted("big", table);
+  auto got = LeaseNow(w, 64);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_GE(got->trials_size(), 1);
+  EXPECT_LT(got->trials_size(), static_cast<int>(table.size()));
+  EXPECT_LE(got->ByteSizeLong(), 2 * search::limits::kMaxLeaseReplyBytes);
 }
 
 TEST_F(SchedulerTest, SilentWorkerLosesItsLeaseAndTheTrialRunsElsewhere) {

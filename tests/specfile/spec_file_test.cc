@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "search/limits.h"
+
 namespace remat::spec {
 namespace {
 
@@ -116,7 +118,7 @@ TEST(SpecFileTest, BadInputNamesTheKey) {
       {"", "spec: must be a YAML mapping"},
       {"model: [1, 2]\n", "model: must be a mapping"},
       {"model:\n  num_layers: two\n  hidden_size: 64\n  num_attention_heads: 4\n  seq_length: 8\n  vocab_size: 8\n",
-       "model.num_layers: must be an integer, got 'two'"},
+       "model.num_layers: must be an integer, got \"two\""},
       {"model:\n  num_layers: 2.5\n  hidden_size: 64\n  num_attention_heads: 4\n  seq_length: 8\n  vocab_size: 8\n",
        "model.num_layers: must be an integer"},
       {"model:\n  num_layers: 99999999999\n  hidden_size: 64\n  num_attention_heads: 4\n  seq_length: 8\n  vocab_size: 8\n",
@@ -126,9 +128,9 @@ TEST(SpecFileTest, BadInputNamesTheKey) {
       {base + "  hidden_sise: 64\n", "model.hidden_sise: unknown key"},
       {base + "extra: 1\n", "extra: unknown key"},
       {base + "search:\n  memory_metric: peak\n",
-       "search.memory_metric: must be one of reserved, allocated, got 'peak'"},
+       "search.memory_metric: must be one of reserved, allocated, got \"peak\""},
       {base + "search:\n  objective: fastest\n",
-       "search.objective: must be one of frontier, recommend, got 'fastest'"},
+       "search.objective: must be one of frontier, recommend, got \"fastest\""},
       {base + "search:\n  memory_budget_gib: lots\n",
        "search.memory_budget_gib: must be a number"},
       {base + "  gated_linear_unit: maybe\n",
@@ -172,6 +174,67 @@ TEST(SpecFileTest, SteadyStateKeysAndDefaults) {
   EXPECT_EQ(set->search.warmup_max_steps, 12);
   EXPECT_EQ(set->search.steady_window, 4);
   EXPECT_DOUBLE_EQ(set->search.steady_tolerance, 0.02);
+
+// Strict YAML (issue 14): what yaml-cpp accepts but a spec must not be.
+TEST(SpecFileTest, DuplicateAndNonScalarKeysAreRefused) {
+  const std::string base = kMinimal;
+  const BadYaml cases[] = {
+      {base + "model:\n  num_layers: 4\n", "model: duplicate key"},
+      {base + "  num_layers: 3\n", "model.num_layers: duplicate key"},
+      {base + "search:\n  max_trials: 3\n  max_trials: 4\n", "search.max_trials: duplicate key"},
+      {base + "{[a, b]: 1}: 2\n", "spec: a key must be a plain string"},
+      {"? [a, b]\n: 1\n" + base, "spec: a key must be a plain string"},
+      {base + "  ? {x: 1}\n  : 2\n", "model: a key must be a plain string"},
+      {base + "search:\n  ? [a]\n  : 1\n", "search: a key must be a plain string"},
+  };
+  for (const auto& c : cases) {
+    auto s = ParseSpecYaml(c.yaml);
+    ASSERT_FALSE(s.ok()) << c.yaml;
+    EXPECT_EQ(s.status().message().rfind(c.message_start, 0), 0u)
+        << "yaml:\n" << c.yaml << "\nmessage: " << s.status().message();
+  }
+}
+
+TEST(SpecFileTest, TextMustBeUtf8AndUtf16WithABomIsRead) {
+  auto bad = ParseSpecYaml("name: \"caf\xE9\"\n" + std::string(kMinimal));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message().rfind("spec: not valid UTF-8 at line 1", 0), 0u)
+      << bad.status().message();
+  // YAML allows UTF-16 with a byte-order mark: read as the same spec.
+  const std::string utf8 = "name: caf\xC3\xA9\n" + std::string(kMinimal);
+  std::string utf16 = "\xFF\xFE";
+  for (char c : std::string("name: caf")) utf16 += std::string{c, '\0'};
+  utf16 += std::string("\xE9\0", 2);
+  for (char c : std::string("\n") + kMinimal) utf16 += std::string{c, '\0'};
+  auto s = ParseSpecYaml(utf16);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->name, "caf\xC3\xA9");
+  EXPECT_EQ(s->model.num_layers, 2);
+}
+
+TEST(SpecFileTest, ErrorsAreOneLineWithValuesQuotedAndCut) {
+  const std::string base = kMinimal;
+  for (const std::string& yaml :
+       {base + "  normalization: \"" + std::string(4 << 20, 'N') + "\"\n",
+        base + "  normalization: \"Layer\\nerror: Norm\"\n",
+        base + "  hidden_dropout: \"" + std::string(1 << 20, '9') + "x\"\n",
+        base + "search:\n  strategy: \"a\\u0000b\\rc\"\n"}) {
+    auto s = ParseSpecYaml(yaml);
+    ASSERT_FALSE(s.ok());
+    EXPECT_LT(s.status().message().size(), 400u) << s.status().message().substr(0, 400);
+    EXPECT_EQ(s.status().message().find_first_of("\n\r"), std::string::npos)
+        << s.status().message();
+  }
+  // An alias bomb is refused, not expanded.
+  std::string bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 0; i < 12; ++i) {
+    const std::string prev(1, static_cast<char>('a' + i)), next(1, static_cast<char>('b' + i));
+    bomb += next + ": &" + next + " [*" + prev + ", *" + prev + ", *" + prev + ", *" + prev +
+            ", *" + prev + ", *" + prev + ", *" + prev + ", *" + prev + ", *" + prev + "]\n";
+  }
+  auto s = ParseSpecYaml(bomb + base);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().message().rfind("spec: ", 0), 0u) << s.status().message();
 }
 
 TEST(SpecFileTest, MissingFileIsAClearError) {
@@ -192,6 +255,33 @@ TEST(SpecFileTest, ReplayTableErrors) {
       R"({"trials": {"none": {"status": "oom"}, "selective:[]": {"status": "oom"}}})");
   ASSERT_FALSE(dup.ok());
   EXPECT_NE(dup.status().message().find("twice"), std::string::npos);
+  // Issue 14: types and ranges are checked by name; a negative peak is not 2^64 - 1.
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"trials": {"none": {"status": "oom", "ranks": [{"peak_allocated_bytes": -5}]}}})",
+       "replay table: trials[\"none\"].ranks[0].peak_allocated_bytes: must be a non-negative"},
+      {R"({"trials": {"none": {"status": "oom", "ranks": [{"peak_reserved_bytes": 1.5}]}}})",
+       "replay table: trials[\"none\"].ranks[0].peak_reserved_bytes: must be a non-negative"},
+      {R"({"trials": {"none": {"status": "oom", "ranks": [{"rank": -1}]}}})",
+       "replay table: trials[\"none\"].ranks[0].rank: must be a non-negative"},
+      {R"({"trials": {"none": {"status": 3}}})", "replay table: trials[\"none\"].status: must be"},
+      {R"({"trials": {"none": {"status": "ok", "step_time_s": "fast"}}})",
+       "replay table: trials[\"none\"].step_time_s: must be a non-negative number"},
+      {R"({"trials": {"none": {"status": "oom", "wall_s": -1}}})",
+       "replay table: trials[\"none\"].wall_s: must be a non-negative number"},
+      {R"({"trials": {"none": {"status": "oom", "ranks": [7]}}})",
+       "replay table: trials[\"none\"].ranks[0]: must be an object"},
+  };
+  for (const auto& [json, start] : bad) {
+    auto t = ParseReplayTableJson(json);
+    ASSERT_FALSE(t.ok()) << json;
+    EXPECT_EQ(t.status().message().rfind(start, 0), 0u) << t.status().message();
+  }
+  auto long_message = ParseReplayTableJson(
+      R"({"trials": {"none": {"status": "failed", "message": ")" + std::string(1 << 20, 'm') +
+      "\"}}}");
+  ASSERT_TRUE(long_message.ok()) << long_message.status().message();
+  EXPECT_LE(long_message->at("selective:[]").result.message.size(),
+            search::limits::kMaxTrialMessageBytes);
   auto ok = ParseReplayTableJson(R"({"trials": {"none": {"status": "oom"}}})");
   ASSERT_TRUE(ok.ok());
   EXPECT_TRUE(ok->count("selective:[]"));

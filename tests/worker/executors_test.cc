@@ -335,6 +335,14 @@ TEST_F(CommandTest, StderrWithInvalidUtf8AndMegabytesStillMakesAParsableReport) 
       << parsed.result().message().substr(0, 200);
 }
 
+// A job that links its metrics file to /dev/zero cannot make the worker read for ever.
+TEST_F(CommandTest, AMetricsFileThatIsNotARegularFileIsAFailedTrial) {
+  search::TrialResult r =
+      Run("job: ln -s /dev/zero {metrics_file}.rank0\n", Assignment("cmd", 1, /*timeout_s=*/30));
+  EXPECT_EQ(r.status, TrialStatus::kFailed);
+  EXPECT_NE(r.message.find("is not a regular file"), std::string::npos) << r.message;
+}
+
 TEST_F(CommandTest, OnlyConfiguredTemplatesRun) {
   auto templates = ParseCommandTemplatesYaml("other: 'true'\n");
   ASSERT_TRUE(templates.ok());
@@ -414,6 +422,17 @@ TEST(MetricsFile, RefusesMalformedDocumentsNamingTheKey) {
   bad = ParseMetricsJson(R"({"ranks": [{"peak_allocated_bytes": -1}]})");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("peak_allocated_bytes"), std::string::npos);
+  // Found by fuzz_metrics_file (UBSan): a float above 2^64 was cast to uint64_t.
+  const std::pair<const char*, const char*> out_of_range[] = {
+      {R"({"ranks": [{"peak_allocated_bytes": 1.01111e+54}]})", "ranks[0].peak_allocated_bytes"},
+      {R"({"ranks": [{"rank": 4294967296}]})", "ranks[0].rank"},
+      {R"({"ranks": [{"rank": 0, "step_times_s": [0.5, -1]}]})", "ranks[0].step_times_s"},
+  };
+  for (const auto& [json, field] : out_of_range) {
+    bad = ParseMetricsJson(json);
+    ASSERT_FALSE(bad.ok()) << json;
+    EXPECT_NE(bad.status().message().find(field), std::string::npos) << bad.status().message();
+  }
 }
 
 // The command backend applies the steady-state rule (search/steady_state.h) to the reported step

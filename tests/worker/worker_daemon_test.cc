@@ -3,12 +3,15 @@
 #include "worker/worker_daemon.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <deque>
 #include <mutex>
 #include <thread>
 
 #include "tests/worker/test_util.h"
+#include "worker/process_runner.h"
 #include "worker/result_spool.h"
 
 namespace remat::worker {
@@ -16,6 +19,7 @@ namespace {
 
 using testing::TempDir;
 using testing::WaitUntil;
+using testing::WriteText;
 
 // A coordinator in memory. `up` false answers every call with UNAVAILABLE.
 class FakeCoordinator {
@@ -295,6 +299,7 @@ TEST_F(DaemonTest, ARestartedWorkerSendsWhatItsPredecessorSpooled) {
   ResultSpool spool(dir_ / "spool");
   ASSERT_TRUE(spool.Init().ok());
   v1::ReportTrialRequest old;
+  old.set_worker_id("w-0");  // the predecessor's id: the lease the report answers
   old.set_trial_id("t-old");
   old.set_attempt(2);
   old.mutable_result()->set_status(v1::TRIAL_STATUS_OK);
@@ -306,7 +311,35 @@ TEST_F(DaemonTest, ARestartedWorkerSendsWhatItsPredecessorSpooled) {
   std::lock_guard<std::mutex> lock(coordinator_.mu);
   EXPECT_EQ(coordinator_.reports[0].trial_id(), "t-old");
   EXPECT_EQ(coordinator_.reports[0].attempt(), 2);
-  EXPECT_EQ(coordinator_.reports[0].worker_id(), "w-1");
+  EXPECT_EQ(coordinator_.reports[0].worker_id(), "w-0");
+}
+
+// Issue 14: a SIGKILLed worker's trial ran on beside its re-run and its folder stayed for ever.
+// A restarted worker ends the group its predecessor recorded and removes the stale folders.
+TEST_F(DaemonTest, ARestartedWorkerEndsTheTrialProcessesItsPredecessorLeft) {
+  const std::string orphan_dir = dir_ / "trials/t-old.1";
+  const std::string stale_dir = dir_ / "trials/t-older.2";
+  std::filesystem::create_directories(orphan_dir);
+  std::filesystem::create_directories(stale_dir);
+  WriteText(stale_dir + "/stderr-0.log", "left behind");
+  const pid_t orphan = fork();
+  ASSERT_GE(orphan, 0);
+  if (orphan == 0) {
+    setpgid(0, 0);
+    execl("/bin/sleep", "sleep", "300", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(orphan, orphan);  // either side may win the race; both ask for the same group
+  ASSERT_TRUE(WaitUntil([&] { return ProcessStartTime(orphan) != 0; }));
+  ASSERT_TRUE(WriteGroupRecord(orphan_dir + "/" + kGroupRecordFile, orphan, orphan));
+
+  Start(1);
+  int status = 0;
+  ASSERT_TRUE(WaitUntil([&] { return waitpid(orphan, &status, WNOHANG) == orphan; }));
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  EXPECT_TRUE(WaitUntil([&] {
+    return !std::filesystem::exists(orphan_dir) && !std::filesystem::exists(stale_dir);
+  }));
 }
 
 TEST_F(DaemonTest, RefusedCredentialsEndRunWithTheError) {
