@@ -45,7 +45,8 @@ struct PeerTransfer {
   int peer = 0;      // the other member's index in the group
   // Transfers from one member to another are matched in posting order per tag (TCP). NCCL has no
   // tags: it matches every transfer between two members in posting order, so callers must post
-  // the transfers of different tags between one pair in the same order on both sides.
+  // the transfers of different tags between one pair in the same order on both sides. The TCP
+  // collectives emulate NCCL's semantics under REMAT_TCP_NCCL_P2P=1 (tcp_collectives.cc).
   int tag = 0;
   void* data = nullptr;  // const for a send
   size_t count = 0;      // elements; a receive's count must equal the matching send's
