@@ -170,6 +170,29 @@ TEST(PipelineEngineTest, InterleavedScheduleMatchesOneRank) {
       {"selective:[]", "full:block:1"}, /*tied=*/true, /*layers=*/8);
 }
 
+// Depth proxies of a pipeline layout: every stage runs the model cut to 2 and to 4 layers (one and
+// two per stage) and predicts its own peak at 8 layers; the prediction matches the real run.
+TEST(PipelineEngineTest, DepthProxiesPredictEveryStage) {
+  const fs::path dir = testing::TempDir("remat-pipeline");
+  const std::string train = "  micro_batch_size: 2\n  global_batch_size: 8\n";
+  const std::string parallel = "  pipeline_model_parallel_size: 2\n";
+  std::string proxy_yaml = Yaml(train, parallel, 8);
+  proxy_yaml.replace(proxy_yaml.find("  device: cpu"), 0, "  proxy_layers: [2, 4]\n");
+  const fs::path full = testing::WriteSpec(dir, "full.yaml", Yaml(train, parallel, 8));
+  const fs::path proxy = testing::WriteSpec(dir, "proxy.yaml", proxy_yaml);
+  const std::vector<nlohmann::json> measured = RunRanks(full, "selective:[core_attn]", 2);
+  const std::vector<nlohmann::json> predicted = RunRanks(proxy, "selective:[core_attn]", 2);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(measured[r]["status"], "ok") << measured[r].dump();
+    ASSERT_EQ(predicted[r]["status"], "ok") << predicted[r].dump();
+    EXPECT_TRUE(predicted[r]["predicted"].get<bool>());
+    EXPECT_LT(RelDiff(predicted[r]["ranks"][0]["peak_allocated_bytes"],
+                      measured[r]["ranks"][0]["peak_allocated_bytes"]),
+              0.01)
+        << "rank " << r;
+  }
+}
+
 // The schedules under NCCL's point-to-point semantics, emulated by the TCP collectives
 // (REMAT_TCP_NCCL_P2P: no tags, transfers between two ranks matched in posting order, an exchange
 // done only once its sends were received): 1F1B and interleaving with PP 4 neither deadlock nor
