@@ -22,7 +22,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -549,7 +548,7 @@ class Hub {
 class TcpCollectives final : public Collectives {
  public:
   explicit TcpCollectives(const CollectivesOptions& o)
-      : options_(o), nccl_p2p_(std::getenv("REMAT_TCP_NCCL_P2P") != nullptr) {}
+      : options_(o), nccl_p2p_(o.nccl_point_to_point) {}
 
   ~TcpCollectives() override {
     if (fd_ >= 0) {
@@ -821,10 +820,7 @@ class TcpCollectives final : public Collectives {
   }
 
   CollectivesOptions options_;
-  // REMAT_TCP_NCCL_P2P=1: point-to-point with NCCL's semantics (tags ignored: transfers between
-  // two ranks match in posting order; an exchange returns only once its sends were received),
-  // so CPU runs show whether a schedule would deadlock or mismatch over NCCL.
-  bool nccl_p2p_ = false;
+  bool nccl_p2p_ = false;  // CollectivesOptions::nccl_point_to_point
   int fd_ = -1;
   std::unique_ptr<Hub> hub_;
   std::map<int, uint64_t> seq_;
