@@ -731,9 +731,14 @@ struct GptModel::Impl {
       emb = Dropout(emb, m.hidden_dropout);
     }
 
+    // MLA applies its own rotary embedding to the qk_pos_emb_head_dim part whatever
+    // position_embedding_type says (Megatron's MultiLatentAttention builds it; GPTModel's rope is
+    // for standard attention only); learned absolute positions are added to the embedding too.
     at::Tensor freqs;
-    if (m.position_embedding_type == search::PositionEmbedding::kRope) {
-      freqs = RopeFreqs(m.multi_latent_attention ? m.qk_pos_emb_head_dim : kv_channels);
+    if (m.multi_latent_attention) {
+      freqs = RopeFreqs(m.qk_pos_emb_head_dim);
+    } else if (m.position_embedding_type == search::PositionEmbedding::kRope) {
+      freqs = RopeFreqs(kv_channels);
     }
     at::Tensor hidden_states = Block(emb, freqs, chunk.first_layer, chunk.num_layers);
     if (!chunk.has_loss) return hidden_states;

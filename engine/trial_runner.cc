@@ -10,16 +10,20 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <memory>
 #include <stdexcept>
 
 #include "search/depth_proxy.h"
 #include "search/pipeline.h"
 #include "search/rules.h"
+#include "search/steady_state.h"
 #include "search/trial.h"
 #include "engine/collectives.h"
 #include "engine/memory_tracker.h"
@@ -544,6 +548,7 @@ search::TrialResult RunTrial(const TrialOptions& o) {
     }
 
     const at::Device device = ChooseDevice(spec, o.rank);
+    result.versions = TrialVersions(device.is_cuda(), device.is_cuda() ? device.index() : -1);
     if (device.is_cuda() && spec.parallel.pipeline_model_parallel_size == 2 &&
         spec.parallel.VirtualChunks() > 1) {
       // Both activations and gradients travel between the same two ranks; NCCL matches them in
@@ -651,10 +656,12 @@ search::TrialResult RunTrial(const TrialOptions& o) {
     // forward_backward_func). The step's tokens are drawn at once on the host, so M micro-batches
     // of b sequences see the tokens of one micro-batch of M x b.
     const int microbatches = spec.NumMicrobatches();
-    const int steps = spec.search.warmup_steps + spec.search.measure_steps;
-    std::vector<double> times;
+    // Warm-up until the step times settle (search/steady_state.h), then measure_steps steps.
+    const search::SearchOptions& so = spec.search;
+    std::vector<double> warmup_times, times;
+    bool measuring = search::WarmupDone(so, warmup_times);
     result.setup_s = Seconds(start, Clock::now());
-    for (int step = 0; step < steps; ++step) {
+    for (int step = 0; !measuring || static_cast<int>(times.size()) < so.measure_steps; ++step) {
       const int64_t rows = static_cast<int64_t>(microbatches) * b;
       at::Tensor all_tokens, all_labels;
       if (reads_data) {
@@ -682,7 +689,8 @@ search::TrialResult RunTrial(const TrialOptions& o) {
       comm->Synchronize();
       SynchronizeDevice(device);
       const auto t1 = Clock::now();
-      if (step == spec.search.warmup_steps) {
+      if (step == so.warmup_steps) {
+        // The same step in every trial, whatever warm-up it takes, so that losses compare.
         // Megatron logs the loss averaged over the data-parallel ranks; the last pipeline stage
         // computes it (the others add zero).
         at::Tensor mean_loss = loss.defined() ? loss.to(at::kFloat).reshape({1}).clone()
@@ -693,8 +701,27 @@ search::TrialResult RunTrial(const TrialOptions& o) {
         result.loss = mean_loss.item<double>() / dp;
         result.grad_norm = norm.item<double>();
       }
-      if (step >= spec.search.warmup_steps) times.push_back(Seconds(t0, t1));
+      const double seconds = Seconds(t0, t1);
+      if (measuring) {
+        times.push_back(seconds);
+        continue;
+      }
+      rank.warmup_step_times_s.push_back(seconds);
+      // Every rank judges the slowest rank's times, so all of them stop warming up at the same
+      // step (their collectives must pair up).
+      double judged = seconds;
+      if (o.world_size > 1) {
+        at::Tensor t = at::full({1}, seconds, at::TensorOptions().dtype(at::kDouble).device(device));
+        AllReduceTensor(rt, comm->World(), t, ReduceOp::kMax);
+        comm->Synchronize();
+        judged = t.item<double>();
+      }
+      warmup_times.push_back(judged);
+      measuring = search::WarmupDone(so, warmup_times);
     }
+    rank.warmup_steps_taken = static_cast<int>(warmup_times.size());
+    result.warmup_steps_taken = rank.warmup_steps_taken;
+    result.warmup_settled = search::Settled(so, warmup_times);
     rank.static_bytes = optimizer.StaticBytes();
     rank.step_time_s = search::MedianStepTime(times);
     rank.step_times_s = times;
@@ -745,31 +772,83 @@ search::TrialResult RunTrial(const TrialOptions& o) {
   return result;
 }
 
-std::vector<std::pair<std::string, std::string>> EngineVersions() {
+namespace {
+
+#ifdef REMAT_WITH_CUDA
+// The NVIDIA kernel driver's release ("550.54.15"), from the file the driver publishes; else the
+// CUDA driver API version the runtime reports; "none" without CUDA.
+std::string DriverVersion() {
+  std::ifstream in("/proc/driver/nvidia/version");
+  std::string line;
+  if (std::getline(in, line)) {
+    const std::string marker = "Kernel Module";
+    const size_t at = line.find(marker);
+    if (at != std::string::npos) {
+      // "... Kernel Module  550.54.15  ..." or "... Open Kernel Module for x86_64  570.86.15 ...":
+      // the first word after the marker that starts with a digit.
+      std::istringstream rest(line.substr(at + marker.size()));
+      std::string word;
+      while (rest >> word) {
+        if (std::isdigit(static_cast<unsigned char>(word[0]))) return word;
+      }
+    }
+  }
+  int api = 0;
+  if (cudaDriverGetVersion(&api) == cudaSuccess && api > 0) {
+    return "cuda-api-" + std::to_string(api / 1000) + "." + std::to_string(api % 1000 / 10);
+  }
+  return "none";
+}
+#endif
+
+// What the engine runs with on `device` (a CUDA device index, or -1 for the CPU): the CUDA-side
+// entries are "none" for the CPU, whatever the build could do.
+std::vector<std::pair<std::string, std::string>> VersionsOn(int cuda_device) {
   std::vector<std::pair<std::string, std::string>> v;
   v.emplace_back("remat", common::kVersion);
   v.emplace_back("torch", TORCH_VERSION);
+  std::string cuda = "none", nccl = "none", driver = "none", gpu = "none";
+  std::string device = "cpu";
 #ifdef REMAT_WITH_CUDA
-  int runtime = 0;
-  cudaRuntimeGetVersion(&runtime);
-  v.emplace_back("cuda", std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10));
-  int nccl = 0;
-  ncclGetVersion(&nccl);
-  v.emplace_back("nccl", std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." +
-                             std::to_string(nccl % 100));
-  std::string name = "none";
-  int count = 0;
-  if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) {
+  if (cuda_device >= 0) {
+    int runtime = 0;
+    cudaRuntimeGetVersion(&runtime);
+    cuda = std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10);
+    int version = 0;
+    ncclGetVersion(&version);
+    nccl = std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
+           std::to_string(version % 100);
+    driver = DriverVersion();
     cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) name = prop.name;
+    if (cudaGetDeviceProperties(&prop, cuda_device) == cudaSuccess) gpu = prop.name;
+    device = "cuda";
   }
-  v.emplace_back("device", name);
 #else
-  v.emplace_back("cuda", "none");
-  v.emplace_back("nccl", "none");
-  v.emplace_back("device", "cpu");
+  (void)cuda_device;
 #endif
+  v.emplace_back("cuda", cuda);
+  v.emplace_back("nccl", nccl);
+  v.emplace_back("driver", driver);
+  v.emplace_back("gpu", gpu);
+  v.emplace_back("device", device);
   return v;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> TrialVersions(bool on_cuda, int device_index) {
+  std::map<std::string, std::string> out;
+  for (auto& [key, value] : VersionsOn(on_cuda ? device_index : -1)) out[key] = value;
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> EngineVersions() {
+  int first_gpu = -1;
+#ifdef REMAT_WITH_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) first_gpu = 0;
+#endif
+  return VersionsOn(first_gpu);
 }
 
 }  // namespace remat::engine

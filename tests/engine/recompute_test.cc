@@ -9,6 +9,7 @@
 #include <map>
 #include <string>
 
+#include "search/memory_model.h"
 #include "search/policy.h"
 #include "search/rules.h"
 #include "search/spec.h"
@@ -93,6 +94,26 @@ TEST(RecomputeTest, MlaEveryPolicyMatchesControl) {
   const auto peaks = RunAllPolicies(testing::TinyMla());
   EXPECT_LT(peaks.at("selective:[mla_up_proj]"), peaks.at("selective:[]"));
   EXPECT_LT(peaks.at("selective:[core_attn,mla_up_proj]"), peaks.at("selective:[mla_up_proj]"));
+  ExpectUniform1Lowest(peaks);
+}
+
+// DeepSeek-V2-Lite's attention (no q compression: queries from linear_q_proj) in a spec that
+// leaves position_embedding_type at Megatron Core's learned_absolute: MLA still applies its own
+// rotary embedding (it failed every trial with "Expected a proper Tensor but got None").
+TEST(RecomputeTest, MlaWithoutQCompressionOrRopeEveryPolicyMatchesControl) {
+  search::SearchSpec spec = testing::TinyMla();
+  spec.model.q_lora_rank.reset();
+  spec.model.position_embedding_type = search::PositionEmbedding::kLearnedAbsolute;
+  const auto peaks = RunAllPolicies(spec);
+  // The memory model counts the same parameters (linear_q_proj, the learned position table);
+  // the engine's static bytes are the optimizer's (weights, gradients, Adam), without the
+  // unfused attention's persistent buffer.
+  const TrialResult control = RunOne(spec, Policy::None());
+  ASSERT_EQ(control.status, TrialStatus::kOk) << control.message;
+  const search::MemoryEstimate est = search::EstimateMemory(spec, Policy::None());
+  EXPECT_EQ(static_cast<double>(control.ranks.at(0).static_bytes),
+            est.static_bytes - est.buffer_bytes);
+  EXPECT_LT(peaks.at("selective:[mla_up_proj]"), peaks.at("selective:[]"));
   ExpectUniform1Lowest(peaks);
 }
 
