@@ -45,7 +45,8 @@ struct PeerTransfer {
   int peer = 0;      // the other member's index in the group
   // Transfers from one member to another are matched in posting order per tag (TCP). NCCL has no
   // tags: it matches every transfer between two members in posting order, so callers must post
-  // the transfers of different tags between one pair in the same order on both sides.
+  // the transfers of different tags between one pair in the same order on both sides. The TCP
+  // collectives can take NCCL's semantics instead (CollectivesOptions::nccl_point_to_point).
   int tag = 0;
   void* data = nullptr;  // const for a send
   size_t count = 0;      // elements; a receive's count must equal the matching send's
@@ -97,6 +98,10 @@ struct CollectivesOptions {
   int world_size = 1;
   std::string rendezvous_dir;  // must exist and be private to this trial
   double timeout_s = 300;      // rendezvous and each collective
+  // TCP only: point-to-point with NCCL's semantics (tags ignored: transfers between two ranks
+  // match in posting order; an exchange returns only once its sends were received), so CPU runs
+  // show whether a schedule would deadlock or mismatch over NCCL.
+  bool nccl_point_to_point = false;
 };
 
 // A world of one rank: every collective is a copy or a no-op. Never fails.

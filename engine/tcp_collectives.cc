@@ -51,6 +51,7 @@ enum Op : uint32_t {
   kAllToAll = 9,
   kSend = 10,  // point-to-point: members = {destination}, reduce = tag, payload = the data
   kRecv = 11,  // members = {source}, reduce = tag, seq = expected bytes; answered with the data
+  kSendDone = 12,  // to a sender that asked (pad = 1): its send was received (sender = receiver)
 };
 
 const char* OpName(uint32_t op) {
@@ -449,6 +450,10 @@ class Hub {
   // Point-to-point: a send's data waits in the mailbox of its (group, source, destination, tag)
   // until the destination asks for it; receives are answered in the order they were posted.
   using P2PKey = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;  // group, src, dst, tag
+  struct Sent {
+    std::vector<char> payload;
+    bool ack = false;  // the sender waits for kSendDone
+  };
 
   void PointToPoint(Message m) {
     if (m.members.size() != 1 || m.members[0] >= fds_.size()) {
@@ -459,7 +464,7 @@ class Hub {
     if (m.header.op == kSend) {
       if (said_bye_[peer]) return;  // nobody will ask for it
       P2PKey key{m.header.group, m.header.sender, peer, m.header.reduce};
-      mailbox_[key].push_back(std::move(m.payload));
+      mailbox_[key].push_back(Sent{std::move(m.payload), m.header.pad == 1});
       Deliver(key);
       return;
     }
@@ -479,9 +484,16 @@ class Hub {
                                              std::chrono::duration<double>(timeout_s_));
     while (!data.empty() && !waiters.empty()) {
       const Header w = waiters.front();
-      std::vector<char> payload = std::move(data.front());
+      Sent sent = std::move(data.front());
+      const std::vector<char>& payload = sent.payload;
       waiters.pop_front();
       data.pop_front();
+      if (sent.ack && fds_[std::get<1>(key)] >= 0) {
+        Header done;
+        done.op = kSendDone;
+        done.sender = w.sender;
+        SendMessage(fds_[std::get<1>(key)], done, {}, nullptr, deadline);
+      }
       if (payload.size() != w.seq) {
         ReplyError(w.sender, "point-to-point: receive of " + std::to_string(w.seq) +
                                  " bytes matched a send of " + std::to_string(payload.size()));
@@ -525,7 +537,7 @@ class Hub {
   double timeout_s_;
   std::vector<int> fds_;
   std::vector<bool> said_bye_;
-  std::map<P2PKey, std::deque<std::vector<char>>> mailbox_;
+  std::map<P2PKey, std::deque<Sent>> mailbox_;
   std::map<P2PKey, std::deque<Header>> waiting_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
@@ -535,7 +547,8 @@ class Hub {
 
 class TcpCollectives final : public Collectives {
  public:
-  explicit TcpCollectives(const CollectivesOptions& o) : options_(o) {}
+  explicit TcpCollectives(const CollectivesOptions& o)
+      : options_(o), nccl_p2p_(o.nccl_point_to_point) {}
 
   ~TcpCollectives() override {
     if (fd_ >= 0) {
@@ -679,6 +692,7 @@ class TcpCollectives final : public Collectives {
     if (failed_) throw CollectiveError(failure_);
     const auto deadline = Deadline();
     std::vector<const PeerTransfer*> receives;
+    int unreceived_sends = 0;
     for (const PeerTransfer& t : transfers) {
       if (t.peer < 0 || t.peer >= g.size() || t.peer == g.rank) {
         Fail("point-to-point: peer " + std::to_string(t.peer) + " is not another group member");
@@ -687,7 +701,8 @@ class TcpCollectives final : public Collectives {
       h.op = t.send ? kSend : kRecv;
       h.group = static_cast<uint32_t>(g.id);
       h.dtype = static_cast<uint32_t>(t.type);
-      h.reduce = static_cast<uint32_t>(t.tag);
+      h.reduce = nccl_p2p_ ? 0 : static_cast<uint32_t>(t.tag);
+      h.pad = nccl_p2p_ && t.send ? 1 : 0;
       h.sender = static_cast<uint32_t>(options_.rank);
       const size_t bytes = t.count * DataTypeSize(t.type);
       h.payload_bytes = t.send ? bytes : 0;
@@ -696,22 +711,29 @@ class TcpCollectives final : public Collectives {
                                     deadline);
       if (!err.empty()) Fail(std::string(t.send ? "send" : "receive") + " failed: " + err);
       if (!t.send) receives.push_back(&t);
+      if (t.send && nccl_p2p_) ++unreceived_sends;
     }
     // Replies come in the order the sends arrive at the hub: match each to the first open
-    // receive from its source with its tag.
-    while (!receives.empty()) {
+    // receive from its source with its tag (NCCL semantics: with any tag).
+    while (!receives.empty() || unreceived_sends > 0) {
       Message reply;
       std::string err = ReceiveMessage(fd_, &reply, deadline);
       if (err == "timeout") {
-        Fail("receive from rank " + std::to_string(g.ranks[receives.front()->peer]) +
-             " timed out after " + std::to_string(static_cast<int>(options_.timeout_s)) +
-             " s (a rank is missing or hung)");
+        Fail((receives.empty() ? std::string("a send was not received")
+                               : "receive from rank " +
+                                     std::to_string(g.ranks[receives.front()->peer])) +
+             " within " + std::to_string(static_cast<int>(options_.timeout_s)) +
+             " s: timed out (a rank is missing or hung)");
       }
       if (!err.empty()) Fail("receive failed: " + err);
       if (reply.header.op == kError) Fail(std::string(reply.payload.begin(), reply.payload.end()));
+      if (reply.header.op == kSendDone) {
+        --unreceived_sends;
+        continue;
+      }
       auto it = std::find_if(receives.begin(), receives.end(), [&](const PeerTransfer* t) {
         return static_cast<uint32_t>(g.ranks[t->peer]) == reply.header.sender &&
-               static_cast<uint32_t>(t->tag) == reply.header.reduce;
+               (nccl_p2p_ || static_cast<uint32_t>(t->tag) == reply.header.reduce);
       });
       if (it == receives.end()) Fail("point-to-point: unexpected reply");
       Expect(reply, (*it)->count * DataTypeSize((*it)->type));
@@ -798,6 +820,7 @@ class TcpCollectives final : public Collectives {
   }
 
   CollectivesOptions options_;
+  bool nccl_p2p_ = false;  // CollectivesOptions::nccl_point_to_point
   int fd_ = -1;
   std::unique_ptr<Hub> hub_;
   std::map<int, uint64_t> seq_;

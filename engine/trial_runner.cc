@@ -573,6 +573,7 @@ search::TrialResult RunTrial(const TrialOptions& o) {
     copts.world_size = o.world_size;
     copts.rendezvous_dir = o.rendezvous_dir;
     copts.timeout_s = o.collective_timeout_s;
+    copts.nccl_point_to_point = o.nccl_point_to_point;
     std::unique_ptr<Collectives> comm;
     if (o.world_size == 1) {
       comm = NewSingleRankCollectives();

@@ -29,6 +29,9 @@ struct TrialOptions {
   int rank = 0, world_size = 1;
   std::string rendezvous_dir;   // ranks of one trial meet here (files); unused with one rank
   double collective_timeout_s = 300;  // a collective slower than this is aborted -> status failed
+  // CPU ranks: TCP point-to-point with NCCL's semantics (CollectivesOptions::nccl_point_to_point);
+  // remat-trial sets it from REMAT_TCP_NCCL_P2P=1.
+  bool nccl_point_to_point = false;
 };
 
 // Runs one rank of one trial. Never throws: an OOM is status oom (with the failing request size in

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -167,6 +168,68 @@ TEST(PipelineEngineTest, InterleavedScheduleMatchesOneRank) {
       "pp4-vpp2",
       "  pipeline_model_parallel_size: 4\n  virtual_pipeline_model_parallel_size: 2\n", 4, 4,
       {"selective:[]", "full:block:1"}, /*tied=*/true, /*layers=*/8);
+}
+
+// Depth proxies of a pipeline layout: every stage runs the model cut to 2 and to 4 layers (one and
+// two per stage) and predicts its own peak at 8 layers; the prediction matches the real run.
+TEST(PipelineEngineTest, DepthProxiesPredictEveryStage) {
+  const fs::path dir = testing::TempDir("remat-pipeline");
+  const std::string train = "  micro_batch_size: 2\n  global_batch_size: 8\n";
+  const std::string parallel = "  pipeline_model_parallel_size: 2\n";
+  std::string proxy_yaml = Yaml(train, parallel, 8);
+  proxy_yaml.replace(proxy_yaml.find("  device: cpu"), 0, "  proxy_layers: [2, 4]\n");
+  const fs::path full = testing::WriteSpec(dir, "full.yaml", Yaml(train, parallel, 8));
+  const fs::path proxy = testing::WriteSpec(dir, "proxy.yaml", proxy_yaml);
+  const std::vector<nlohmann::json> measured = RunRanks(full, "selective:[core_attn]", 2);
+  const std::vector<nlohmann::json> predicted = RunRanks(proxy, "selective:[core_attn]", 2);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(measured[r]["status"], "ok") << measured[r].dump();
+    ASSERT_EQ(predicted[r]["status"], "ok") << predicted[r].dump();
+    EXPECT_TRUE(predicted[r]["predicted"].get<bool>());
+    EXPECT_LT(RelDiff(predicted[r]["ranks"][0]["peak_allocated_bytes"],
+                      measured[r]["ranks"][0]["peak_allocated_bytes"]),
+              0.01)
+        << "rank " << r;
+  }
+}
+
+// The schedules under NCCL's point-to-point semantics, emulated by the TCP collectives
+// (REMAT_TCP_NCCL_P2P: no tags, transfers between two ranks matched in posting order, an exchange
+// done only once its sends were received): 1F1B and interleaving with PP 4 neither deadlock nor
+// mismatch, so they are safe over NCCL; interleaving with PP 2 deadlocks, which is why the
+// engine refuses it on NCCL.
+class NcclPointToPoint {
+ public:
+  NcclPointToPoint() { ::setenv("REMAT_TCP_NCCL_P2P", "1", 1); }
+  ~NcclPointToPoint() { ::unsetenv("REMAT_TCP_NCCL_P2P"); }
+};
+
+TEST(PipelineEngineTest, SchedulesAreSafeUnderNcclPointToPointSemantics) {
+  NcclPointToPoint nccl;
+  ExpectPipelineMatchesOneRank("pp4-nccl", "  pipeline_model_parallel_size: 4\n", 4, 4,
+                               {"selective:[]"});
+  ExpectPipelineMatchesOneRank(
+      "tp2-pp2-nccl",
+      "  tensor_model_parallel_size: 2\n  pipeline_model_parallel_size: 2\n"
+      "  sequence_parallel: true\n",
+      4, 2, {"selective:[core_attn]"}, /*tied=*/true);
+  ExpectPipelineMatchesOneRank(
+      "pp4-vpp2-nccl",
+      "  pipeline_model_parallel_size: 4\n  virtual_pipeline_model_parallel_size: 2\n", 4, 4,
+      {"full:uniform:1"}, /*tied=*/true, /*layers=*/8);
+
+  const fs::path dir = testing::TempDir("remat-pipeline");
+  const fs::path pp2_vpp2 = testing::WriteSpec(
+      dir, "pp2-vpp2.yaml",
+      Yaml("  micro_batch_size: 2\n  global_batch_size: 8\n",
+           "  pipeline_model_parallel_size: 2\n  virtual_pipeline_model_parallel_size: 2\n"));
+  // The first rank to time out leaves, and the other learns it from the hub.
+  int timed_out = 0;
+  for (const nlohmann::json& r : testing::RunRanks(kTrial, pp2_vpp2, "selective:[]", 2, 3)) {
+    EXPECT_EQ(r["status"], "failed") << r.dump();
+    timed_out += r["message"].get<std::string>().find("timed out") != std::string::npos;
+  }
+  EXPECT_GE(timed_out, 1);
 }
 
 // Each rank's measured peak against search::EstimateMemory's prediction for its stage (the plan's
