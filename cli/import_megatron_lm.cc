@@ -196,6 +196,10 @@ search::StatusOr<std::string> ImportMegatronLm(const std::vector<std::string>& a
   if (out.Has("model", "multi_latent_attention") && !out.Has("model", "q_lora_rank")) {
     out.Set("model", "q_lora_rank", "null");
   }
+  // Likewise --normalization defaults to LayerNorm, MLATransformerConfig's to RMSNorm.
+  if (out.Has("model", "multi_latent_attention") && !out.Has("model", "normalization")) {
+    out.Set("model", "normalization", "LayerNorm");
+  }
   if (!query_groups.empty()) {
     if (gqa) {
       out.Set("model", "num_query_groups", Yaml(query_groups));

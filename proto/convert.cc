@@ -50,6 +50,9 @@ StatusOr<search::ModelSpec> ModelFromProto(const v1::ModelSpec& p) {
     m.share_embeddings_and_output_weights = p.share_embeddings_and_output_weights();
   }
   if (p.has_multi_latent_attention()) m.multi_latent_attention = p.multi_latent_attention();
+  if (m.multi_latent_attention && !p.has_normalization()) {
+    m.normalization = search::Normalization::kRMSNorm;  // MLATransformerConfig's default
+  }
   if (p.has_q_lora_rank()) {  // 0 is null: no q compression; unset keeps the default 512
     m.q_lora_rank = p.q_lora_rank() == 0 ? std::nullopt : std::optional<int>(p.q_lora_rank());
   }

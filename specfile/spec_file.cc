@@ -197,6 +197,12 @@ Status ReadModel(Section& s, search::ModelSpec* m) {
   REMAT_SEARCH_RETURN_IF_ERROR(
       s.Bool("share_embeddings_and_output_weights", &m->share_embeddings_and_output_weights));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("multi_latent_attention", &m->multi_latent_attention));
+  {  // MLATransformerConfig's default normalization is RMSNorm (TransformerConfig's LayerNorm)
+    YAML::Node n = s.Get("normalization");
+    if (m->multi_latent_attention && (!n || n.IsNull())) {
+      m->normalization = search::Normalization::kRMSNorm;
+    }
+  }
   {  // absent: MLATransformerConfig's 512; null: no q compression
     YAML::Node q = s.Get("q_lora_rank");
     if (q && q.IsNull()) {

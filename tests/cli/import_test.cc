@@ -204,6 +204,7 @@ TEST(ImportMegatronLm, CarriesCompatibilityFlagsAndNullQLoraRank) {
   auto parsed = spec::ParseSpecYaml(*spec);
   ASSERT_TRUE(parsed.ok()) << parsed.status().message() << "\n" << *spec;
   EXPECT_FALSE(parsed->model.q_lora_rank.has_value());
+  EXPECT_EQ(parsed->model.normalization, search::Normalization::kLayerNorm);  // Megatron-LM's
   EXPECT_EQ(parsed->model.fp8, "e4m3");
   EXPECT_EQ(parsed->model.fp8_recipe, "blockwise");
   EXPECT_EQ(parsed->model.cuda_graph_impl, "transformer_engine");

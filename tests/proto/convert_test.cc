@@ -81,6 +81,8 @@ TEST(ConvertTest, QLoraNullAndCompatibilityFieldsRoundTrip) {
   auto defaulted = FromProto(unset);
   ASSERT_TRUE(defaulted.ok());
   EXPECT_EQ(defaulted->model.q_lora_rank, std::optional<int>(512));
+  unset.mutable_model()->clear_normalization();  // MLATransformerConfig's RMSNorm
+  EXPECT_EQ(FromProto(unset)->model.normalization, search::Normalization::kRMSNorm);
 }
 
 TEST(ConvertTest, PipelineLayoutFieldsRoundTrip) {

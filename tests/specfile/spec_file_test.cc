@@ -66,7 +66,7 @@ TEST(SpecFileTest, MlaAndMoeFields) {
 }
 
 // MLATransformerConfig's q_lora_rank is 512 when the key is absent; an explicit null means no q
-// compression (DeepSeek-V2-Lite).
+// compression (DeepSeek-V2-Lite). Its normalization default is RMSNorm.
 TEST(SpecFileTest, QLoraRankDefaultsTo512AndNullMeansNone) {
   const std::string mla = std::string(kMinimal) + "  multi_latent_attention: true\n";
   auto absent = ParseSpecYaml(mla);
@@ -78,6 +78,13 @@ TEST(SpecFileTest, QLoraRankDefaultsTo512AndNullMeansNone) {
   auto set = ParseSpecYaml(mla + "  q_lora_rank: 1536\n");
   ASSERT_TRUE(set.ok()) << set.status().message();
   EXPECT_EQ(set->model.q_lora_rank, std::optional<int>(1536));
+  // MLATransformerConfig's normalization too: RMSNorm when absent, what is written otherwise.
+  EXPECT_EQ(absent->model.normalization, search::Normalization::kRMSNorm);
+  auto layer_norm = ParseSpecYaml(mla + "  normalization: LayerNorm\n");
+  ASSERT_TRUE(layer_norm.ok());
+  EXPECT_EQ(layer_norm->model.normalization, search::Normalization::kLayerNorm);
+  auto dense = ParseSpecYaml(kMinimal);
+  EXPECT_EQ(dense->model.normalization, search::Normalization::kLayerNorm);
 }
 
 // Megatron Core's AttnBackend names are read as the kernel class they stand for.
