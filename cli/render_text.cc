@@ -47,7 +47,8 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
       << Pad(std::string("resv ") + unit.name, 10, true) << Pad("step s", 10, true)
       << Pad("tokens/s", 12, true) << "\n";
   bool any_reused = false, any_predicted = false;
-  int noisy = 0;
+  int noisy = 0, unsettled = 0;
+  int warmup_lo = 0, warmup_hi = 0;
   double worst_spread = 0;
   std::vector<std::string> notes;
   for (const v1::Trial& t : s.trials()) {
@@ -56,6 +57,10 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
     const bool on_frontier = frontier.count(t.policy().canonical()) > 0;
     const bool has_memory = r.ranks_size() > 0 && (MaxAllocated(r) > 0 || MaxReserved(r) > 0);
     const bool ok = status == v1::TRIAL_STATUS_OK;
+    if (ok && r.warmup_steps_taken() > 0) {
+      warmup_lo = warmup_lo == 0 ? r.warmup_steps_taken() : std::min(warmup_lo, r.warmup_steps_taken());
+      warmup_hi = std::max(warmup_hi, r.warmup_steps_taken());
+    }
     out << "  " << (on_frontier ? "* " : "  ") << Pad(t.policy().canonical(), policy_width) << "  "
         << Pad(TrialStatusName(status), 9)
         << Pad(has_memory ? unit.Of(MaxAllocated(r)) : "-", 10, true)
@@ -83,6 +88,12 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
       ++noisy;
       worst_spread = std::max(worst_spread, r.step_time_spread_s() / r.step_time_s());
     }
+    if (t.remeasure()) marks.push_back("re-measure");
+    if (ok && r.warmup_steps_taken() > 0 && !r.warmup_settled()) {
+      marks.push_back("warm-up unsettled");
+      ++unsettled;
+    }
+    if (!t.numerics_mismatch().empty()) marks.push_back("NUMERICS OFF");
     if (!recommended.empty() && t.policy().canonical() == recommended) {
       marks.push_back("<- recommended");
     }
@@ -106,6 +117,20 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
                     "); their tokens/s may be off by as much: raise search.measure_steps for "
                     "steadier figures");
   }
+  if (warmup_hi > 0) {
+    notes.push_back("warm-up: " +
+                    (warmup_lo == warmup_hi ? std::to_string(warmup_hi)
+                                            : std::to_string(warmup_lo) + "-" +
+                                                  std::to_string(warmup_hi)) +
+                    " steps before the measured ones (until the last " +
+                    std::to_string(s.spec().search().steady_window()) + " agreed within " +
+                    Format("%.0f%%", 100 * s.spec().search().steady_tolerance()) + ")" +
+                    (unsettled > 0 ? "; " + std::to_string(unsettled) +
+                                         " trial(s) reached search.warmup_max_steps unsettled "
+                                         "(marked): raise it for steadier figures"
+                                   : ""));
+  }
+  for (const std::string& m : s.numerics_mismatches()) notes.push_back("NUMERICS OFF: " + m);
   if (!notes.empty()) {
     out << "\nnotes:\n";
     for (const auto& n : notes) out << "  " << n << "\n";
@@ -174,6 +199,31 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
     out << "no recommendation yet\n";
   }
 
+  // Numerical sanity and provenance.
+  if (s.numerics_compared() > 0) {
+    const std::string precision = s.spec().train().precision();
+    const std::string whose = s.numerics_reference().empty() || s.numerics_reference() == "selective:[]"
+                                  ? "the control's"
+                                  : s.numerics_reference() + "'s (the control did not run ok)";
+    out << "\nnumerics: "
+        << (s.numerics_mismatches_size() == 0
+                ? "all " + std::to_string(s.numerics_compared()) + " trials match " + whose +
+                      " loss and grad norm"
+                : std::to_string(s.numerics_mismatches_size()) + " of " +
+                      std::to_string(s.numerics_compared()) + " trials DO NOT match " + whose +
+                      " loss and grad norm (see notes)")
+        << " (tolerance " << Format("%.0e", s.numerics_tolerance()) << " relative, " << precision
+        << ")\n";
+  }
+  if (s.versions_size() > 0) {
+    out << "ran with:";
+    for (const char* key : {"remat", "torch", "cuda", "nccl", "driver", "gpu", "device"}) {
+      auto it = s.versions().find(key);
+      if (it != s.versions().end()) out << " " << key << " " << it->second << ";";
+    }
+    out << "\n";
+  }
+
   if (s.fragmentation_size() > 0) {
     out << "\nfragmentation:\n";
     for (const auto& f : s.fragmentation()) out << "  " << f << "\n";
@@ -209,20 +259,26 @@ std::string ProgressLine(const v1::SearchProgress& p, bool tty) {
            Memory(p.best_peak_bytes()) + ")";
   }
   const std::string eta = p.eta_s() > 0 ? Duration(p.eta_s()) : "?";
+  // The total moves only when the strategy proposed more than it said, and the line says so.
+  const std::string total =
+      std::to_string(planned) +
+      (p.trials_planned_revised_from() > 0
+           ? " (total revised from " + std::to_string(p.trials_planned_revised_from()) + ")"
+           : "");
   if (tty) {
     constexpr int kWidth = 24;
     const int filled = planned > 0 ? kWidth * p.trials_done() / planned : 0;
     std::string bar = "[" + std::string(filled, '#') + std::string(kWidth - filled, '-') + "]";
-    std::string line = bar + " " + std::to_string(p.trials_done()) + "/" + std::to_string(planned) +
-                       " trials, " + std::to_string(p.trials_running()) + " running, " +
-                       Duration(p.elapsed_s()) + " elapsed, ETA " + eta;
+    std::string line = bar + " " + std::to_string(p.trials_done()) + "/" + total + " trials, " +
+                       std::to_string(p.trials_running()) + " running, " + Duration(p.elapsed_s()) +
+                       " elapsed, ETA " + eta;
     if (!best.empty()) line += ", best " + best;
     return line;
   }
-  std::string line = "progress: " + std::to_string(p.trials_done()) + "/" +
-                     std::to_string(planned) + " trials done, " +
-                     std::to_string(p.trials_running()) + " running, " + Duration(p.elapsed_s()) +
-                     " elapsed, ETA " + eta + ", state " + StateName(p.state());
+  std::string line = "progress: " + std::to_string(p.trials_done()) + "/" + total +
+                     " trials done, " + std::to_string(p.trials_running()) + " running, " +
+                     Duration(p.elapsed_s()) + " elapsed, ETA " + eta + ", state " +
+                     StateName(p.state());
   line += best.empty() ? "; no point fits yet" : "; best so far: " + best;
   return line;
 }

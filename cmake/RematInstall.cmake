@@ -37,6 +37,9 @@ if(TARGET remat-worker)
           COMPONENT worker)
   install(FILES worker/megatron_bridge/remat_metrics_callback.py
           DESTINATION ${CMAKE_INSTALL_DATADIR}/remat/megatron_bridge COMPONENT worker)
+  # The megatron backend's driver (remat-worker --megatron-path finds it here by default).
+  install(DIRECTORY worker/megatron_driver DESTINATION ${CMAKE_INSTALL_DATADIR}/remat
+          COMPONENT worker PATTERN __pycache__ EXCLUDE)
   install(FILES worker/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR}/../remat-worker
           COMPONENT worker)
 endif()

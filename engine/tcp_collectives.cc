@@ -23,10 +23,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "engine/collectives.h"
 
@@ -47,6 +49,8 @@ enum Op : uint32_t {
   kReply = 7,
   kError = 8,
   kAllToAll = 9,
+  kSend = 10,  // point-to-point: members = {destination}, reduce = tag, payload = the data
+  kRecv = 11,  // members = {source}, reduce = tag, seq = expected bytes; answered with the data
 };
 
 const char* OpName(uint32_t op) {
@@ -56,6 +60,8 @@ const char* OpName(uint32_t op) {
     case kReduceScatter: return "reduce-scatter";
     case kBarrier: return "barrier";
     case kAllToAll: return "all-to-all";
+    case kSend: return "send";
+    case kRecv: return "receive";
     default: return "collective";
   }
 }
@@ -310,6 +316,12 @@ class Hub {
             return;
           }
           said_bye_[r] = true;
+          // Receives waiting for the departed rank's data can never complete either.
+          for (auto& [key, waiters] : waiting_) {
+            if (std::get<1>(key) != static_cast<uint32_t>(r)) continue;
+            for (const Header& w : waiters) ReplyError(w.sender, Departed(r));
+            waiters.clear();
+          }
           // Collectives that wait for the departed rank can never complete: fail them now.
           for (auto it = pending.begin(); it != pending.end();) {
             const auto& members = it->second.by_rank.begin()->second.members;
@@ -321,6 +333,10 @@ class Hub {
               ++it;
             }
           }
+          continue;
+        }
+        if (m.header.op == kSend || m.header.op == kRecv) {
+          PointToPoint(std::move(m));
           continue;
         }
         int departed = -1;
@@ -430,6 +446,56 @@ class Hub {
     }
   }
 
+  // Point-to-point: a send's data waits in the mailbox of its (group, source, destination, tag)
+  // until the destination asks for it; receives are answered in the order they were posted.
+  using P2PKey = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;  // group, src, dst, tag
+
+  void PointToPoint(Message m) {
+    if (m.members.size() != 1 || m.members[0] >= fds_.size()) {
+      ReplyError(m.header.sender, "point-to-point: bad peer");
+      return;
+    }
+    const uint32_t peer = m.members[0];
+    if (m.header.op == kSend) {
+      if (said_bye_[peer]) return;  // nobody will ask for it
+      P2PKey key{m.header.group, m.header.sender, peer, m.header.reduce};
+      mailbox_[key].push_back(std::move(m.payload));
+      Deliver(key);
+      return;
+    }
+    P2PKey key{m.header.group, peer, m.header.sender, m.header.reduce};
+    waiting_[key].push_back(m.header);
+    Deliver(key);
+    if (!waiting_[key].empty() && said_bye_[peer] && mailbox_[key].empty()) {
+      for (const Header& w : waiting_[key]) ReplyError(w.sender, Departed(static_cast<int>(peer)));
+      waiting_[key].clear();
+    }
+  }
+
+  void Deliver(const P2PKey& key) {
+    auto& data = mailbox_[key];
+    auto& waiters = waiting_[key];
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(timeout_s_));
+    while (!data.empty() && !waiters.empty()) {
+      const Header w = waiters.front();
+      std::vector<char> payload = std::move(data.front());
+      waiters.pop_front();
+      data.pop_front();
+      if (payload.size() != w.seq) {
+        ReplyError(w.sender, "point-to-point: receive of " + std::to_string(w.seq) +
+                                 " bytes matched a send of " + std::to_string(payload.size()));
+        continue;
+      }
+      Header reply = w;
+      reply.op = kReply;
+      reply.sender = std::get<1>(key);  // the source, so the receiver can match it
+      reply.payload_bytes = payload.size();
+      const int fd = fds_[w.sender];
+      if (fd >= 0) SendMessage(fd, reply, {}, payload.data(), deadline);
+    }
+  }
+
   static std::string Departed(int rank) {
     return "rank " + std::to_string(rank) + " left the trial before this collective";
   }
@@ -459,6 +525,8 @@ class Hub {
   double timeout_s_;
   std::vector<int> fds_;
   std::vector<bool> said_bye_;
+  std::map<P2PKey, std::deque<std::vector<char>>> mailbox_;
+  std::map<P2PKey, std::deque<Header>> waiting_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -607,6 +675,51 @@ class TcpCollectives final : public Collectives {
     Exchange(kBarrier, g, nullptr, 0, DataType::kFloat32, ReduceOp::kSum);
   }
 
+  void SendRecv(const Group& g, const std::vector<PeerTransfer>& transfers) override {
+    if (failed_) throw CollectiveError(failure_);
+    const auto deadline = Deadline();
+    std::vector<const PeerTransfer*> receives;
+    for (const PeerTransfer& t : transfers) {
+      if (t.peer < 0 || t.peer >= g.size() || t.peer == g.rank) {
+        Fail("point-to-point: peer " + std::to_string(t.peer) + " is not another group member");
+      }
+      Header h;
+      h.op = t.send ? kSend : kRecv;
+      h.group = static_cast<uint32_t>(g.id);
+      h.dtype = static_cast<uint32_t>(t.type);
+      h.reduce = static_cast<uint32_t>(t.tag);
+      h.sender = static_cast<uint32_t>(options_.rank);
+      const size_t bytes = t.count * DataTypeSize(t.type);
+      h.payload_bytes = t.send ? bytes : 0;
+      h.seq = t.send ? 0 : bytes;
+      std::string err = SendMessage(fd_, h, {static_cast<uint32_t>(g.ranks[t.peer])}, t.data,
+                                    deadline);
+      if (!err.empty()) Fail(std::string(t.send ? "send" : "receive") + " failed: " + err);
+      if (!t.send) receives.push_back(&t);
+    }
+    // Replies come in the order the sends arrive at the hub: match each to the first open
+    // receive from its source with its tag.
+    while (!receives.empty()) {
+      Message reply;
+      std::string err = ReceiveMessage(fd_, &reply, deadline);
+      if (err == "timeout") {
+        Fail("receive from rank " + std::to_string(g.ranks[receives.front()->peer]) +
+             " timed out after " + std::to_string(static_cast<int>(options_.timeout_s)) +
+             " s (a rank is missing or hung)");
+      }
+      if (!err.empty()) Fail("receive failed: " + err);
+      if (reply.header.op == kError) Fail(std::string(reply.payload.begin(), reply.payload.end()));
+      auto it = std::find_if(receives.begin(), receives.end(), [&](const PeerTransfer* t) {
+        return static_cast<uint32_t>(g.ranks[t->peer]) == reply.header.sender &&
+               static_cast<uint32_t>(t->tag) == reply.header.reduce;
+      });
+      if (it == receives.end()) Fail("point-to-point: unexpected reply");
+      Expect(reply, (*it)->count * DataTypeSize((*it)->type));
+      std::memcpy((*it)->data, reply.payload.data(), reply.payload.size());
+      receives.erase(it);
+    }
+  }
+
   void Synchronize() override {
     if (failed_) throw CollectiveError(failure_);
   }
@@ -714,6 +827,9 @@ class SingleRankCollectives final : public Collectives {
     if (in != out && sent > 0) std::memmove(out, in, sent * DataTypeSize(t));
   }
   void Barrier(const Group&) override {}
+  void SendRecv(const Group&, const std::vector<PeerTransfer>& transfers) override {
+    if (!transfers.empty()) throw CollectiveError("point-to-point: a world of one has no peers");
+  }
   void Synchronize() override {}
 };
 

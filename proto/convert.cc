@@ -154,6 +154,8 @@ search::RankResult RankFromProto(const v1::RankResult& pr) {
   rr.failing_request_bytes = pr.failing_request_bytes();
   rr.step_time_s = pr.step_time_s();
   rr.step_times_s.assign(pr.step_times_s().begin(), pr.step_times_s().end());
+  rr.warmup_steps_taken = pr.warmup_steps_taken();
+  rr.warmup_step_times_s.assign(pr.warmup_step_times_s().begin(), pr.warmup_step_times_s().end());
   return rr;
 }
 
@@ -166,6 +168,8 @@ void RankToProto(const search::RankResult& rr, v1::RankResult* pr) {
   pr->set_failing_request_bytes(rr.failing_request_bytes);
   pr->set_step_time_s(rr.step_time_s);
   for (double t : rr.step_times_s) pr->add_step_times_s(t);
+  pr->set_warmup_steps_taken(rr.warmup_steps_taken);
+  for (double t : rr.warmup_step_times_s) pr->add_warmup_step_times_s(t);
 }
 
 }  // namespace
@@ -228,6 +232,9 @@ StatusOr<search::SearchSpec> FromProto(const v1::SearchSpec& msg) {
   if (s.has_memory_headroom_gib()) so.memory_headroom_gib = s.memory_headroom_gib();
   if (s.has_max_trials()) so.max_trials = s.max_trials();
   if (s.has_warmup_steps()) so.warmup_steps = s.warmup_steps();
+  if (s.has_warmup_max_steps()) so.warmup_max_steps = s.warmup_max_steps();
+  if (s.has_steady_window()) so.steady_window = s.steady_window();
+  if (s.has_steady_tolerance()) so.steady_tolerance = s.steady_tolerance();
   if (s.has_measure_steps()) so.measure_steps = s.measure_steps();
   REMAT_SEARCH_RETURN_IF_ERROR(ReadEnum(s.has_backend(), s.backend(), "search.backend",
                                         search::ParseBackend, &so.backend));
@@ -280,6 +287,9 @@ v1::SearchSpec ToProto(const search::SearchSpec& spec) {
   s->set_memory_headroom_gib(so.memory_headroom_gib);
   s->set_max_trials(so.max_trials);
   s->set_warmup_steps(so.warmup_steps);
+  s->set_warmup_max_steps(so.warmup_max_steps);
+  s->set_steady_window(so.steady_window);
+  s->set_steady_tolerance(so.steady_tolerance);
   s->set_measure_steps(so.measure_steps);
   s->set_backend(search::Name(so.backend));
   s->set_replay_table(so.replay_table);
@@ -349,6 +359,9 @@ StatusOr<search::TrialResult> FromProto(const v1::TrialResult& msg) {
   r.reused = msg.reused();
   r.predicted = msg.predicted();
   r.message = msg.message();
+  r.warmup_steps_taken = msg.warmup_steps_taken();
+  r.warmup_settled = msg.warmup_settled();
+  r.versions.insert(msg.versions().begin(), msg.versions().end());
   return r;
 }
 
@@ -374,6 +387,9 @@ v1::TrialResult ToProto(const search::TrialResult& r) {
   msg.set_reused(r.reused);
   msg.set_predicted(r.predicted);
   msg.set_message(r.message);
+  msg.set_warmup_steps_taken(r.warmup_steps_taken);
+  msg.set_warmup_settled(r.warmup_settled);
+  msg.mutable_versions()->insert(r.versions.begin(), r.versions.end());
   return msg;
 }
 

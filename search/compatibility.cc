@@ -136,25 +136,17 @@ std::string BuiltinBackendProblem(const SearchSpec& spec) {
   }
   if (!m.fp8.empty()) {
     return "model.fp8: the builtin engine cannot run FP8 (it has no Transformer Engine); use the "
-           "command backend, or plan and validate only";
+           "megatron or command backend, or plan and validate only";
   }
   if (m.HasCudaGraphs()) {
     return "model.cuda_graph_impl: the builtin engine cannot capture CUDA graphs (their static "
-           "pools would not be measured); use the command backend, or plan and validate only";
+           "pools would not be measured); use the megatron or command backend, or plan and "
+           "validate only";
   }
-  if (par.pipeline_model_parallel_size > 1) {
-    return "parallel.pipeline_model_parallel_size: > 1 is not supported by the builtin engine "
-           "(planned per stage by remat plan, not run)";
-  }
-  // Modelled and planned (search/memory_model.h), not run: the engine has no ring attention and
-  // runs one micro-batch per step.
+  // Modelled and planned (search/memory_model.h), not run: the engine has no ring attention.
   if (par.context_parallel_size > 1) {
     return "parallel.context_parallel_size: > 1 is not supported by the builtin engine (no ring "
            "attention; planned, not run)";
-  }
-  if (spec.NumMicrobatches() > 1) {
-    return "train.global_batch_size: above micro_batch_size x data_parallel_size (several "
-           "micro-batches per step) is not supported by the builtin engine";
   }
   const int ep = par.expert_model_parallel_size;
   if (ep > 1 && tp > 1) {

@@ -24,7 +24,7 @@ constexpr const char* kPrecision[] = {"bf16", "fp32"};
 constexpr const char* kMemoryMetric[] = {"reserved", "allocated"};
 constexpr const char* kStrategy[] = {"guided", "exhaustive"};
 constexpr const char* kObjective[] = {"frontier", "recommend"};
-constexpr const char* kBackend[] = {"builtin", "command", "replay"};
+constexpr const char* kBackend[] = {"builtin", "command", "replay", "megatron"};
 constexpr const char* kDevice[] = {"auto", "cuda", "cpu"};
 
 Status Positive(const char* field, long long v) {
@@ -237,6 +237,21 @@ Status ValidateSearch(const SearchOptions& s) {
   }
   REMAT_SEARCH_RETURN_IF_ERROR(Positive("search.max_trials", s.max_trials));
   if (s.warmup_steps < 0) return InvalidArgument("search.warmup_steps: must be 0 or more");
+  if (s.warmup_max_steps < s.warmup_steps) {
+    return InvalidArgument("search.warmup_max_steps: must be at least search.warmup_steps (" +
+                           std::to_string(s.warmup_steps) + "), the shortest warm-up");
+  }
+  REMAT_SEARCH_RETURN_IF_ERROR(Positive("search.steady_window", s.steady_window));
+  if (s.warmup_max_steps > 0 && s.steady_window > s.warmup_max_steps) {
+    return InvalidArgument("search.steady_window: must be at most search.warmup_max_steps (" +
+                           std::to_string(s.warmup_max_steps) +
+                           "): the window is made of warm-up steps");
+  }
+  if (!(s.steady_tolerance > 0 && s.steady_tolerance < 1)) {
+    return InvalidArgument(
+        "search.steady_tolerance: must be a fraction between 0 and 1 (e.g. 0.05: the window's "
+        "steps within 5% of their median)");
+  }
   REMAT_SEARCH_RETURN_IF_ERROR(Positive("search.measure_steps", s.measure_steps));
   if (s.backend == Backend::kReplay && s.replay_table.empty()) {
     return InvalidArgument("search.replay_table: required with backend replay");

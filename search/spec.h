@@ -27,7 +27,8 @@ enum class StrategyKind { kGuided, kExhaustive };
 // What the guided search maps: the whole memory/throughput frontier, or only what decides the
 // recommendation (the decision guide's path; search/planner.h).
 enum class Objective { kFrontier, kRecommend };
-enum class Backend { kBuiltin, kCommand, kReplay };
+// megatron: trials run Megatron Core's own model and step (worker/megatron_executor.h).
+enum class Backend { kBuiltin, kCommand, kReplay, kMegatron };
 enum class Device { kAuto, kCuda, kCpu };
 
 struct ModelSpec {
@@ -175,7 +176,13 @@ struct SearchOptions {
   // only when its peak is at or under memory_budget_gib - memory_headroom_gib.
   double memory_headroom_gib = 0;
   int max_trials = 40;
+  // The warm-up (search/steady_state.h): at least warmup_steps, then until the last
+  // steady_window warm-up steps agree within steady_tolerance (relative to their median), at most
+  // warmup_max_steps; then measure_steps measured steps.
   int warmup_steps = 2;
+  int warmup_max_steps = 8;
+  int steady_window = 3;
+  double steady_tolerance = 0.05;
   int measure_steps = 5;
   Backend backend = Backend::kBuiltin;
   std::string replay_table;      // with backend replay: path relative to the spec file

@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "search/limits.h"
+#include "search/text.h"
 #include "server/cache_key.h"
 #include "server/metrics.h"
 #include "server/scheduler_state.h"
@@ -339,8 +341,10 @@ absl::StatusOr<v1::ReportTrialResponse> Scheduler::ReportTrial(
   }
   v1::TrialResult result = ResultOfTrial(*t, request.result());
   result.set_reused(false);
+  // Our workers bound it already (worker/assignment.h MakeReport); another client may not.
+  result.set_message(search::BoundedUtf8(result.message(), search::limits::kMaxTrialMessageBytes));
   std::string cache_key;
-  if (w != nullptr &&
+  if (w != nullptr && !t->remeasure &&
       (result.status() == v1::TRIAL_STATUS_OK || result.status() == v1::TRIAL_STATUS_OOM)) {
     cache_key = st.CacheKey(*s, *t, *w);
   }

@@ -228,7 +228,9 @@ absl::StatusOr<v1::LeaseTrialResponse> Scheduler::State::Allocate(WorkerEntry& w
     SearchRun* s = NextReady(w, free);
     if (s == nullptr) break;
     RunTrial& t = *s->queue.front();
-    auto cached = store_->LookupCache(CacheKey(*s, t, w));
+    // A re-measure must run: the cache would hand back the measurement it is meant to check.
+    auto cached = t.remeasure ? absl::StatusOr<std::optional<v1::TrialResult>>(std::nullopt)
+                              : store_->LookupCache(CacheKey(*s, t, w));
     if (!cached.ok()) {
       log_->warn("results cache lookup failed (running the trial): {}", cached.status().ToString());
     } else if (cached->has_value()) {

@@ -1,6 +1,7 @@
 #include "server/search_run.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,7 @@
 #include "search/capacity.h"
 #include "search/memory_model.h"
 #include "search/policy.h"
+#include "search/remeasure.h"
 #include "server/status_util.h"
 
 namespace remat::server {
@@ -98,19 +100,26 @@ absl::Status SearchRun::RestoreTrials(
     std::vector<TrialRecord> records,
     const std::function<absl::StatusOr<bool>(RunTrial&)>& keep_lease) {
   std::vector<search::Candidate> proposed;
-  std::vector<search::TrialResult> restored;
+  std::vector<search::TrialResult> restored, all;
+  std::set<std::string> seen;
   for (TrialRecord& record : records) {
     auto t = std::make_unique<RunTrial>();
     t->rec = std::move(record);
-    search::Candidate c;
-    if (auto p = search::ParsePolicy(t->rec.policy); p.ok()) {
-      c.policy = *p;
-      c.estimate = search::EstimateMemory(spec, c.policy);
+    // A policy's second trial is a near-tie re-measure: not the strategy's to restore.
+    t->remeasure = !seen.insert(t->rec.policy).second;
+    remeasure_proposed = remeasure_proposed || t->remeasure;
+    if (!t->remeasure) {
+      search::Candidate c;
+      if (auto p = search::ParsePolicy(t->rec.policy); p.ok()) {
+        c.policy = *p;
+        c.estimate = search::EstimateMemory(spec, c.policy);
+      }
+      c.reason = t->rec.reason;
+      proposed.push_back(std::move(c));
     }
-    c.reason = t->rec.reason;
-    proposed.push_back(std::move(c));
     if (IsFinal(t->rec.status) && t->rec.result) {
-      restored.push_back(ResultToDomain(t->rec.policy, *t->rec.result));
+      all.push_back(ResultToDomain(t->rec.policy, *t->rec.result));
+      if (!t->remeasure) restored.push_back(all.back());
       ++done;
     } else if (t->rec.status == v1::TRIAL_STATUS_RUNNING) {
       auto keep = keep_lease(*t);
@@ -128,17 +137,32 @@ absl::Status SearchRun::RestoreTrials(
     trials.push_back(std::move(t));
   }
   strategy->Restore(proposed, restored);
-  results = std::move(restored);
+  results = std::move(all);
   return absl::OkStatus();
 }
 
 std::vector<search::FrontierPoint> SearchRun::Frontier() const {
-  return search::ComputeFrontier(results, spec.search.memory_metric,
+  return search::ComputeFrontier(Measured(), spec.search.memory_metric,
                                  spec.search.MemoryBudgetBytes());
 }
 
+std::vector<search::TrialResult> SearchRun::Measured() const {
+  return search::CombineRemeasured(spec, results);
+}
+
 int SearchRun::PlannedTotal() const {
+  if (planned_shown > 0) return planned_shown;
   return std::max<int>(strategy->PlannedTotal(), static_cast<int>(trials.size()));
+}
+
+void SearchRun::RevisePlannedTotal() {
+  const int proposed = static_cast<int>(trials.size() + unsaved.size());
+  if (planned_shown == 0) {
+    planned_shown = std::max(strategy->PlannedTotal(), proposed);
+  } else if (proposed > planned_shown) {
+    planned_revised_from = planned_shown;
+    planned_shown = std::max(strategy->PlannedTotal(), proposed);
+  }
 }
 
 const v1::ReplayEntry* SearchRun::ReplayFor(const std::string& policy) const {
@@ -153,6 +177,18 @@ std::vector<TrialRecord> SearchRun::Proposals(int64_t target,
   if (want > 0 && !strategy->Done()) {
     for (auto& c : strategy->Propose(static_cast<int>(want))) unsaved.push_back(std::move(c));
   }
+  if (!remeasure_proposed && strategy->Done() && !Outstanding()) {
+    // The strategy is done: before concluding, measure the near-ties once more (all at once:
+    // the round is bounded by the frontier's and the tie set's size).
+    remeasure_proposed = true;
+    for (search::Remeasure& r : search::NearTiesToRemeasure(spec, results)) {
+      search::Candidate c;
+      c.policy = r.policy;
+      c.reason = std::move(r.reason);
+      unsaved.push_back(std::move(c));
+    }
+  }
+  RevisePlannedTotal();
   std::vector<TrialRecord> out;
   for (const search::Candidate& c : unsaved) {
     TrialRecord t;
@@ -173,6 +209,9 @@ std::vector<RunTrial*> SearchRun::Enqueue(std::vector<TrialRecord> stored) {
   for (TrialRecord& r : stored) {
     auto t = std::make_unique<RunTrial>();
     t->rec = std::move(r);
+    t->remeasure = std::any_of(trials.begin(), trials.end(), [&](const auto& earlier) {
+      return earlier->rec.policy == t->rec.policy;
+    });
     queue.push_back(t.get());
     out.push_back(t.get());
     trials.push_back(std::move(t));
@@ -219,7 +258,7 @@ void SearchRun::MarkFinal(RunTrial& t, const v1::TrialResult& result,
   if (!by_worker.empty()) t.rec.worker_id = by_worker;
   ++done;
   search::TrialResult domain = ResultToDomain(t.rec.policy, result);
-  strategy->Observe(domain);
+  if (!t.remeasure) strategy->Observe(domain);
   results.push_back(std::move(domain));
 }
 
@@ -238,9 +277,11 @@ void SearchRun::CancelAll(const std::string& message,
 
 void SearchRun::FillFrontier(SearchRecord* out) const {
   out->frontier.clear();
-  std::vector<search::FrontierPoint> frontier = Frontier();
+  const std::vector<search::TrialResult> measured = Measured();
+  std::vector<search::FrontierPoint> frontier = search::ComputeFrontier(
+      measured, spec.search.memory_metric, spec.search.MemoryBudgetBytes());
   for (const auto& p : frontier) out->frontier.push_back(p.policy.ToString());
-  if (auto rec = search::RecommendPolicy(spec, results)) {
+  if (auto rec = search::RecommendPolicy(spec, measured)) {
     const search::Policy& best = rec->choice.policy;
     out->recommendation = best.ToString();
     out->apply.set_megatron_bridge(best.MegatronBridgeOverrides());
@@ -255,7 +296,7 @@ void SearchRun::FillFrontier(SearchRecord* out) const {
 void SearchRun::Conclude() {
   FillFrontier(&rec);
   rec.message = rec.recommendation ? ""
-                                   : search::NothingFitsMessage(results, spec.search.memory_metric,
+                                   : search::NothingFitsMessage(Measured(), spec.search.memory_metric,
                                                                 spec.search.MemoryBudgetBytes());
   if (!rec.recommendation) {
     // Said first when static memory alone is over the budget: no policy could have fit.

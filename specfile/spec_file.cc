@@ -315,9 +315,12 @@ Status ReadSearch(Section& s, search::SearchOptions* o) {
   REMAT_SEARCH_RETURN_IF_ERROR(s.Double("memory_headroom_gib", &o->memory_headroom_gib));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("max_trials", &o->max_trials));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("warmup_steps", &o->warmup_steps));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("warmup_max_steps", &o->warmup_max_steps));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("steady_window", &o->steady_window));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Double("steady_tolerance", &o->steady_tolerance));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("measure_steps", &o->measure_steps));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Enum<search::Backend>(
-      "backend", search::ParseBackend, "builtin, command, replay", &o->backend));
+      "backend", search::ParseBackend, "builtin, command, replay, megatron", &o->backend));
   REMAT_SEARCH_RETURN_IF_ERROR(s.String("replay_table", &o->replay_table));
   REMAT_SEARCH_RETURN_IF_ERROR(s.String("command_template", &o->command_template));
   REMAT_SEARCH_RETURN_IF_ERROR(

@@ -35,33 +35,15 @@ class BuiltinExecutor : public TrialExecutor {
     }
     const double timeout = a.spec.search.trial_timeout_s;
     const fs::path dir(context.trial_dir);
-    const fs::path rendezvous = dir / "rendezvous";
-    std::error_code ec;
-    fs::create_directories(rendezvous, ec);
-    if (ec) {
-      return StatusResult(TrialStatus::kFailed, "cannot create " + rendezvous.string() + ": " + ec.message());
+    if (std::string error =
+            WriteTrialRequests(a, dir.string(), std::min(options_.collective_timeout_s, timeout));
+        !error.empty()) {
+      return StatusResult(TrialStatus::kFailed, error);
     }
-
-    // The hand-off to remat-trial is a wire edge of its own: the spec with every field resolved.
-    const v1::SearchSpec wire_spec = proto::ToProto(a.spec);
     std::vector<ChildSpec> children;
     for (int r = 0; r < world; ++r) {
-      v1::TrialRequest request;
-      *request.mutable_spec() = wire_spec;
-      request.mutable_policy()->set_canonical(a.policy_name);
-      request.set_rank(r);
-      request.set_world_size(world);
-      request.set_rendezvous_dir(rendezvous.string());
-      request.set_collective_timeout_s(std::min(options_.collective_timeout_s, timeout));
-      const fs::path request_path = dir / ("request-" + std::to_string(r) + ".pb");
-      {
-        std::ofstream out(request_path, std::ios::binary | std::ios::trunc);
-        if (!out || !request.SerializeToOstream(&out)) {
-          return StatusResult(TrialStatus::kFailed, "cannot write " + request_path.string());
-        }
-      }
       ChildSpec child;
-      child.argv = {options_.trial_binary, "--request", request_path.string(), "--result",
+      child.argv = {options_.trial_binary, "--request", RequestPath(dir.string(), r), "--result",
                     ResultPath(dir, r)};
       child.env.emplace_back("NCCL_NVLS_ENABLE", "0");
       if (context.slots[r].gpu) {

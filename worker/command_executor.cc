@@ -1,8 +1,8 @@
 // The command executor: an operator-configured command template, run once per trial with
 // /bin/sh -c in its own process group; the job launches its own ranks (e.g. torchrun) and writes
 // the metrics file the worker reads afterwards.
+#include <algorithm>
 #include <filesystem>
-#include <fstream>
 
 #include "worker/metrics_file.h"
 #include "worker/result_combiner.h"
@@ -13,20 +13,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using search::TrialStatus;
-
-// Whether the end of a log says the job ran out of device memory.
-bool MentionsOom(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  in.seekg(0, std::ios::end);
-  std::streamoff size = in.tellg();
-  in.seekg(size > (1 << 18) ? size - (1 << 18) : 0);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  for (const char* needle : {"CUDA out of memory", "OutOfMemoryError", "out of memory"}) {
-    if (text.find(needle) != std::string::npos) return true;
-  }
-  return false;
-}
 
 class CommandExecutor : public TrialExecutor {
  public:
@@ -67,7 +53,8 @@ class CommandExecutor : public TrialExecutor {
         {"trial_id", ShellQuote(a.trial_id)},
         {"warmup_steps", std::to_string(warmup)},
         {"measure_steps", std::to_string(measure)},
-        {"train_iters", std::to_string(warmup + measure)},
+        // Room for the longest warm-up the steady-state rule may take (search/steady_state.h).
+        {"train_iters", std::to_string(std::max(warmup, so.warmup_max_steps) + measure)},
         {"micro_batch_size", std::to_string(a.spec.train.micro_batch_size)},
         {"seq_length", std::to_string(a.spec.model.seq_length)},
     };
@@ -112,13 +99,13 @@ class CommandExecutor : public TrialExecutor {
         result.status = TrialStatus::kFailed;
         result.message = "command " + exit.Describe() + tail();
       } else if (!exit.ok() && result.status == TrialStatus::kFailed &&
-                 (MentionsOom(child.stderr_path) || MentionsOom(child.stdout_path))) {
+                 (LogMentionsOom(child.stderr_path) || LogMentionsOom(child.stdout_path))) {
         result.status = TrialStatus::kOom;
       }
       return result;
     }
     if (!exit.ok()) {
-      const bool oom = MentionsOom(child.stderr_path) || MentionsOom(child.stdout_path);
+      const bool oom = LogMentionsOom(child.stderr_path) || LogMentionsOom(child.stdout_path);
       return StatusResult(oom ? TrialStatus::kOom : TrialStatus::kFailed,
                           "command " + exit.Describe() + tail());
     }

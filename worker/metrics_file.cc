@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "common/read_file.h"
+#include "search/steady_state.h"
 
 namespace remat::worker {
 namespace {
@@ -91,6 +94,12 @@ absl::StatusOr<JobMetrics> ParseMetricsJson(const std::string& json_text) {
         absl::Status s = ReadList(r, key, where, field);
         if (!s.ok()) return s;
       }
+      if (r.contains("setup_s") && !r["setup_s"].is_null()) {
+        if (!r["setup_s"].is_number() || r["setup_s"].get<double>() < 0) {
+          return absl::InvalidArgumentError(where + ".setup_s: must be a non-negative number");
+        }
+        m.setup_s = r["setup_s"].get<double>();
+      }
       if (r.contains("status")) {
         if (!r["status"].is_string()) {
           return absl::InvalidArgumentError(where + ".status: must be a string");
@@ -150,10 +159,32 @@ absl::StatusOr<JobMetrics> ReadMetricsFiles(const std::string& path) {
 
 search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetrics& metrics) {
   const search::SearchSpec& spec = assignment.spec;
-  const int warmup = spec.search.warmup_steps;
-  const int measure = spec.search.measure_steps;
+  const search::SearchOptions& so = spec.search;
+  const int warmup = so.warmup_steps;
+
+  // The warm-up ends where the slowest rank's step times settle (search/steady_state.h), the
+  // same step for every rank, as in the engine.
+  std::vector<double> slowest;
+  bool first = true;
+  for (const RankMetrics& r : metrics.ranks) {
+    if (r.step_times_s.empty()) continue;
+    if (first) {
+      slowest = r.step_times_s;
+      first = false;
+      continue;
+    }
+    slowest.resize(std::min(slowest.size(), r.step_times_s.size()));
+    for (size_t i = 0; i < slowest.size(); ++i) slowest[i] = std::max(slowest[i], r.step_times_s[i]);
+  }
+  const search::SteadySplit split = search::SplitSteadyState(so, slowest);
 
   search::TrialResult out;
+  if (metrics.status == "invalid") {
+    search::TrialResult refused;
+    refused.status = search::TrialStatus::kInvalid;
+    refused.message = metrics.message.empty() ? "the job refused the trial" : metrics.message;
+    return refused;
+  }
   bool oom = metrics.status == "oom";
   bool failed = metrics.status == "failed";
   std::vector<std::string> notes;
@@ -163,19 +194,28 @@ search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetri
   bool have_loss = false;
   for (const RankMetrics& r : metrics.ranks) {
     search::RankResult& rr = out.ranks.emplace_back(r.memory);
+    out.setup_s = std::max(out.setup_s, r.setup_s);
     if (r.status == "oom") oom = true;
     if (r.status == "failed") failed = true;
     const std::string rank = "rank " + std::to_string(r.memory.rank) + ": ";
     if (!r.message.empty()) notes.push_back(rank + r.message);
-    if (static_cast<int>(r.step_times_s.size()) <= warmup) {
+    if (static_cast<int>(r.step_times_s.size()) <= split.warmup_steps) {
       if (r.status == "ok") {
         failed = true;
         notes.push_back(rank + "metrics have " + std::to_string(r.step_times_s.size()) +
-                        " step times; warmup_steps is " + std::to_string(warmup));
+                        " step times; warmup_steps is " + std::to_string(warmup) +
+                        " and the warm-up took " + std::to_string(split.warmup_steps) +
+                        " (warmup_max_steps " + std::to_string(so.warmup_max_steps) +
+                        "), leaving none to measure");
       }
       continue;
     }
-    const std::vector<double> measured = search::MeasuredSteps(r.step_times_s, warmup, measure);
+    const std::vector<double> measured =
+        search::MeasuredSteps(r.step_times_s, split.warmup_steps, so.measure_steps);
+    rr.warmup_steps_taken = split.warmup_steps;
+    rr.warmup_step_times_s.assign(r.step_times_s.begin(),
+                                  r.step_times_s.begin() + split.warmup_steps);
+    rr.step_times_s = measured;
     const double median = search::MedianStepTime(measured);
     rr.step_time_s = median;
     step = std::max(step, median);
@@ -189,6 +229,8 @@ search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetri
       have_loss = true;
     }
   }
+  out.warmup_steps_taken = split.warmup_steps;
+  out.warmup_settled = split.settled;
   if (metrics.ranks.empty()) {
     failed = true;
     notes.push_back("metrics file lists no ranks");
@@ -207,6 +249,19 @@ search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetri
     out.tokens_per_s = search::TokensPerSecond(spec, step);
   }
   return out;
+}
+
+bool LogMentionsOom(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(size > (1 << 18) ? size - (1 << 18) : 0);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* needle : {"CUDA out of memory", "OutOfMemoryError", "out of memory"}) {
+    if (text.find(needle) != std::string::npos) return true;
+  }
+  return false;
 }
 
 }  // namespace remat::worker

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   int plain_slots = 0;
   bool tls = false, keep_trial_dirs = false;
   std::string executor = "local";
+  std::string megatron_path, megatron_driver, python = "python3";
   remat::worker::SlurmExecutorOptions slurm;
   app.add_option("--coordinator", coordinator, "the coordinator, HOST:PORT")->required();
   app.add_option("--gpus", gpus,
@@ -50,6 +51,15 @@ int main(int argc, char** argv) {
                  "remat-trial to run (default: beside this program)");
   app.add_option("--command-templates", templates_file,
                  "YAML file of command templates for the command backend (worker/README.md)");
+  app.add_option("--megatron-path", megatron_path,
+                 "offer the megatron backend with this Megatron-LM checkout (a folder holding "
+                 "megatron/core), put first on the driver's sys.path");
+  app.add_flag("--megatron-installed",
+               "offer the megatron backend with the megatron-core installed for --python");
+  app.add_option("--python", python,
+                 "the Python (with torch) that runs the megatron driver (default python3)");
+  app.add_option("--megatron-driver", megatron_driver,
+                 "remat_megatron_driver.py (default: megatron_driver/ beside this program)");
   app.add_option("--trial-timeout-grace", grace_s,
                  "seconds between SIGTERM and SIGKILL when a trial is killed")
       ->check(CLI::NonNegativeNumber);
@@ -150,6 +160,34 @@ int main(int argc, char** argv) {
     auto templates = remat::worker::LoadCommandTemplatesFile(templates_file);
     if (!templates.ok()) return Fail(2, std::string(templates.status().message()));
     options.command_templates = *templates;
+  }
+  if (!megatron_path.empty() || app.count("--megatron-installed") > 0) {
+    if (on_slurm) return Fail(2, "--megatron-path: not with --executor slurm");
+    if (!megatron_path.empty()) {
+      if (!fs::is_directory(fs::path(megatron_path) / "megatron" / "core")) {
+        return Fail(2, "--megatron-path: no megatron/core package in " + megatron_path);
+      }
+      megatron_path = fs::absolute(megatron_path).string();  // ranks start in trial folders
+    }
+    if (megatron_driver.empty()) {  // beside the program (a build), else the installed copy
+      const fs::path self(remat::common::SelfDir());
+      megatron_driver = (self / "megatron_driver" / "remat_megatron_driver.py").string();
+      if (access(megatron_driver.c_str(), R_OK) != 0) {
+        megatron_driver =
+            (self / ".." / "share" / "remat" / "megatron_driver" / "remat_megatron_driver.py")
+                .lexically_normal()
+                .string();
+      }
+    }
+    if (access(megatron_driver.c_str(), R_OK) != 0) {
+      return Fail(2, "--megatron-driver: cannot read " + megatron_driver);
+    }
+    options.megatron_driver = fs::absolute(megatron_driver).string();
+    options.megatron_python = python;
+    options.megatron_path = megatron_path;
+    options.versions["megatron_core"] = remat::worker::MegatronCoreVersion(megatron_path);
+  } else if (!megatron_driver.empty() || app.count("--python") > 0) {
+    return Fail(2, "--megatron-driver/--python: only with --megatron-path or --megatron-installed");
   }
   options.kill_grace_s = grace_s;
   options.keep_trial_dirs = keep_trial_dirs;

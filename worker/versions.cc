@@ -1,8 +1,11 @@
 #include "worker/versions.h"
 
+#include <filesystem>
+#include <regex>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "common/read_file.h"
 #include "common/version.h"
 #include "worker/process_runner.h"
 
@@ -30,6 +33,24 @@ std::map<std::string, std::string> ProbeVersions(const std::string& trial_binary
   }
   versions["remat"] = common::kVersion;
   return versions;
+}
+
+std::string MegatronCoreVersion(const std::string& megatron_path) {
+  if (megatron_path.empty()) return "installed";
+  const std::filesystem::path root(megatron_path);
+  auto info = common::ReadFile((root / "megatron" / "core" / "package_info.py").string());
+  if (!info) return "unknown";
+  std::string version;
+  for (const char* key : {"MAJOR", "MINOR", "PATCH"}) {
+    std::smatch m;
+    const std::regex re(std::string("\\n") + key + "\\s*=\\s*(\\d+)");
+    if (!std::regex_search(*info, m, re)) return "unknown";
+    version += (version.empty() ? "" : ".") + m[1].str();
+  }
+  if (auto commit = common::ReadFile((root / "REMAT_COMMIT").string())) {
+    version += " commit " + std::string(absl::StripAsciiWhitespace(*commit));
+  }
+  return version;
 }
 
 }  // namespace remat::worker

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "worker/assignment.h"
+#include "worker/megatron_executor.h"
 #include "worker/result_spool.h"
 
 namespace remat::worker {
@@ -83,6 +84,15 @@ class WorkerDaemon::Impl {
       c.templates = options_.command_templates;
       c.limits = limits;
       executors_["command"] = MakeCommandExecutor(c);
+    }
+    if (!executors_.count("megatron") && !options_.megatron_driver.empty()) {
+      MegatronExecutorOptions m;
+      m.driver = options_.megatron_driver;
+      m.python = options_.megatron_python;
+      m.megatron_path = options_.megatron_path;
+      m.collective_timeout_s = options_.collective_timeout_s;
+      m.limits = limits;
+      executors_["megatron"] = MakeMegatronExecutor(m);
     }
   }
 

@@ -39,6 +39,10 @@ struct WorkerDaemonOptions {
   std::string work_dir;          // trial folders (trials/) and undelivered results (spool/)
   std::string trial_binary;      // remat-trial; "" offers no builtin backend
   std::map<std::string, CommandTemplate> command_templates;  // empty: no command backend
+  // The megatron backend (worker/megatron_executor.h): offered when megatron_driver is set.
+  std::string megatron_driver;           // remat_megatron_driver.py
+  std::string megatron_python = "python3";
+  std::string megatron_path;             // "" : an installed megatron-core
   double kill_grace_s = 10;           // a timed-out trial's group: SIGTERM, then SIGKILL after this
   double peer_failure_grace_s = 30;   // one rank died: the others get this long, then are killed
   double peer_exit_grace_s = 60;      // one rank finished: the others get this long, then are killed

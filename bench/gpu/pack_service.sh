@@ -15,4 +15,8 @@ for b in remat rematd remat-worker; do
     esac
   done
 done
+# remat-worker's megatron backend finds its driver beside it (worker/README.md, "megatron").
+if [ -d "$build/bin/megatron_driver" ]; then
+  cp -r "$build/bin/megatron_driver" "$dir/bin/" && rm -rf "$dir/bin/megatron_driver/__pycache__"
+fi
 du -sh "$dir"

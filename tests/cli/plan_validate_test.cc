@@ -99,11 +99,11 @@ TEST(PlanTest, StaticOverBudgetNamesTheLevers) {
 }
 
 TEST(PlanTest, BuiltinBackendLimitsAreANote) {
-  TempSpec spec("  attention_backend: flash\n", "parallel:\n  pipeline_model_parallel_size: 2\n");
+  TempSpec spec("  attention_backend: flash\n", "parallel:\n  context_parallel_size: 2\n");
   std::ostringstream out, err;
   ASSERT_EQ(RunPlan(spec.path(), false, out, err), 0) << err.str();
   EXPECT_NE(out.str().find("note: the builtin backend will refuse to search this spec: "
-                           "parallel.pipeline_model_parallel_size:"),
+                           "parallel.context_parallel_size:"),
             std::string::npos)
       << out.str();
 }

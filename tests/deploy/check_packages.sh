@@ -22,7 +22,8 @@ expect remat /usr/bin/remat /usr/libexec/remat/prolog-remat-submit.sh
 expect rematd /usr/bin/rematd /usr/lib/systemd/system/rematd.service /usr/lib/sysusers.d/remat.conf \
   /etc/default/rematd
 expect remat-worker /usr/bin/remat-worker /usr/lib/systemd/system/remat-worker.service \
-  /etc/default/remat-worker /usr/share/remat/megatron_bridge/remat_metrics_callback.py
+  /etc/default/remat-worker /usr/share/remat/megatron_bridge/remat_metrics_callback.py \
+  /usr/share/remat/megatron_driver/remat_megatron_driver.py
 if [ -x "$build/bin/remat-trial" ]; then expect remat-engine /usr/bin/remat-trial; fi
 
 # The services' packages carry the postinst that creates the user, and their /etc files as conffiles.

@@ -200,11 +200,13 @@ TEST(RecomputeTest, RefusesWhatItCannotRun) {
   EXPECT_EQ(r.status, TrialStatus::kInvalid);
   EXPECT_NE(r.message.find("Gated DeltaNet"), std::string::npos) << r.message;
 
-  search::SearchSpec pp = testing::TinyDense();
-  pp.parallel.pipeline_model_parallel_size = 2;
-  r = RunOne(pp, Policy::None());
+  // Context parallelism is modelled and planned, not run (no ring attention in the engine).
+  search::SearchSpec cp = testing::TinyDense();
+  cp.model.attention_backend = search::AttentionBackend::kFlash;
+  cp.parallel.context_parallel_size = 2;
+  r = RunOne(cp, Policy::None());
   EXPECT_EQ(r.status, TrialStatus::kInvalid);
-  EXPECT_NE(r.message.find("pipeline_model_parallel_size"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("context_parallel_size"), std::string::npos) << r.message;
 
   r = RunOne(testing::TinyDense(), P("selective:[moe_act]"));  // no experts: Megatron refuses
   EXPECT_EQ(r.status, TrialStatus::kInvalid);

@@ -36,6 +36,47 @@ std::function<std::string()> Ids() {
   return [n] { return "t-" + std::to_string((*n)++); };
 }
 
+// A strategy whose estimate runs one ahead of what it proposed, as a guided search's can.
+class CreepingStrategy : public ListStrategy {
+ public:
+  using ListStrategy::ListStrategy;
+  std::vector<search::Candidate> Propose(int max_count) override {
+    auto out = ListStrategy::Propose(max_count);
+    proposed_ += static_cast<int>(out.size());
+    return out;
+  }
+  int PlannedTotal() const override { return std::max(estimate_floor, proposed_ + 1); }
+  int estimate_floor = 4;
+
+ private:
+  int proposed_ = 0;
+};
+
+TEST(SearchRunTest, PlannedTotalMovesOnlyWhenMoreTrialsAreProposedThanItSaid) {
+  std::vector<std::string> policies = {"selective:[]",   "selective:[core_attn]", "full:uniform:1",
+                                       "full:uniform:2", "full:block:1",          "full:block:2"};
+  auto run = NewRun(policies);
+  SearchRun& s = *run;
+  auto strategy = std::make_unique<CreepingStrategy>(policies);
+  CreepingStrategy* creeping = strategy.get();
+  s.strategy = std::move(strategy);
+  std::vector<int> shown;
+  std::vector<int> revised_from;
+  for (int i = 0; i < 6; ++i) {
+    auto queued = s.Enqueue(s.Proposals(1, Ids()));
+    ASSERT_EQ(queued.size(), 1u);
+    shown.push_back(s.PlannedTotal());
+    revised_from.push_back(s.planned_revised_from);
+    s.MarkFinal(*queued[0], Measured(10 - i, 1 + i), "");
+    // The estimate falling back does not move the total either.
+    creeping->estimate_floor = 0;
+  }
+  // 4 as first estimated; at the fifth proposal it must move: to the estimate then (6), and says
+  // from what; no trial moves it otherwise.
+  EXPECT_EQ(shown, (std::vector<int>{4, 4, 4, 4, 6, 6}));
+  EXPECT_EQ(revised_from, (std::vector<int>{0, 0, 0, 0, 4, 4}));
+}
+
 TEST(SearchRunTest, ResultsAreRecordedUnderTheTrialsOwnPolicy) {
   RunTrial t;
   t.rec.policy = "selective:[core_attn]";
@@ -75,12 +116,13 @@ TEST(SearchRunTest, RequestsAreValidatedAndReplayKeysMadeCanonical) {
 // What the builtin engine cannot run, and Megatron's spec-wide rules, are refused at submit
 // (INVALID_ARGUMENT naming the field), not found trial by trial.
 TEST(SearchRunTest, SpecWideProblemsAreRefusedAtSubmit) {
-  search::SearchSpec pp = SmallSpec();
-  pp.search.backend = search::Backend::kBuiltin;
-  pp.parallel.pipeline_model_parallel_size = 2;
-  auto refused = SearchRun::FromRequest("alice", Submit(pp, {}));
+  search::SearchSpec cp = SmallSpec();
+  cp.search.backend = search::Backend::kBuiltin;
+  cp.model.attention_backend = search::AttentionBackend::kFlash;
+  cp.parallel.context_parallel_size = 2;
+  auto refused = SearchRun::FromRequest("alice", Submit(cp, {}));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StartsWith(refused.status().message(), "parallel.pipeline_model_parallel_size:"))
+  EXPECT_TRUE(absl::StartsWith(refused.status().message(), "parallel.context_parallel_size:"))
       << refused.status();
   search::SearchSpec fp8 = SmallSpec();
   fp8.search.backend = search::Backend::kBuiltin;

@@ -209,6 +209,12 @@ TEST(SpecFileTest, BadInputNamesTheKey) {
       {base + "train:\n  micro_batch_size: 0\n", "train.micro_batch_size: must be"},
       {base + "train:\n  warmup: 3\n", "train.warmup: unknown key"},
       {base + "search:\n  backend: replay\n", "search.replay_table: required"},
+      {base + "search:\n  warmup_max_steps: 1\n",
+       "search.warmup_max_steps: must be at least search.warmup_steps (2)"},
+      {base + "search:\n  steady_window: 0\n", "search.steady_window: must be"},
+      {base + "search:\n  steady_window: 9\n", "search.steady_window: must be at most"},
+      {base + "search:\n  steady_tolerance: high\n", "search.steady_tolerance: must be a number"},
+      {base + "search:\n  steady_tolerance: 0\n", "search.steady_tolerance: must be a fraction"},
       {"model: {num_layers: 2\n", "spec: not valid YAML"},
       // Spec-wide compatibility (search::ValidateCompatibility), refused at read time.
       {base + "  num_moe_experts: 4\n  moe_grouped_gemm: true\n", "model.add_bias_linear:"},
@@ -233,6 +239,25 @@ TEST(SpecFileTest, BadInputNamesTheKey) {
     EXPECT_EQ(s.status().message().rfind(c.message_start, 0), 0u)
         << "yaml:\n" << c.yaml << "\nmessage: " << s.status().message();
   }
+}
+
+TEST(SpecFileTest, SteadyStateKeysAndDefaults) {
+  const std::string base =
+      "model:\n  num_layers: 2\n  hidden_size: 64\n  num_attention_heads: 4\n  seq_length: 8\n"
+      "  vocab_size: 8\n";
+  auto defaults = ParseSpecYaml(base);
+  ASSERT_TRUE(defaults.ok()) << defaults.status().message();
+  EXPECT_EQ(defaults->search.warmup_steps, 2);
+  EXPECT_EQ(defaults->search.warmup_max_steps, 8);
+  EXPECT_EQ(defaults->search.steady_window, 3);
+  EXPECT_DOUBLE_EQ(defaults->search.steady_tolerance, 0.05);
+  auto set = ParseSpecYaml(base + "search:\n  warmup_steps: 1\n  warmup_max_steps: 12\n"
+                                  "  steady_window: 4\n  steady_tolerance: 0.02\n");
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  EXPECT_EQ(set->search.warmup_steps, 1);
+  EXPECT_EQ(set->search.warmup_max_steps, 12);
+  EXPECT_EQ(set->search.steady_window, 4);
+  EXPECT_DOUBLE_EQ(set->search.steady_tolerance, 0.02);
 }
 
 TEST(SpecFileTest, MissingFileIsAClearError) {

@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""The fidelity bench: the builtin engine held to Megatron Core, policy by policy, on one GPU.
+
+For each model family (dense GQA with unfused attention, MLA, MoE with sequential experts and
+shared experts, MoE with grouped experts and shared experts) it runs the matched control
+`selective:[]`, every valid single label, every valid two-label pair, `full:uniform:1` and
+`full:block:2`, with the builtin engine (remat-bench-engine: all policies of a family in one
+process) and with Megatron Core (megatron_side.py: every family in one process, the megatron
+backend's own driver code). Per policy it compares the change of the allocated peak against the
+control and the extra seconds per step against the control (the recompute's cost).
+
+Megatron Core's local (non-TE) layer spec has no grouped-GEMM experts (TEGroupedMLP needs
+Transformer Engine), so the grouped family's Megatron Core reference is the sequential family's
+run (the same model with SequentialMLP experts): it measures how far the engine's grouped experts
+are from what Megatron Core keeps, not a grouped-GEMM Megatron run.
+
+  fidelity.py --build BUILD_DIR --megatron DIR --out OUT_DIR [--deadline UNIX_S]
+              [--families dense,mla,moe-seq,moe-grouped]
+
+Writes OUT_DIR/fidelity.json (every figure), OUT_DIR/fidelity.md (the table, bench/fidelity/
+to_doc.py), the specs, engine.jsonl / megatron.jsonl and their logs.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import to_doc  # noqa: E402
+
+MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
+
+TRAIN = {"micro_batch_size": 1, "precision": "bf16", "seed": 1234}
+SEARCH = {"memory_budget_gib": 130, "warmup_steps": 1, "measure_steps": 4, "device": "cuda"}
+BASE = {
+    "num_layers": 4, "seq_length": 4096, "vocab_size": 32000, "normalization": "RMSNorm",
+    "gated_linear_unit": True, "attention_backend": "unfused", "attention_dropout": 0.0,
+    "hidden_dropout": 0.0, "attention_softmax_in_fp32": True, "add_bias_linear": False,
+    "position_embedding_type": "rope", "share_embeddings_and_output_weights": False,
+}
+FAMILIES = {
+    # Llama-like dense layer with grouped-query attention.
+    "dense": {"hidden_size": 2048, "num_attention_heads": 16, "num_query_groups": 4,
+              "ffn_hidden_size": 5632},
+    # DeepSeek-V2-Lite-like attention (no q compression) with a dense SwiGLU MLP.
+    "mla": {"hidden_size": 2048, "num_attention_heads": 16, "ffn_hidden_size": 5632,
+            "multi_latent_attention": True, "kv_lora_rank": 512, "qk_head_dim": 128,
+            "qk_pos_emb_head_dim": 64, "v_head_dim": 128},
+    # Every layer MoE: 16 experts, top-4, shared experts.
+    "moe-seq": {"hidden_size": 1024, "num_attention_heads": 8, "ffn_hidden_size": 2816,
+                "num_moe_experts": 16, "moe_router_topk": 4, "moe_ffn_hidden_size": 704,
+                "moe_shared_expert_intermediate_size": 1408, "moe_grouped_gemm": False,
+                "moe_layer_freq": 1},
+}
+FAMILIES["moe-grouped"] = dict(FAMILIES["moe-seq"], moe_grouped_gemm=True)
+# Whose Megatron Core run a family is compared with (see the module comment).
+MEGATRON_REFERENCE = {"moe-grouped": "moe-seq"}
+
+
+def spec_of(family):
+    model = dict(BASE)
+    model.update(FAMILIES[family])
+    return {"name": "fidelity-" + family, "model": model, "train": dict(TRAIN),
+            "search": dict(SEARCH)}
+
+
+def to_yaml(spec):
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return str(v)
+    lines = ["name: " + spec["name"]]
+    for section in ("model", "train", "search"):
+        lines.append(section + ":")
+        lines += ["  %s: %s" % (k, value(v)) for k, v in spec[section].items()]
+    return "\n".join(lines) + "\n"
+
+
+def choose_policies(valid):
+    """The control, every single label, every pair, full:uniform:1 and full:block:2, in the
+    order of remat's enumeration."""
+    chosen = ["selective:[]"]
+    for p in valid:
+        if p.startswith("selective:[") and p != "selective:[]":
+            n = len(p[len("selective:["):-1].split(","))
+            if n <= 2:
+                chosen.append(p)
+    chosen += [p for p in ("full:uniform:1", "full:block:2") if p in valid]
+    return chosen
+
+
+def run(cmd, log_path, timeout):
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write("$ %s\n" % " ".join(cmd))
+        log.flush()
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                                  timeout=max(1, timeout), check=False)
+        except subprocess.TimeoutExpired as exc:
+            log.write("killed: time budget\n")
+            return exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return proc.stdout
+
+
+def median(xs):
+    xs = sorted(xs)
+    if not xs:
+        return None
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def engine_row(line):
+    if line is None:
+        return {"status": "not run"}
+    row = {"status": line.get("status"), "message": line.get("message", "")}
+    if line.get("status") == "ok":
+        row.update(peak_allocated_bytes=line["peak_allocated_bytes"],
+                   peak_reserved_bytes=line["peak_reserved_bytes"],
+                   step_time_s=line["step_time_s"], loss=line.get("loss"))
+    return row
+
+
+def megatron_row(line, warmup):
+    if line is None:
+        return {"status": "not run"}
+    row = {"status": line.get("status"), "message": line.get("message", "")}
+    rank = line.get("rank")
+    if line.get("status") == "ok" and rank:
+        steps = rank["step_times_s"][warmup:]
+        row.update(peak_allocated_bytes=rank["peak_allocated_bytes"],
+                   peak_reserved_bytes=rank["peak_reserved_bytes"],
+                   step_time_s=median(steps),
+                   loss=rank["losses"][warmup] if len(rank["losses"]) > warmup else None)
+    return row
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--build", required=True)
+    p.add_argument("--megatron", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--deadline", type=float, default=time.time() + 420)
+    p.add_argument("--families", default="dense,mla,moe-seq,moe-grouped")
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    families = [f for f in a.families.split(",") if f]
+    engine = os.path.join(a.build, "bin", "remat-bench-engine")
+    estimate = os.path.join(a.build, "bin", "remat-bench-estimate")
+
+    specs, policies = {}, {}
+    for fam in families:
+        specs[fam] = spec_of(fam)
+        yaml_path = os.path.join(a.out, fam + ".yaml")
+        with open(yaml_path, "w", encoding="utf-8") as f:
+            f.write(to_yaml(specs[fam]))
+        with open(os.path.join(a.out, fam + ".json"), "w", encoding="utf-8") as f:
+            json.dump(specs[fam], f, indent=1)
+        est = json.loads(subprocess.check_output([estimate, "--spec", yaml_path]))
+        policies[fam] = choose_policies(est["valid_policies"])
+        print("%s: %d policies" % (fam, len(policies[fam])), flush=True)
+
+    # The engine first (fast), one process per family.
+    engine_lines = {}
+    for fam in families:
+        t0 = time.time()
+        out = run([engine, "--spec", os.path.join(a.out, fam + ".yaml"), "--policies",
+                   ";".join(policies[fam])], os.path.join(a.out, "engine.log"),
+                  a.deadline - time.time())
+        with open(os.path.join(a.out, "engine.jsonl"), "a", encoding="utf-8") as f:
+            for line in out.splitlines():
+                if line.startswith("{"):
+                    r = json.loads(line)
+                    engine_lines[(fam, r["policy"])] = r
+                    f.write(json.dumps(dict(r, family=fam)) + "\n")
+        print("engine %s: %.0f s" % (fam, time.time() - t0), flush=True)
+
+    # Megatron Core: every family in one process.
+    plan = [{"family": fam, "spec": specs[fam], "policies": policies[fam]}
+            for fam in families if fam not in MEGATRON_REFERENCE]
+    plan_path = os.path.join(a.out, "megatron-plan.json")
+    with open(plan_path, "w", encoding="utf-8") as f:
+        json.dump(plan, f, indent=1)
+    t0 = time.time()
+    jsonl = os.path.join(a.out, "megatron.jsonl")
+    run([sys.executable, os.path.join(HERE, "megatron_side.py"), "--plan", plan_path,
+         "--jsonl", jsonl, "--megatron-path", a.megatron, "--deadline", str(a.deadline - 15)],
+        os.path.join(a.out, "megatron.log"), a.deadline - time.time())
+    print("megatron: %.0f s" % (time.time() - t0), flush=True)
+    megatron_lines = {}
+    if os.path.exists(jsonl):
+        with open(jsonl, encoding="utf-8") as f:
+            for line in f:
+                r = json.loads(line)
+                megatron_lines[(r["family"], r["policy"])] = r
+
+    report = {"megatron_commit": MEGATRON_COMMIT, "date": time.strftime("%Y-%m-%d"),
+              "versions": _versions(a.build), "families": []}
+    for fam in families:
+        ref = MEGATRON_REFERENCE.get(fam, fam)
+        rows = []
+        for pol in policies[fam]:
+            rows.append({"policy": pol,
+                         "engine": engine_row(engine_lines.get((fam, pol))),
+                         "megatron": megatron_row(megatron_lines.get((ref, pol)),
+                                                  SEARCH["warmup_steps"])})
+        report["families"].append({"family": fam, "megatron_reference": ref,
+                                   "spec": specs[fam], "rows": rows})
+    to_doc.compare(report)
+    with open(os.path.join(a.out, "fidelity.json"), "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1)
+    text = to_doc.render(report, command=os.environ.get("REMAT_FIDELITY_COMMAND", ""))
+    with open(os.path.join(a.out, "fidelity.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    print(to_doc.summary(report))
+    return 0
+
+
+def _versions(build):
+    try:
+        out = subprocess.check_output([os.path.join(build, "bin", "remat-trial"), "--version"],
+                                      text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""The remat spec and policy mapped to Megatron Core's settings: pure Python, no torch.
+
+The spec's field names are Megatron Core's already, so most fields pass through; what this module
+decides is (1) which settings the driver adds so that Megatron Core runs the model the builtin
+engine stands for (local layer spec, fusions off, SwiGLU = silu, plain RoPE for MLA, top-k router
+without auxiliary loss, all-to-all dispatcher), and (2) what the driver cannot run, refused with
+the reason (`Unsupported`), never run as something else.
+
+A spec is the YAML spec's structure as a dict ({"model": {...}, "train": {...}, "parallel":
+{...}, "search": {...}}), as the worker writes it (every field resolved) or as a bench writes it.
+A field left out takes Megatron Core's own default: derived defaults (ffn_hidden_size = 4 h,
+kv_channels = h / heads, num_query_groups = heads, moe_ffn_hidden_size = ffn_hidden_size) are
+left to TransformerConfig.__post_init__, so this module holds no copy of those rules.
+"""
+
+LABELS = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
+          "gdn_norm_out")
+
+# Labels whose Megatron Core implementation is CheckpointWithoutOutput, which refers to
+# Transformer Engine's FP8 state even with FP8 off (the driver's shims.te_fp8_stand_in).
+OUTPUT_DISCARDING_LABELS = ("layernorm", "moe_act", "mla_up_proj")
+
+# Megatron-LM pads the vocabulary to a multiple of this times TP (make_vocab_size_divisible_by).
+VOCAB_MULTIPLE = 128
+
+
+class Unsupported(Exception):
+    """A spec feature or policy the driver cannot run; str() names the field and the reason."""
+
+
+def parse_policy(text):
+    """'selective:[a,b]' | 'none' | 'full:uniform:N' | 'full:block:N' -> dict of recompute
+    settings (Megatron names). Raises ValueError naming the problem."""
+    text = text.strip()
+    if text == "none":
+        text = "selective:[]"
+    if text.startswith("selective:"):
+        body = text[len("selective:"):]
+        if not (body.startswith("[") and body.endswith("]")):
+            raise ValueError("policy: selective needs a bracketed label list: " + text)
+        labels = [x.strip() for x in body[1:-1].split(",") if x.strip()]
+        for label in labels:
+            if label not in LABELS:
+                raise ValueError("policy: unknown recompute label '%s'" % label)
+        if len(set(labels)) != len(labels):
+            raise ValueError("policy: a label is repeated: " + text)
+        return {"recompute_granularity": "selective", "recompute_modules": labels,
+                "recompute_method": None, "recompute_num_layers": None}
+    parts = text.split(":")
+    if len(parts) == 3 and parts[0] == "full" and parts[1] in ("uniform", "block"):
+        try:
+            n = int(parts[2])
+        except ValueError:
+            raise ValueError("policy: full recompute needs a layer count: " + text) from None
+        if n < 1:
+            raise ValueError("policy: recompute_num_layers must be at least 1: " + text)
+        return {"recompute_granularity": "full", "recompute_modules": None,
+                "recompute_method": parts[1], "recompute_num_layers": n}
+    raise ValueError("policy: not a policy string: " + text)
+
+
+def _get(section, key, default=None):
+    value = section.get(key, default)
+    return default if value is None else value
+
+
+def padded_vocab_size(vocab_size, tp):
+    unit = VOCAB_MULTIPLE * tp
+    return ((vocab_size + unit - 1) // unit) * unit
+
+
+def is_moe_layer(model, i):
+    """Layer i (0-based) is MoE, by moe_layer_pattern (a 0/1 list) or moe_layer_freq."""
+    if not model.get("num_moe_experts"):
+        return False
+    pattern = model.get("moe_layer_pattern") or []
+    if pattern:
+        return i < len(pattern) and pattern[i] == 1
+    freq = _get(model, "moe_layer_freq", 1)
+    if isinstance(freq, list):
+        return i < len(freq) and freq[i] == 1
+    return freq > 0 and i % freq == 0
+
+
+def map_trial(spec, policy_text, have_te=False):
+    """The driver's plan for one trial: a dict with
+      config_class  "TransformerConfig" | "MLATransformerConfig"
+      config        TransformerConfig keyword arguments (plain values; "activation_func" and
+                    "params_dtype" are names the runner resolves: "silu"/"gelu", "bf16"/"fp32")
+      layer_spec    get_gpt_layer_local_spec keyword arguments
+      model         GPTModel keyword arguments
+      train         micro_batch_size, num_microbatches, precision, seed, use_distributed_optimizer
+      parallel      tp, pp, cp, ep, dp, world_size
+      run           warmup_steps, measure_steps, budget_bytes, proxy (True at a proxy depth)
+      shims         the shims.py stand-ins this trial needs
+    Raises Unsupported (field: reason) or ValueError (a malformed policy)."""
+    model = spec.get("model", {})
+    train = spec.get("train", {})
+    par = spec.get("parallel", {})
+    search = spec.get("search", {})
+    recompute = parse_policy(policy_text)
+
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
+        if not isinstance(model.get(key), int) or model[key] <= 0:
+            raise Unsupported("model.%s: required, a positive integer" % key)
+
+    tp = _get(par, "tensor_model_parallel_size", 1)
+    pp = _get(par, "pipeline_model_parallel_size", 1)
+    cp = _get(par, "context_parallel_size", 1)
+    ep = _get(par, "expert_model_parallel_size", 1)
+    dp = _get(par, "data_parallel_size", 1)
+    sp = bool(_get(par, "sequence_parallel", False))
+    if pp > 1 or (_get(par, "virtual_pipeline_model_parallel_size", 1) or 1) > 1:
+        raise Unsupported("parallel.pipeline_model_parallel_size: the megatron backend runs "
+                          "Megatron Core's no-pipelining schedule only (PP = 1)")
+    if cp > 1:
+        raise Unsupported("parallel.context_parallel_size: Megatron Core's local "
+                          "DotProductAttention refuses context parallelism (it needs Transformer "
+                          "Engine's attention)")
+    if search.get("device") == "cpu":
+        raise Unsupported("search.device: the megatron backend runs on CUDA only")
+    if _get(model, "attention_backend", "unfused") != "unfused":
+        raise Unsupported("model.attention_backend: the local (non-TE) layer spec has only the "
+                          "unfused DotProductAttention; fused/flash attention in Megatron Core "
+                          "needs Transformer Engine")
+    if model.get("experimental_attention_variant"):
+        raise Unsupported("model.experimental_attention_variant: Gated DeltaNet layers are not "
+                          "built by the driver")
+    if _get(model, "fp8", ""):
+        raise Unsupported("model.fp8: the driver builds Megatron Core's local (non-TE) layer spec, "
+                          "which has no FP8; refused rather than measured in 16 bits")
+    if _get(model, "cuda_graph_impl", "none") != "none":
+        raise Unsupported("model.cuda_graph_impl: the driver does not capture CUDA graphs; "
+                          "refused rather than measured eagerly")
+    if _get(model, "cpu_offloading", False):
+        raise Unsupported("model.cpu_offloading: not run by the driver (it conflicts with "
+                          "recompute, which is what a trial measures)")
+    moe = bool(model.get("num_moe_experts"))
+    if moe and _get(model, "moe_grouped_gemm", False):
+        raise Unsupported("model.moe_grouped_gemm: Megatron Core's local layer spec builds "
+                          "SequentialMLP experts only; its grouped-GEMM experts are Transformer "
+                          "Engine's TEGroupedMLP")
+    if moe and _get(model, "moe_shared_expert_overlap", False):
+        raise Unsupported("model.moe_shared_expert_overlap: needs a token dispatcher overlap the "
+                          "driver does not set up")
+    if ep > 1 and not moe:
+        raise Unsupported("parallel.expert_model_parallel_size: a dense model has no experts")
+
+    labels = recompute["recompute_modules"] or []
+    num_layers = model["num_layers"]
+    has_dense_layer = any(not is_moe_layer(model, i) for i in range(num_layers))
+    if ("mlp" in labels and has_dense_layer and _get(model, "add_bias_linear", True)):
+        raise Unsupported(
+            "policy: Megatron Core's mlp recompute with linear biases (add_bias_linear) ran out "
+            "of memory in its nested checkpoint on the local layer spec (seen on an H200); "
+            "refused rather than measured wrong")
+    if "gdn_norm_out" in labels:
+        raise Unsupported("policy: gdn_norm_out needs a Gated DeltaNet model")
+    if recompute["recompute_granularity"] == "full" and \
+            recompute["recompute_num_layers"] > num_layers:
+        raise Unsupported("policy: recompute_num_layers %d exceeds model.num_layers %d"
+                          % (recompute["recompute_num_layers"], num_layers))
+
+    precision = _get(train, "precision", "bf16")
+    if precision not in ("bf16", "fp32"):
+        raise Unsupported("train.precision: must be bf16 or fp32")
+    gated = bool(_get(model, "gated_linear_unit", False))
+    mla = bool(_get(model, "multi_latent_attention", False))
+    normalization = _get(model, "normalization", "LayerNorm")
+
+    config = {
+        "num_layers": num_layers,
+        "hidden_size": model["hidden_size"],
+        "num_attention_heads": model["num_attention_heads"],
+        "gated_linear_unit": gated,
+        # The spec's SwiGLU is GLU with swish; TransformerConfig's default activation is gelu.
+        "activation_func": "silu" if gated else "gelu",
+        "normalization": normalization,
+        "attention_dropout": float(_get(model, "attention_dropout", 0.1)),
+        "hidden_dropout": float(_get(model, "hidden_dropout", 0.1)),
+        "attention_softmax_in_fp32": bool(_get(model, "attention_softmax_in_fp32", True)),
+        "add_bias_linear": bool(_get(model, "add_bias_linear", True)),
+        "tensor_model_parallel_size": tp,
+        "pipeline_model_parallel_size": 1,
+        "context_parallel_size": 1,
+        "expert_model_parallel_size": ep,
+        "sequence_parallel": sp,
+        "bf16": precision == "bf16",
+        "params_dtype": precision,
+        "transformer_impl": "local",
+        "attention_backend": "local",
+        # Fusions off: what the local spec runs without Apex/TE, and what the engine mirrors.
+        "bias_activation_fusion": False,
+        "bias_dropout_fusion": False,
+        "masked_softmax_fusion": False,
+        "apply_rope_fusion": False,
+        "gradient_accumulation_fusion": False,
+        "persist_layer_norm": False,
+        "distribute_saved_activations": bool(_get(model, "distribute_saved_activations", False)),
+    }
+    for key in ("num_query_groups", "ffn_hidden_size"):
+        if model.get(key) is not None:
+            config[key] = model[key]
+    if model.get("kv_channels") is not None and not mla:
+        config["kv_channels"] = model["kv_channels"]
+    config.update(recompute)
+    if recompute["recompute_granularity"] == "selective":
+        config.pop("recompute_method")
+        config.pop("recompute_num_layers")
+    else:
+        config.pop("recompute_modules")
+
+    if mla:
+        config.update({
+            "multi_latent_attention": True,
+            "q_lora_rank": model.get("q_lora_rank"),  # null: no q compression (MLA config's
+            "kv_lora_rank": _get(model, "kv_lora_rank", 512),  # own default is 512)
+            "qk_head_dim": _get(model, "qk_head_dim", 128),
+            "qk_pos_emb_head_dim": _get(model, "qk_pos_emb_head_dim", 64),
+            "v_head_dim": _get(model, "v_head_dim", 128),
+            "rope_type": "rope",  # the engine's plain RoPE (MLATransformerConfig's default: yarn)
+            # DeepSeek's norms of the compressed q and kv, which the engine's MLA has; the local
+            # spec builds them only with qk_layernorm (else IdentityOp).
+            "qk_layernorm": True,
+        })
+    if moe:
+        freq = model.get("moe_layer_pattern") or _get(model, "moe_layer_freq", 1)
+        config.update({
+            "num_moe_experts": model["num_moe_experts"],
+            "moe_router_topk": _get(model, "moe_router_topk", 2),
+            "moe_grouped_gemm": False,
+            "moe_layer_freq": freq,
+            "moe_token_dispatcher_type": "alltoall",
+            # The engine's router: top-k then softmax, no auxiliary loss.
+            "moe_router_load_balancing_type": "none",
+            "moe_aux_loss_coeff": 0.0,
+            "moe_permute_fusion": False,
+            "moe_shared_expert_overlap": False,
+        })
+        if model.get("moe_ffn_hidden_size") is not None:
+            config["moe_ffn_hidden_size"] = model["moe_ffn_hidden_size"]
+        if model.get("moe_shared_expert_intermediate_size"):
+            config["moe_shared_expert_intermediate_size"] = \
+                model["moe_shared_expert_intermediate_size"]
+
+    position = _get(model, "position_embedding_type", "learned_absolute")
+    shims = []
+    if not have_te and any(label in OUTPUT_DISCARDING_LABELS for label in labels):
+        shims.append("te_fp8_stand_in")
+    if mla:
+        shims.append("mla_core_attention_channels")
+
+    mb = _get(train, "micro_batch_size", 1)
+    gbs = train.get("global_batch_size") or mb * dp
+    if gbs % (mb * dp) != 0:
+        raise Unsupported("train.global_batch_size: must be a multiple of micro_batch_size x "
+                          "data_parallel_size")
+    budget_gib = float(_get(search, "memory_budget_gib", 80))
+    seed = train.get("seed", 1234)
+    return {
+        "config_class": "MLATransformerConfig" if mla else "TransformerConfig",
+        "config": config,
+        "layer_spec": {
+            "num_experts": model["num_moe_experts"] if moe else None,
+            "moe_grouped_gemm": False,
+            "multi_latent_attention": mla,
+            "qk_layernorm": mla,
+            "normalization": normalization,
+        },
+        "model": {
+            "vocab_size": padded_vocab_size(model["vocab_size"], tp),
+            "max_sequence_length": model["seq_length"],
+            "position_embedding_type": position,
+            "share_embeddings_and_output_weights":
+                bool(_get(model, "share_embeddings_and_output_weights", False)),
+        },
+        "train": {
+            "micro_batch_size": mb,
+            "num_microbatches": gbs // (mb * dp),
+            "seq_length": model["seq_length"],
+            "vocab_size": model["vocab_size"],
+            "precision": precision,
+            "seed": int(seed),
+            "use_distributed_optimizer": bool(_get(train, "use_distributed_optimizer", False)),
+        },
+        "parallel": {"tp": tp, "pp": 1, "cp": 1, "ep": ep, "dp": dp, "world_size": tp * dp},
+        "run": {
+            "warmup_steps": int(_get(search, "warmup_steps", 2)),
+            "measure_steps": int(_get(search, "measure_steps", 5)),
+            "budget_bytes": int(budget_gib * (1 << 30)),
+        },
+        "shims": shims,
+    }
+
+
+def megatron_settings_line(plan):
+    """The recompute settings as Megatron names, for logs: 'recompute_granularity=selective
+    recompute_modules=[core_attn]'."""
+    c = plan["config"]
+    if c["recompute_granularity"] == "selective":
+        return "recompute_granularity=selective recompute_modules=[%s]" % ",".join(
+            c["recompute_modules"])
+    return "recompute_granularity=full recompute_method=%s recompute_num_layers=%d" % (
+        c["recompute_method"], c["recompute_num_layers"])
