@@ -45,66 +45,22 @@ at::Tensor One(const std::vector<at::Tensor>& v) { return v.at(0); }
 }  // namespace
 
 std::string UnsupportedReason(const search::SearchSpec& spec, const search::Policy& policy) {
-  const ModelSpec& m = spec.model;
-  const auto& par = spec.parallel;
-  const int tp = par.tensor_model_parallel_size;
-  if (policy.Has(Label::kGdnNormOut) || m.IsGdn()) {
-    return "the builtin engine has no Gated DeltaNet model: gdn_norm_out and "
-           "experimental_attention_variant cannot be measured here";
+  // The spec-wide rules have one home each (search/spec.h): Megatron's in ValidateSpec, this
+  // engine's limits in BuiltinBackendProblem, which the coordinator checks at submit. Checked
+  // again here for callers that come straight to the engine.
+  if (const search::Status valid = search::ValidateSpec(spec); !valid.ok()) {
+    return valid.message();
   }
-  // Modelled and planned (search/memory_model.h), not run: the engine has no ring attention.
-  if (par.context_parallel_size > 1) {
-    return "parallel.context_parallel_size > 1 is not supported by the builtin engine";
+  if (std::string problem = search::BuiltinBackendProblem(spec); !problem.empty()) return problem;
+  if (policy.Has(Label::kGdnNormOut)) {
+    return "the builtin engine has no Gated DeltaNet model: gdn_norm_out cannot be measured here";
   }
-  const int ep = par.expert_model_parallel_size;
-  if (ep > 1) {
-    if (!m.IsMoe()) {
-      return "parallel.expert_model_parallel_size > 1 needs a mixture-of-experts model "
-             "(model.num_moe_experts)";
-    }
-    if (tp > 1) {
-      return "parallel.expert_model_parallel_size > 1 with tensor_model_parallel_size > 1 is not "
-             "supported by the builtin engine (expert parallelism is carved out of data "
-             "parallelism with TP = 1 only)";
-    }
-    if (par.data_parallel_size % ep != 0) {
-      return "parallel.expert_model_parallel_size must divide parallel.data_parallel_size (the "
-             "builtin engine carves expert parallelism out of data parallelism)";
-    }
-    if (*m.num_moe_experts % ep != 0) {
-      return "model.num_moe_experts must be divisible by parallel.expert_model_parallel_size";
-    }
-  }
-  if (m.IsMoe() && tp > 1) {
-    return "mixture-of-experts layers with tensor_model_parallel_size > 1 are not supported by "
-           "the builtin engine";
-  }
-  if (m.IsMoe() && m.moe_grouped_gemm && m.add_bias_linear) {
-    return "model.add_bias_linear: Megatron's grouped-GEMM experts have no biases; set "
-           "add_bias_linear: false";
-  }
-  if (m.multi_latent_attention && par.sequence_parallel && tp > 1) {
-    return "multi_latent_attention with sequence_parallel is not supported by the builtin engine";
-  }
-  if (m.distribute_saved_activations && tp > 1 && policy.IsFull()) {
-    return "model.distribute_saved_activations is not supported by the builtin engine";
-  }
-  if (m.attention_backend == search::AttentionBackend::kFlash) {
+  // What only the worker knows: the LibTorch it was built against.
+  if (spec.model.attention_backend == search::AttentionBackend::kFlash) {
 #if TORCH_VERSION_MAJOR < 2
     return "attention_backend flash needs scaled_dot_product_attention (LibTorch >= 2.0); this "
            "engine is built against LibTorch " TORCH_VERSION;
 #endif
-  }
-  if (m.num_attention_heads % tp != 0 || m.EffectiveQueryGroups() % tp != 0) {
-    return "num_attention_heads and num_query_groups must be divisible by "
-           "tensor_model_parallel_size";
-  }
-  if (par.sequence_parallel && tp > 1 && m.seq_length % tp != 0) {
-    return "model.seq_length must be divisible by tensor_model_parallel_size with "
-           "sequence_parallel";
-  }
-  if (m.EffectiveFfnHiddenSize() % tp != 0) {
-    return "model.ffn_hidden_size must be divisible by tensor_model_parallel_size";
   }
   return "";
 }

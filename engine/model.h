@@ -54,7 +54,9 @@ struct ParamInfo {
   bool tp_duplicate() const { return shard_dim < 0; }
 };
 
-// Why this engine cannot run `spec` (status invalid), or "" when it can.
+// Why this engine cannot run `spec` (status invalid), or "" when it can: search::ValidateSpec,
+// search::BuiltinBackendProblem (the engine's limits, also checked at submit), and what depends
+// on the LibTorch it was built against.
 std::string UnsupportedReason(const search::SearchSpec& spec, const search::Policy& policy);
 
 class GptModel {

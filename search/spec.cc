@@ -465,7 +465,8 @@ Status ValidateSpec(const SearchSpec& spec) {
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateTrain(spec.train));
   REMAT_SEARCH_RETURN_IF_ERROR(ValidatePipelineLayout(spec));
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateSearch(spec.search));
-  return ValidateProxyDepths(spec);
+  REMAT_SEARCH_RETURN_IF_ERROR(ValidateProxyDepths(spec));
+  return ValidateCompatibility(spec);
 }
 
 const char* Name(Normalization v) { return kNormalization[static_cast<int>(v)]; }
@@ -482,6 +483,11 @@ std::optional<Normalization> ParseNormalization(const std::string& s) {
   return ParseByName<Normalization>(s, kNormalization);
 }
 std::optional<AttentionBackend> ParseAttentionBackend(const std::string& s) {
+  // Megatron Core's AttnBackend names, by what the kernel holds for backward: Transformer
+  // Engine's auto picks a fused kernel and cuDNN's fused attention keeps no score matrix, as
+  // flash does; local is Megatron's own attention, which materialises the scores as unfused.
+  if (s == "auto" || s == "fused") return AttentionBackend::kFlash;
+  if (s == "local") return AttentionBackend::kUnfused;
   return ParseByName<AttentionBackend>(s, kAttentionBackend);
 }
 std::optional<PositionEmbedding> ParsePositionEmbedding(const std::string& s) {

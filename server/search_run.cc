@@ -6,8 +6,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "proto/convert.h"
 #include "search/limits.h"
+#include "search/capacity.h"
 #include "search/memory_model.h"
 #include "search/policy.h"
 #include "search/remeasure.h"
@@ -109,6 +111,12 @@ absl::StatusOr<std::unique_ptr<SearchRun>> SearchRun::FromRequest(
   }
   search::Status valid = search::ValidateSpec(*spec);
   if (!valid.ok()) return ToAbsl(valid);
+  if (spec->search.backend == search::Backend::kBuiltin) {
+    // Refused here rather than found trial by trial (every trial would come back invalid).
+    if (std::string problem = search::BuiltinBackendProblem(*spec); !problem.empty()) {
+      return absl::InvalidArgumentError(problem);
+    }
+  }
 
   auto s = std::make_unique<SearchRun>();
   s->spec = *std::move(spec);
@@ -368,6 +376,13 @@ void SearchRun::Conclude() {
   rec.message = rec.recommendation ? ""
                                    : search::NothingFitsMessage(Measured(), spec.search.memory_metric,
                                                                 spec.search.MemoryBudgetBytes());
+  if (!rec.recommendation) {
+    // Said first when static memory alone is over the budget: no policy could have fit.
+    if (const auto capacity = search::StaticCapacityProblem(spec)) {
+      rec.message = absl::StrCat(absl::StrJoin(search::CapacityLines(*capacity), "\n"), "\n",
+                                 rec.message);
+    }
+  }
   bool measured = false;
   std::string first_failure;
   for (const search::TrialResult& r : results) {

@@ -72,7 +72,9 @@ v1::Search SearchView(const SearchRecord& rec, const std::vector<const TrialReco
   out.set_memory_budget_bytes(spec.search.MemoryBudgetBytes());
   out.set_memory_metric(search::Name(spec.search.memory_metric));
   for (const search::TrialResult& r : results) {
-    for (std::string& f : search::DiagnoseFragmentation(r)) out.add_fragmentation(std::move(f));
+    for (std::string& f : search::DiagnoseFragmentation(r, spec.search.MemoryBudgetBytes())) {
+      out.add_fragmentation(std::move(f));
+    }
   }
   out.set_created_unix_ms(rec.created_unix_ms);
   out.set_updated_unix_ms(rec.updated_unix_ms);

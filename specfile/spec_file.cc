@@ -284,7 +284,8 @@ Status ReadModel(Section& s, search::ModelSpec* m) {
   REMAT_SEARCH_RETURN_IF_ERROR(s.Enum<search::Normalization>(
       "normalization", search::ParseNormalization, "LayerNorm, RMSNorm", &m->normalization));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Enum<search::AttentionBackend>(
-      "attention_backend", search::ParseAttentionBackend, "unfused, flash",
+      "attention_backend", search::ParseAttentionBackend,
+      "unfused, flash, or Megatron's auto, fused, local",
       &m->attention_backend));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Double("attention_dropout", &m->attention_dropout));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Double("hidden_dropout", &m->hidden_dropout));
@@ -296,7 +297,22 @@ Status ReadModel(Section& s, search::ModelSpec* m) {
   REMAT_SEARCH_RETURN_IF_ERROR(
       s.Bool("share_embeddings_and_output_weights", &m->share_embeddings_and_output_weights));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("multi_latent_attention", &m->multi_latent_attention));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.OptionalInt("q_lora_rank", &m->q_lora_rank));
+  {  // MLATransformerConfig's default normalization is RMSNorm (TransformerConfig's LayerNorm)
+    YAML::Node n = s.Get("normalization");
+    if (m->multi_latent_attention && (!n || n.IsNull())) {
+      m->normalization = search::Normalization::kRMSNorm;
+    }
+  }
+  {  // absent: MLATransformerConfig's 512; null: no q compression
+    YAML::Node q = s.Get("q_lora_rank");
+    if (q && q.IsNull()) {
+      m->q_lora_rank.reset();
+    } else if (q) {
+      int v = 0;
+      REMAT_SEARCH_RETURN_IF_ERROR(Section::ParseInt(q, s.Key("q_lora_rank"), &v));
+      m->q_lora_rank = v;
+    }
+  }
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("kv_lora_rank", &m->kv_lora_rank));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("qk_head_dim", &m->qk_head_dim));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("qk_pos_emb_head_dim", &m->qk_pos_emb_head_dim));
@@ -327,6 +343,26 @@ Status ReadModel(Section& s, search::ModelSpec* m) {
   REMAT_SEARCH_RETURN_IF_ERROR(
       s.OptionalString("experimental_attention_variant", &m->experimental_attention_variant));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("cpu_offloading", &m->cpu_offloading));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("cpu_offloading_num_layers", &m->cpu_offloading_num_layers));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.String("fp8", &m->fp8));  // null: no FP8
+  REMAT_SEARCH_RETURN_IF_ERROR(s.String("fp8_recipe", &m->fp8_recipe));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.String("cuda_graph_impl", &m->cuda_graph_impl));
+  YAML::Node scope = s.Get("cuda_graph_scope");
+  if (scope && !scope.IsNull()) {
+    if (scope.IsScalar()) {  // one module, as Megatron also accepts
+      m->cuda_graph_scope.push_back(scope.Scalar());
+    } else if (scope.IsSequence()) {
+      for (size_t i = 0; i < scope.size(); ++i) {
+        if (!scope[i].IsScalar()) {
+          return InvalidArgument(s.Key("cuda_graph_scope") + "[" + std::to_string(i) +
+                                 "]: must be a module name");
+        }
+        m->cuda_graph_scope.push_back(scope[i].Scalar());
+      }
+    } else {
+      return InvalidArgument(s.Key("cuda_graph_scope") + ": must be a list of module names");
+    }
+  }
   REMAT_SEARCH_RETURN_IF_ERROR(
       s.Bool("distribute_saved_activations", &m->distribute_saved_activations));
   return s.RejectUnknown();
@@ -362,6 +398,8 @@ Status ReadParallel(Section& s, search::ParallelSpec* p) {
                                       &p->account_for_embedding_in_pipeline_split));
   REMAT_SEARCH_RETURN_IF_ERROR(
       s.Bool("account_for_loss_in_pipeline_split", &p->account_for_loss_in_pipeline_split));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("overlap_grad_reduce", &p->overlap_grad_reduce));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("overlap_param_gather", &p->overlap_param_gather));
   return s.RejectUnknown();
 }
 

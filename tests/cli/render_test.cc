@@ -105,7 +105,9 @@ v1::Search FixedSearch() {
   s.set_trials_planned(7);
   // What the coordinator finds (search::DiagnoseFragmentation over the finished trials).
   for (const auto& r : DomainResults(s)) {
-    for (const auto& f : search::DiagnoseFragmentation(r)) s.add_fragmentation(f);
+    for (const auto& f : search::DiagnoseFragmentation(r, s.memory_budget_bytes())) {
+      s.add_fragmentation(f);
+    }
   }
   return s;
 }

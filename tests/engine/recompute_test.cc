@@ -129,9 +129,10 @@ TEST(RecomputeTest, SequentialMoeMatchesControl) {
   search::SearchSpec spec = testing::TinyMoe();
   spec.model.moe_grouped_gemm = false;
   spec.model.add_bias_linear = true;  // SequentialMLP experts take biases
+  spec.model.moe_shared_expert_intermediate_size.reset();  // shared experts do not (Megatron)
   const TrialResult control = RunOne(spec, Policy::None());
   ASSERT_EQ(control.status, TrialStatus::kOk) << control.message;
-  for (const char* text : {"selective:[moe]", "selective:[shared_experts,layernorm]", "full:uniform:2"}) {
+  for (const char* text : {"selective:[moe]", "selective:[layernorm,moe]", "full:uniform:2"}) {
     const TrialResult r = RunOne(spec, P(text));
     ASSERT_EQ(r.status, TrialStatus::kOk) << text << ": " << r.message;
     EXPECT_LT(RelDiff(r.loss, control.loss), 1e-5) << text;
@@ -209,6 +210,18 @@ TEST(RecomputeTest, RefusesWhatItCannotRun) {
 
   r = RunOne(testing::TinyDense(), P("selective:[moe_act]"));  // no experts: Megatron refuses
   EXPECT_EQ(r.status, TrialStatus::kInvalid);
+
+  // The spec-wide rules the coordinator refuses at submit hold here too (one home each).
+  search::SearchSpec biased = testing::TinyMoe();
+  biased.model.add_bias_linear = true;  // grouped-GEMM experts take no biases
+  r = RunOne(biased, Policy::None());
+  EXPECT_EQ(r.status, TrialStatus::kInvalid);
+  EXPECT_EQ(r.message.rfind("model.add_bias_linear:", 0), 0u) << r.message;
+  search::SearchSpec fp8 = testing::TinyDense();
+  fp8.model.fp8 = "hybrid";
+  r = RunOne(fp8, Policy::None());
+  EXPECT_EQ(r.status, TrialStatus::kInvalid);
+  EXPECT_EQ(r.message.rfind("model.fp8:", 0), 0u) << r.message;
 }
 
 }  // namespace

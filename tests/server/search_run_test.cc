@@ -113,6 +113,36 @@ TEST(SearchRunTest, RequestsAreValidatedAndReplayKeysMadeCanonical) {
       << no_template.status();
 }
 
+// What the builtin engine cannot run, and Megatron's spec-wide rules, are refused at submit
+// (INVALID_ARGUMENT naming the field), not found trial by trial.
+TEST(SearchRunTest, SpecWideProblemsAreRefusedAtSubmit) {
+  search::SearchSpec cp = SmallSpec();
+  cp.search.backend = search::Backend::kBuiltin;
+  cp.model.attention_backend = search::AttentionBackend::kFlash;
+  cp.parallel.context_parallel_size = 2;
+  auto refused = SearchRun::FromRequest("alice", Submit(cp, {}));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(refused.status().message(), "parallel.context_parallel_size:"))
+      << refused.status();
+  search::SearchSpec fp8 = SmallSpec();
+  fp8.search.backend = search::Backend::kBuiltin;
+  fp8.model.fp8 = "hybrid";
+  refused = SearchRun::FromRequest("alice", Submit(fp8, {}));
+  EXPECT_TRUE(absl::StartsWith(refused.status().message(), "model.fp8:")) << refused.status();
+  // Other backends run it (the command backend runs Megatron itself).
+  fp8.search.backend = search::Backend::kCommand;
+  fp8.search.command_template = "megatron";
+  EXPECT_TRUE(SearchRun::FromRequest("alice", Submit(fp8, {})).ok());
+
+  search::SearchSpec bias = SmallSpec();
+  bias.model.num_moe_experts = 4;
+  bias.model.moe_grouped_gemm = true;  // with add_bias_linear's default true
+  refused = SearchRun::FromRequest("alice", Submit(bias, {{"selective:[]", Entry(10, 1)}}));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(refused.status().message(), "model.add_bias_linear:"))
+      << refused.status();
+}
+
 TEST(SearchRunTest, TrialsMoveFromQueueToLeaseToResult) {
   auto run = NewRun({"selective:[]", "selective:[core_attn]", "full:uniform:1"});
   SearchRun& s = *run;
@@ -199,6 +229,15 @@ TEST(SearchRunTest, ConcludeSaysWhyNothingWasRecommended) {
   // The nothing-fits message (the CLI renders it and no longer computes it).
   EXPECT_TRUE(absl::StrContains(s.rec.message, "no policy fits")) << s.rec.message;
   EXPECT_TRUE(absl::StrContains(s.rec.message, "closest: selective:[]")) << s.rec.message;
+  EXPECT_FALSE(absl::StrContains(s.rec.message, "static memory alone")) << s.rec.message;
+
+  // Static memory alone over the budget: said first, with the settings that can fix it.
+  auto big = NewRun({"selective:[]"}, /*budget_gib=*/0.0001);  // SmallSpec's ~1 MiB of state
+  big->Enqueue(big->Proposals(1, Ids()));
+  big->MarkFinal(*big->queue.front(), Measured(10, 1), "");
+  big->Conclude();
+  EXPECT_TRUE(absl::StartsWith(big->rec.message, "static memory alone")) << big->rec.message;
+  EXPECT_TRUE(absl::StrContains(big->rec.message, "no policy fits")) << big->rec.message;
 
   auto failed = NewRun({"selective:[]"});
   v1::TrialResult crash;

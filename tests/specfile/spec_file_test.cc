@@ -59,12 +59,82 @@ TEST(SpecFileTest, MlaAndMoeFields) {
   auto s = LoadSpecFile(std::string(REMAT_SOURCE_DIR) + "/examples/deepseek-v2-lite-proxy.yaml");
   ASSERT_TRUE(s.ok()) << s.status().message();
   EXPECT_TRUE(s->model.multi_latent_attention);
-  EXPECT_FALSE(s->model.q_lora_rank.has_value());
+  EXPECT_FALSE(s->model.q_lora_rank.has_value());  // the example writes null
   EXPECT_EQ(s->model.kv_lora_rank, 512);
   EXPECT_EQ(*s->model.num_moe_experts, 64);
   EXPECT_EQ(s->model.moe_layer_pattern, (std::vector<int>{0, 1, 1, 1}));
   EXPECT_FALSE(s->model.IsMoeLayer(0));
   EXPECT_TRUE(s->model.IsMoeLayer(3));
+}
+
+// MLATransformerConfig's q_lora_rank is 512 when the key is absent; an explicit null means no q
+// compression (DeepSeek-V2-Lite). Its normalization default is RMSNorm.
+TEST(SpecFileTest, QLoraRankDefaultsTo512AndNullMeansNone) {
+  const std::string mla = std::string(kMinimal) + "  multi_latent_attention: true\n";
+  auto absent = ParseSpecYaml(mla);
+  ASSERT_TRUE(absent.ok()) << absent.status().message();
+  EXPECT_EQ(absent->model.q_lora_rank, std::optional<int>(512));
+  auto null = ParseSpecYaml(mla + "  q_lora_rank: null\n");
+  ASSERT_TRUE(null.ok()) << null.status().message();
+  EXPECT_FALSE(null->model.q_lora_rank.has_value());
+  auto set = ParseSpecYaml(mla + "  q_lora_rank: 1536\n");
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  EXPECT_EQ(set->model.q_lora_rank, std::optional<int>(1536));
+  // MLATransformerConfig's normalization too: RMSNorm when absent, what is written otherwise.
+  EXPECT_EQ(absent->model.normalization, search::Normalization::kRMSNorm);
+  auto layer_norm = ParseSpecYaml(mla + "  normalization: LayerNorm\n");
+  ASSERT_TRUE(layer_norm.ok());
+  EXPECT_EQ(layer_norm->model.normalization, search::Normalization::kLayerNorm);
+  auto dense = ParseSpecYaml(kMinimal);
+  EXPECT_EQ(dense->model.normalization, search::Normalization::kLayerNorm);
+}
+
+// Megatron Core's AttnBackend names are read as the kernel class they stand for.
+TEST(SpecFileTest, AttentionBackendTakesMegatronNames) {
+  const std::pair<const char*, search::AttentionBackend> cases[] = {
+      {"unfused", search::AttentionBackend::kUnfused}, {"local", search::AttentionBackend::kUnfused},
+      {"flash", search::AttentionBackend::kFlash},     {"fused", search::AttentionBackend::kFlash},
+      {"auto", search::AttentionBackend::kFlash}};
+  for (const auto& [name, want] : cases) {
+    auto s = ParseSpecYaml(std::string(kMinimal) + "  attention_backend: " + name + "\n");
+    ASSERT_TRUE(s.ok()) << name << ": " << s.status().message();
+    EXPECT_EQ(s->model.attention_backend, want) << name;
+  }
+  auto bad = ParseSpecYaml(std::string(kMinimal) + "  attention_backend: sdpa\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message().rfind("model.attention_backend: must be one of", 0), 0u);
+}
+
+TEST(SpecFileTest, Fp8CudaGraphOffloadAndOverlapFields) {
+  auto s = ParseSpecYaml(std::string(kMinimal) + R"(
+  fp8: hybrid
+  fp8_recipe: tensorwise
+  cuda_graph_impl: transformer_engine
+  cuda_graph_scope: [attn, mlp]
+  attention_dropout: 0.0
+  hidden_dropout: 0.0
+train:
+  use_distributed_optimizer: true
+parallel:
+  overlap_grad_reduce: true
+  overlap_param_gather: true
+)");
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->model.fp8, "hybrid");
+  EXPECT_EQ(s->model.fp8_recipe, "tensorwise");
+  EXPECT_EQ(s->model.cuda_graph_impl, "transformer_engine");
+  EXPECT_EQ(s->model.cuda_graph_scope, (std::vector<std::string>{"attn", "mlp"}));
+  EXPECT_TRUE(s->parallel.overlap_grad_reduce);
+  EXPECT_TRUE(s->parallel.overlap_param_gather);
+  // Megatron Core's defaults when absent.
+  auto d = ParseSpecYaml(kMinimal);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->model.fp8, "");
+  EXPECT_EQ(d->model.fp8_recipe, "delayed");
+  EXPECT_EQ(d->model.cuda_graph_impl, "none");
+  EXPECT_TRUE(d->model.cuda_graph_scope.empty());
+  EXPECT_EQ(d->model.cpu_offloading_num_layers, 0);
+  EXPECT_FALSE(d->parallel.overlap_grad_reduce);
 }
 
 TEST(SpecFileTest, PipelineLayoutFields) {
@@ -148,6 +218,22 @@ TEST(SpecFileTest, BadInputNamesTheKey) {
       {base + "search:\n  steady_tolerance: high\n", "search.steady_tolerance: must be a number"},
       {base + "search:\n  steady_tolerance: 0\n", "search.steady_tolerance: must be a fraction"},
       {"model: {num_layers: 2\n", "spec: not valid YAML"},
+      // Spec-wide compatibility (search::ValidateCompatibility), refused at read time.
+      {base + "  num_moe_experts: 4\n  moe_grouped_gemm: true\n", "model.add_bias_linear:"},
+      {base + "  fp8: e5m2\n", "model.fp8: must be null, e4m3 or hybrid"},
+      {base + "  fp8_recipe: fast\n", "model.fp8_recipe: must be one of"},
+      {base + "  cuda_graph_impl: yes\n", "model.cuda_graph_impl: must be one of"},
+      {base + "  cuda_graph_impl: local\n  cuda_graph_scope: [attn, lm_head]\n",
+       "model.cuda_graph_scope: unknown module 'lm_head'"},
+      {base + "  cuda_graph_scope: [attn]\n", "model.cuda_graph_scope: has no effect"},
+      {base + "  cpu_offloading: true\n  cpu_offloading_num_layers: 2\n",
+       "model.cpu_offloading_num_layers: CPU offloading can be done only for layers less than"},
+      {base + "  cpu_offloading: true\n  cuda_graph_impl: local\n",
+       "model.cpu_offloading: CUDA graphs are not supported with CPU offloading"},
+      {base + "parallel:\n  overlap_param_gather: true\n  overlap_grad_reduce: true\n",
+       "parallel.overlap_param_gather: only supported with the distributed optimizer"},
+      {base + "train:\n  use_distributed_optimizer: true\nparallel:\n  overlap_param_gather: true\n",
+       "parallel.overlap_param_gather: needs parallel.overlap_grad_reduce"},
   };
   for (const auto& c : cases) {
     auto s = ParseSpecYaml(c.yaml);

@@ -135,6 +135,8 @@ class MappingTest(unittest.TestCase):
             (dict(add_bias_linear=True), "selective:[mlp]", "add_bias_linear"),
             (dict(experimental_attention_variant="gdn"), "none",
              "model.experimental_attention_variant"),
+            (dict(fp8="hybrid"), "none", "model.fp8"),
+            (dict(cuda_graph_impl="local"), "none", "model.cuda_graph_impl"),
         ]
         for model, policy, field in cases:
             with self.assertRaises(mapping.Unsupported) as ctx:

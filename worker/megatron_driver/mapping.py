@@ -130,6 +130,12 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
     if model.get("experimental_attention_variant"):
         raise Unsupported("model.experimental_attention_variant: Gated DeltaNet layers are not "
                           "built by the driver")
+    if _get(model, "fp8", ""):
+        raise Unsupported("model.fp8: the driver builds Megatron Core's local (non-TE) layer spec, "
+                          "which has no FP8; refused rather than measured in 16 bits")
+    if _get(model, "cuda_graph_impl", "none") != "none":
+        raise Unsupported("model.cuda_graph_impl: the driver does not capture CUDA graphs; "
+                          "refused rather than measured eagerly")
     if _get(model, "cpu_offloading", False):
         raise Unsupported("model.cpu_offloading: not run by the driver (it conflicts with "
                           "recompute, which is what a trial measures)")

@@ -169,6 +169,16 @@ class SpecEncoding(unittest.TestCase):
         self.assertEqual(msg.search.memory_budget_gib, 1.0)
         self.assertFalse(msg.model.HasField("ffn_hidden_size"))  # left to the coordinator
 
+    def test_null_q_lora_rank_means_no_q_compression(self):
+        from remat_client import to_proto
+        base = "model: {num_layers: 4, hidden_size: 64, num_attention_heads: 4, seq_length: 128,\n" \
+               "  vocab_size: 512, multi_latent_attention: true"
+        msg, _ = to_proto(base + ", q_lora_rank: null}\n")
+        self.assertTrue(msg.model.HasField("q_lora_rank"))
+        self.assertEqual(msg.model.q_lora_rank, 0)  # null, not the default 512
+        msg, _ = to_proto(base + "}\n")
+        self.assertFalse(msg.model.HasField("q_lora_rank"))  # the default, left to the coordinator
+
 
 def main():
     global ARGS
