@@ -36,7 +36,9 @@ import to_doc  # noqa: E402
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 
 TRAIN = {"micro_batch_size": 1, "precision": "bf16", "seed": 1234}
-SEARCH = {"memory_budget_gib": 130, "warmup_steps": 1, "measure_steps": 4, "device": "cuda"}
+# A fixed warm-up of one step on both sides (the bench reads the steps itself).
+SEARCH = {"memory_budget_gib": 130, "warmup_steps": 1, "warmup_max_steps": 1, "steady_window": 1,
+          "measure_steps": 4, "device": "cuda"}
 BASE = {
     "num_layers": 4, "seq_length": 4096, "vocab_size": 32000, "normalization": "RMSNorm",
     "gated_linear_unit": True, "attention_backend": "unfused", "attention_dropout": 0.0,

@@ -167,50 +167,6 @@ TEST(SpecValidationTest, EveryBadFieldIsNamed) {
   }
 }
 
-// Issue 14: values that took minutes of CPU, gigabytes or a segfault downstream are refused
-// at once, naming the field and the limit (search/limits.h).
-TEST(SpecValidationTest, LimitsAreEnforcedNamingTheField) {
-  struct Case {
-    std::function<void(SearchSpec&)> edit;
-    std::string message_start;
-  };
-  const Case cases[] = {
-      {[](SearchSpec& s) { s.model.num_layers = 2147483647; },
-       "model.num_layers: 2147483647 is above remat's limit of 1024"},
-      {[](SearchSpec& s) { s.parallel.data_parallel_size = 100000000; },
-       "parallel.data_parallel_size: 100000000 is above remat's limit"},
-      {[](SearchSpec& s) {
-         s.parallel.tensor_model_parallel_size = 65536;
-         s.parallel.data_parallel_size = 65536;
-       },
-       "parallel: the world size"},
-      {[](SearchSpec& s) { s.search.measure_steps = 2147483647; },
-       "search.measure_steps: 2147483647 is above"},
-      {[](SearchSpec& s) { s.search.warmup_steps = 1000000; }, "search.warmup_steps:"},
-      {[](SearchSpec& s) { s.search.trial_timeout_s = 1e300; }, "search.trial_timeout_s: above"},
-      {[](SearchSpec& s) { s.model.hidden_size = 1 << 30; }, "model.hidden_size:"},
-      {[](SearchSpec& s) { s.model.seq_length = 1 << 30; }, "model.seq_length:"},
-      {[](SearchSpec& s) { s.train.micro_batch_size = 1 << 30; }, "train.micro_batch_size:"},
-      {[](SearchSpec& s) { s.name = std::string(50 << 20, 'n'); }, "name: longer than 256 bytes"},
-      {[](SearchSpec& s) { s.name = "caf\xE9"; }, "name: \"caf\\xe9\" holds control"},
-      {[](SearchSpec& s) { s.name = "two\nlines"; }, "name: \"two\\nlines\" holds control"},
-      {[](SearchSpec& s) { s.search.command_template = std::string(300, 't'); },
-       "search.command_template: longer than"},
-  };
-  for (const auto& c : cases) {
-    SearchSpec s = DenseSpec();
-    c.edit(s);
-    const Status st = ValidateSpec(s);
-    ASSERT_FALSE(st.ok()) << c.message_start;
-    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-    EXPECT_EQ(st.message().rfind(c.message_start, 0), 0u) << st.message().substr(0, 300);
-    EXPECT_LT(st.message().size(), 300u);
-  }
-  // At the limits themselves: accepted as far as the limits go.
-  SearchSpec at = DenseSpec();
-  at.model.num_layers = 1024;
-  at.search.measure_steps = 100000;
-  EXPECT_TRUE(ValidateSpec(at).ok()) << ValidateSpec(at).message();
 TEST(SpecValidationTest, CompatibleSettingsPass) {
   SearchSpec s = MoeSpec();
   s.model.fp8 = "hybrid";
@@ -261,6 +217,52 @@ TEST(SpecValidationTest, BuiltinBackendProblemNamesTheField) {
     const std::string problem = BuiltinBackendProblem(s);
     EXPECT_EQ(problem.rfind(field, 0), 0u) << field << " -> '" << problem << "'";
   }
+}
+
+// Issue 14: values that took minutes of CPU, gigabytes or a segfault downstream are refused
+// at once, naming the field and the limit (search/limits.h).
+TEST(SpecValidationTest, LimitsAreEnforcedNamingTheField) {
+  struct Case {
+    std::function<void(SearchSpec&)> edit;
+    std::string message_start;
+  };
+  const Case cases[] = {
+      {[](SearchSpec& s) { s.model.num_layers = 2147483647; },
+       "model.num_layers: 2147483647 is above remat's limit of 1024"},
+      {[](SearchSpec& s) { s.parallel.data_parallel_size = 100000000; },
+       "parallel.data_parallel_size: 100000000 is above remat's limit"},
+      {[](SearchSpec& s) {
+         s.parallel.tensor_model_parallel_size = 65536;
+         s.parallel.data_parallel_size = 65536;
+       },
+       "parallel: the world size"},
+      {[](SearchSpec& s) { s.search.measure_steps = 2147483647; },
+       "search.measure_steps: 2147483647 is above"},
+      {[](SearchSpec& s) { s.search.warmup_steps = 1000000; }, "search.warmup_steps:"},
+      {[](SearchSpec& s) { s.search.trial_timeout_s = 1e300; }, "search.trial_timeout_s: above"},
+      {[](SearchSpec& s) { s.model.hidden_size = 1 << 30; }, "model.hidden_size:"},
+      {[](SearchSpec& s) { s.model.seq_length = 1 << 30; }, "model.seq_length:"},
+      {[](SearchSpec& s) { s.train.micro_batch_size = 1 << 30; }, "train.micro_batch_size:"},
+      {[](SearchSpec& s) { s.name = std::string(50 << 20, 'n'); }, "name: longer than 256 bytes"},
+      {[](SearchSpec& s) { s.name = "caf\xE9"; }, "name: \"caf\\xe9\" holds control"},
+      {[](SearchSpec& s) { s.name = "two\nlines"; }, "name: \"two\\nlines\" holds control"},
+      {[](SearchSpec& s) { s.search.command_template = std::string(300, 't'); },
+       "search.command_template: longer than"},
+  };
+  for (const auto& c : cases) {
+    SearchSpec s = DenseSpec();
+    c.edit(s);
+    const Status st = ValidateSpec(s);
+    ASSERT_FALSE(st.ok()) << c.message_start;
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(st.message().rfind(c.message_start, 0), 0u) << st.message().substr(0, 300);
+    EXPECT_LT(st.message().size(), 300u);
+  }
+  // At the limits themselves: accepted as far as the limits go.
+  SearchSpec at = DenseSpec();
+  at.model.num_layers = 1024;
+  at.search.measure_steps = 100000;
+  EXPECT_TRUE(ValidateSpec(at).ok()) << ValidateSpec(at).message();
 }
 
 TEST(SpecValidationTest, WorldSizeIsTensorTimesPipelineTimesData) {

@@ -260,6 +260,7 @@ TEST(SpecFileTest, SteadyStateKeysAndDefaults) {
   EXPECT_EQ(set->search.warmup_max_steps, 12);
   EXPECT_EQ(set->search.steady_window, 4);
   EXPECT_DOUBLE_EQ(set->search.steady_tolerance, 0.02);
+}
 
 // Strict YAML (issue 14): what yaml-cpp accepts but a spec must not be.
 TEST(SpecFileTest, DuplicateAndNonScalarKeysAreRefused) {

@@ -58,7 +58,9 @@ def main():
             peak_allocated_bytes=7000, peak_reserved_bytes=8000,
             failing_request_bytes=metrics.failing_request_bytes("Tried to allocate 1.50 GiB"))]))
         return 0
-    steps = [0.5, 0.3] + [0.1 * layers] * plan["run"]["measure_steps"]
+    # As many steps as the real driver runs: the longest warm-up, then the measured ones.
+    steps = [0.5, 0.3] + [0.1 * layers] * (plan["run"]["warmup_max_steps"] - 2 +
+                                           plan["run"]["measure_steps"])
     metrics.write_atomic(out, metrics.document([metrics.rank_entry(
         rank, message="layers=%d %s" % (layers, mapping.megatron_settings_line(plan)),
         peak_allocated_bytes=1000 * layers + 100 * rank + 500,

@@ -91,7 +91,8 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
       model         GPTModel keyword arguments
       train         micro_batch_size, num_microbatches, precision, seed, use_distributed_optimizer
       parallel      tp, pp, cp, ep, dp, world_size
-      run           warmup_steps, measure_steps, budget_bytes, proxy (True at a proxy depth)
+      run           warmup_steps, warmup_max_steps (the run lasts warmup_max_steps +
+                    measure_steps), measure_steps, budget_bytes, proxy (True at a proxy depth)
       shims         the shims.py stand-ins this trial needs
     Raises Unsupported (field: reason) or ValueError (a malformed policy)."""
     model = spec.get("model", {})
@@ -295,6 +296,11 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
         "parallel": {"tp": tp, "pp": 1, "cp": 1, "ep": ep, "dp": dp, "world_size": tp * dp},
         "run": {
             "warmup_steps": int(_get(search, "warmup_steps", 2)),
+            # The worker finds where the warm-up ended with the steady-state rule
+            # (search/steady_state.h) on the reported step times, so the run lasts for the
+            # longest warm-up the rule allows, as the command backend's does.
+            "warmup_max_steps": max(int(_get(search, "warmup_steps", 2)),
+                                    int(_get(search, "warmup_max_steps", 8))),
             "measure_steps": int(_get(search, "measure_steps", 5)),
             "budget_bytes": int(budget_gib * (1 << 30)),
         },

@@ -169,7 +169,7 @@ class Session:
 
         if setup_start is not None:
             rec["setup_s"] = time.monotonic() - setup_start
-        steps = plan["run"]["warmup_steps"] + plan["run"]["measure_steps"]
+        steps = plan["run"]["warmup_max_steps"] + plan["run"]["measure_steps"]
         for i in range(steps):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
