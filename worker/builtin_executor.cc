@@ -29,9 +29,9 @@ class BuiltinExecutor : public TrialExecutor {
     const Assignment& a = *context.assignment;
     const int world = a.world_size;
     if (static_cast<int>(context.slots.size()) < world) {
-      return StatusResult(TrialStatus::kFailed,
-                          "worker gave the trial " + std::to_string(context.slots.size()) +
-                              " slots; it needs " + std::to_string(world));
+      return StatusResult(TrialStatus::kFailed, "worker gave the trial " +
+                                                    std::to_string(context.slots.size()) +
+                                                    " slots; it needs " + std::to_string(world));
     }
     const double timeout = a.spec.search.trial_timeout_s;
     const fs::path dir(context.trial_dir);
@@ -42,22 +42,13 @@ class BuiltinExecutor : public TrialExecutor {
     }
     std::vector<ChildSpec> children;
     for (int r = 0; r < world; ++r) {
-      ChildSpec child;
-      child.argv = {options_.trial_binary, "--request", RequestPath(dir.string(), r), "--result",
-                    ResultPath(dir, r)};
-      child.env.emplace_back("NCCL_NVLS_ENABLE", "0");
-      if (context.slots[r].gpu) {
-        child.env.emplace_back("CUDA_VISIBLE_DEVICES", std::to_string(context.slots[r].index));
-      }
-      child.stdout_path = (dir / ("stdout-" + std::to_string(r) + ".log")).string();
-      child.stderr_path = StderrPath(dir, r);
-      child.cwd = dir.string();
-      children.push_back(std::move(child));
+      children.push_back(
+          RankProcess(context, r,
+                      {options_.trial_binary, "--request", RequestPath(dir.string(), r), "--result",
+                       ResultPath(dir, r)}));
     }
 
-    GroupLimits limits = options_.limits;
-    limits.timeout_s = timeout;
-    limits.group_record_path = (dir / kGroupRecordFile).string();
+    const GroupLimits limits = TrialGroupLimits(options_.limits, timeout, dir.string());
     GroupOutcome outcome = RunProcessGroup(children, limits, context.cancel);
     if (outcome.cancelled) return StatusResult(TrialStatus::kCancelled, "cancelled");
     if (outcome.timed_out) {
@@ -117,7 +108,7 @@ class BuiltinExecutor : public TrialExecutor {
     return (dir / ("result-" + std::to_string(r) + ".pb")).string();
   }
   static std::string StderrPath(const fs::path& dir, int r) {
-    return (dir / ("stderr-" + std::to_string(r) + ".log")).string();
+    return RankStderrPath(dir.string(), r);
   }
   static std::string Seconds(double s) {
     char buf[32];

@@ -77,9 +77,7 @@ class CommandExecutor : public TrialExecutor {
     child.stderr_path = (dir / "stderr.log").string();
     child.cwd = templ.workdir.empty() ? dir.string() : templ.workdir;
 
-    GroupLimits limits = options_.limits;
-    limits.timeout_s = so.trial_timeout_s;
-    limits.group_record_path = (dir / kGroupRecordFile).string();
+    const GroupLimits limits = TrialGroupLimits(options_.limits, so.trial_timeout_s, dir.string());
     GroupOutcome outcome = RunProcessGroup({child}, limits, context.cancel);
     const ChildExit& exit = outcome.children[0];
     if (outcome.cancelled) return StatusResult(TrialStatus::kCancelled, "cancelled");

@@ -64,7 +64,8 @@ class MegatronExecutor : public TrialExecutor {
     std::error_code ec;
     fs::create_directories(dir / "rendezvous", ec);
     if (ec) {
-      return StatusResult(TrialStatus::kFailed, "cannot create " + dir.string() + ": " + ec.message());
+      return StatusResult(TrialStatus::kFailed,
+                          "cannot create " + dir.string() + ": " + ec.message());
     }
     const fs::path spec_path = dir / "spec.json";
     {
@@ -82,40 +83,34 @@ class MegatronExecutor : public TrialExecutor {
     const std::string metrics_path = (dir / "metrics.json").string();
     std::vector<ChildSpec> children;
     for (int r = 0; r < world; ++r) {
-      ChildSpec child;
-      child.argv = {options_.python,
-                    options_.driver,
-                    "--spec",
-                    spec_path.string(),
-                    "--policy",
-                    a.policy_name,
-                    "--metrics",
-                    metrics_path,
-                    "--rank",
-                    std::to_string(r),
-                    "--world-size",
-                    std::to_string(world),
-                    "--rendezvous",
-                    (dir / "rendezvous").string(),
-                    "--collective-timeout",
-                    std::to_string(std::min(options_.collective_timeout_s, timeout))};
+      std::vector<std::string> argv = {
+          options_.python,
+          options_.driver,
+          "--spec",
+          spec_path.string(),
+          "--policy",
+          a.policy_name,
+          "--metrics",
+          metrics_path,
+          "--rank",
+          std::to_string(r),
+          "--world-size",
+          std::to_string(world),
+          "--rendezvous",
+          (dir / "rendezvous").string(),
+          "--collective-timeout",
+          std::to_string(std::min(options_.collective_timeout_s, timeout))};
       if (!options_.megatron_path.empty()) {
-        child.argv.push_back("--megatron-path");
-        child.argv.push_back(options_.megatron_path);
+        argv.push_back("--megatron-path");
+        argv.push_back(options_.megatron_path);
       }
-      child.env.emplace_back("NCCL_NVLS_ENABLE", "0");
+      ChildSpec child = RankProcess(context, r, std::move(argv));
       child.env.emplace_back("PYTHONUNBUFFERED", "1");
-      if (context.slots[r].gpu) {
-        child.env.emplace_back("CUDA_VISIBLE_DEVICES", std::to_string(context.slots[r].index));
-      }
-      child.stdout_path = (dir / ("stdout-" + std::to_string(r) + ".log")).string();
-      child.stderr_path = StderrPath(dir, r);
-      child.cwd = dir.string();
       children.push_back(std::move(child));
     }
 
-    GroupLimits limits = options_.limits;
-    limits.timeout_s = timeout;
+    // Recorded like the builtin's: a restarted worker finds and kills what a killed one left.
+    const GroupLimits limits = TrialGroupLimits(options_.limits, timeout, dir.string());
     GroupOutcome outcome = RunProcessGroup(children, limits, context.cancel);
     if (outcome.cancelled) return StatusResult(TrialStatus::kCancelled, "cancelled");
     if (outcome.timed_out) {
@@ -179,7 +174,7 @@ class MegatronExecutor : public TrialExecutor {
   }
 
   static std::string StderrPath(const fs::path& dir, int r) {
-    return (dir / ("stderr-" + std::to_string(r) + ".log")).string();
+    return RankStderrPath(dir.string(), r);
   }
 
   MegatronExecutorOptions options_;
