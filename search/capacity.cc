@@ -35,7 +35,10 @@ std::pair<double, int> WorstStatic(const SearchSpec& spec) {
 
 std::optional<CapacityFinding> StaticCapacityProblem(const SearchSpec& spec) {
   const uint64_t budget = spec.search.MemoryBudgetBytes();
-  const auto [static_bytes, stage] = WorstStatic(spec);
+  // Not a structured binding: the lambdas below capture it (C++17, and clang 14, forbid that).
+  const std::pair<double, int> worst = WorstStatic(spec);
+  const double static_bytes = worst.first;
+  const int stage = worst.second;
   if (static_bytes <= static_cast<double>(budget)) return std::nullopt;
   CapacityFinding f;
   f.static_bytes = static_bytes;
