@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -130,16 +131,23 @@ std::string ResultSvg(const v1::Search& s) {
   };
   std::vector<Point> points;
   double max_mem = 0;
-  for (const v1::Trial& t : s.trials()) {
+  // A re-measured policy (issue 11) has two trials; it is drawn once, from its last trial, with
+  // the pooled figures the frontier and the recommendation use (Trial.combined).
+  std::map<std::string, int> last_of;
+  for (int i = 0; i < s.trials_size(); ++i) last_of[s.trials(i).policy().canonical()] = i;
+  for (int i = 0; i < s.trials_size(); ++i) {
+    const v1::Trial& t = s.trials(i);
+    if (last_of[t.policy().canonical()] != i) continue;
+    const v1::TrialResult& result = t.has_combined() ? t.combined() : t.result();
     const v1::TrialStatus st = StatusOf(t);
     Point p;
     p.policy = t.policy().canonical();
-    p.mem = static_cast<double>(MemoryOf(t.result(), metric));
-    p.tps = t.result().tokens_per_s();
+    p.mem = static_cast<double>(MemoryOf(result, metric));
+    p.tps = result.tokens_per_s();
     p.ok = st == v1::TRIAL_STATUS_OK && p.tps > 0;
     p.oom = st == v1::TRIAL_STATUS_OOM;
     p.on_frontier = frontier.count(p.policy) > 0;
-    if (p.ok) std::tie(p.tps_lo, p.tps_hi) = ThroughputSpread(t.result());
+    if (p.ok) std::tie(p.tps_lo, p.tps_hi) = ThroughputSpread(result);
     if (p.oom && p.mem <= 0) p.mem = static_cast<double>(budget_bytes);  // hit the budget
     if (p.ok || p.oom) {
       points.push_back(p);

@@ -512,6 +512,18 @@ TEST(Render, SvgDrawsEachPointsMeasuredSpread) {
   EXPECT_EQ(Count(svg, "class=\"spread\""), 2) << svg;
 }
 
+TEST(Render, SvgDrawsAReMeasuredPolicyOnceWithItsPooledFigures) {
+  v1::Search s = FixedSearch();
+  const int before = Count(ResultSvg(s), "class=\"trial\"");
+  v1::Trial* again = AddTrial(&s, "selective:[core_attn]", v1::TRIAL_STATUS_OK,
+                              {{11 * kGiB / 2, 6 * kGiB}, {5 * kGiB, 5 * kGiB}}, 4.0);
+  again->set_remeasure(true);
+  *again->mutable_combined() = again->result();
+  again->mutable_combined()->set_tokens_per_s(1234.5);
+  const std::string svg = ResultSvg(s);
+  EXPECT_EQ(Count(svg, "class=\"trial\""), before);  // still one point for the policy
+}
+
 TEST(Render, SvgEscapesAndSurvivesAnEmptySearch) {
   v1::Search s;
   s.mutable_spec()->set_name("a<b & \"c\"");
