@@ -50,13 +50,7 @@ class BuiltinExecutor : public TrialExecutor {
 
     const GroupLimits limits = TrialGroupLimits(options_.limits, timeout, dir.string());
     GroupOutcome outcome = RunProcessGroup(children, limits, context.cancel);
-    if (outcome.cancelled) return StatusResult(TrialStatus::kCancelled, "cancelled");
-    if (outcome.timed_out) {
-      std::string msg = "killed after search.trial_timeout_s = " + Seconds(timeout);
-      std::string tail = FileTail(StderrPath(dir, 0), 3, 600);
-      if (!tail.empty()) msg += "; rank 0 stderr: " + tail;
-      return StatusResult(TrialStatus::kTimeout, msg);
-    }
+    if (auto ended = EndedEarly(outcome, timeout, dir.string())) return *ended;
 
     std::vector<search::TrialResult> per_rank;
     for (int r = 0; r < world; ++r) {

@@ -19,12 +19,6 @@ namespace {
 namespace fs = std::filesystem;
 using search::TrialStatus;
 
-std::string Seconds(double s) {
-  char buf[32];
-  snprintf(buf, sizeof(buf), "%.4g s", s);
-  return buf;
-}
-
 class MegatronExecutor : public TrialExecutor {
  public:
   explicit MegatronExecutor(MegatronExecutorOptions options) : options_(std::move(options)) {}
@@ -112,13 +106,7 @@ class MegatronExecutor : public TrialExecutor {
     // Recorded like the builtin's: a restarted worker finds and kills what a killed one left.
     const GroupLimits limits = TrialGroupLimits(options_.limits, timeout, dir.string());
     GroupOutcome outcome = RunProcessGroup(children, limits, context.cancel);
-    if (outcome.cancelled) return StatusResult(TrialStatus::kCancelled, "cancelled");
-    if (outcome.timed_out) {
-      std::string msg = "killed after search.trial_timeout_s = " + Seconds(timeout);
-      std::string tail = FileTail(StderrPath(dir, 0), 3, 600);
-      if (!tail.empty()) msg += "; rank 0 stderr: " + tail;
-      return StatusResult(TrialStatus::kTimeout, msg);
-    }
+    if (auto ended = EndedEarly(outcome, timeout, dir.string())) return *ended;
 
     auto metrics = ReadMetricsFiles(metrics_path);
     std::vector<bool> have(world, false);

@@ -2,6 +2,7 @@
 #include "worker/trial_executor.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 namespace remat::worker {
@@ -59,6 +60,18 @@ GroupLimits TrialGroupLimits(const GroupLimits& base, double timeout_s,
   limits.timeout_s = timeout_s;
   limits.group_record_path = (std::filesystem::path(trial_dir) / kGroupRecordFile).string();
   return limits;
+}
+
+std::optional<search::TrialResult> EndedEarly(const GroupOutcome& outcome, double timeout_s,
+                                              const std::string& trial_dir) {
+  if (outcome.cancelled) return StatusResult(search::TrialStatus::kCancelled, "cancelled");
+  if (!outcome.timed_out) return std::nullopt;
+  char seconds[32];
+  std::snprintf(seconds, sizeof(seconds), "%.4g s", timeout_s);
+  std::string msg = std::string("killed after search.trial_timeout_s = ") + seconds;
+  const std::string tail = FileTail(RankStderrPath(trial_dir, 0), 3, 600);
+  if (!tail.empty()) msg += "; rank 0 stderr: " + tail;
+  return StatusResult(search::TrialStatus::kTimeout, msg);
 }
 
 }  // namespace remat::worker

@@ -14,6 +14,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,11 @@ std::string RankStderrPath(const std::string& trial_dir, int rank);
 // killed predecessor left.
 GroupLimits TrialGroupLimits(const GroupLimits& base, double timeout_s,
                              const std::string& trial_dir);
+
+// A per-rank trial's group that ended early: cancelled, or killed at `timeout_s` (with rank 0's
+// last stderr lines); nullopt when it ran to its end and the ranks' outputs are to be read.
+std::optional<search::TrialResult> EndedEarly(const GroupOutcome& outcome, double timeout_s,
+                                              const std::string& trial_dir);
 
 class TrialExecutor {
  public:
