@@ -1,6 +1,7 @@
 // The three trial backends: builtin (with a fake remat-trial), replay and command.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <thread>
 
@@ -434,6 +435,9 @@ EOT
             "2\nmodel.num_layers=2\n--\n--num-layers\n2\n--\n0\n0\n1\n");
   EXPECT_EQ(ReadText(dir_ / "depth-4/env.txt"), "4 0\n");
   EXPECT_EQ(ReadText(dir_ / "depth-4/args.txt").substr(0, 2), "4\n");
+  // Both runs are recorded where a restarted worker looks for what to kill: the trial folder.
+  const std::string record = ReadText(dir_ / ".remat-group");
+  EXPECT_EQ(std::count(record.begin(), record.end(), '\n'), 2) << record;
 
   // A proxy that runs out of memory is the trial's status; the deeper one does not run.
   std::filesystem::remove_all(dir_ / "depth-2");
