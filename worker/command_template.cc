@@ -39,7 +39,8 @@ bool Known(const std::string& name) {
 const std::vector<std::string>& CommandPlaceholders() {
   static const std::vector<std::string> kAll = {
       "overrides", "megatron_lm_flags", "metrics_file", "nproc", "gpus", "policy", "trial_id",
-      "warmup_steps", "measure_steps", "train_iters", "micro_batch_size", "seq_length",
+      "warmup_steps", "measure_steps", "train_iters", "micro_batch_size", "global_batch_size",
+      "seq_length",
       // Budget and depth: what a real job needs to run a trial as the builtin engine would.
       "memory_budget_bytes", "memory_budget_gib", "memory_fraction", "num_layers",
       "num_layers_overrides", "num_layers_flags"};
@@ -208,6 +209,8 @@ std::map<std::string, std::string> CommandValues(const CommandRun& run) {
       {"train_iters",
        std::to_string(std::max(so.warmup_steps, so.warmup_max_steps) + so.measure_steps)},
       {"micro_batch_size", std::to_string(spec.train.micro_batch_size)},
+      // The worker's tokens/s count the spec's global batch: the job must run that one.
+      {"global_batch_size", std::to_string(spec.EffectiveGlobalBatchSize())},
       {"seq_length", std::to_string(spec.model.seq_length)},
       {"memory_budget_bytes", std::to_string(budget)},
       {"memory_budget_gib", run.capped ? ShortestDecimal(so.memory_budget_gib) : "0"},

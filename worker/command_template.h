@@ -18,7 +18,7 @@
 //   {nproc}              number of ranks (the trial's world size)
 //   {gpus}               comma-separated GPU indices of the trial's slots
 //   {policy} {trial_id} {warmup_steps} {measure_steps} {train_iters} {micro_batch_size}
-//   {seq_length}
+//   {global_batch_size} {seq_length}
 // The run's memory budget, which the job enforces on each device (the Megatron Bridge callback
 // does, worker/megatron_bridge/); 0 / 1 when the run has no cap (a depth-proxy run, below):
 //   {memory_budget_bytes}  search.memory_budget_gib in bytes (also $REMAT_MEMORY_BUDGET_BYTES)

@@ -6,7 +6,9 @@
 #include <thread>
 
 #include "tests/worker/test_util.h"
+#include "search/depth_proxy.h"
 #include "search/limits.h"
+#include "specfile/spec_file.h"
 #include "worker/assignment.h"
 #include "worker/command_template.h"
 #include "worker/metrics_file.h"
@@ -481,6 +483,7 @@ TEST(CommandTemplate, BudgetAndDepthValues) {
   EXPECT_EQ(v.at("num_layers_overrides"), "'model.num_layers=4' 'model.moe_layer_freq=[0,1,1,1]'");
   EXPECT_EQ(v.at("num_layers_flags"), "'--num-layers' '4' '--moe-layer-freq' '[0,1,1,1]'");
   EXPECT_EQ(v.at("gpus"), "4,5");
+  EXPECT_EQ(v.at("global_batch_size"), "2");  // micro_batch_size 2 x data_parallel_size 1
   // Every placeholder has a value: a template may use any of them.
   for (const std::string& name : CommandPlaceholders()) EXPECT_EQ(v.count(name), 1u) << name;
   EXPECT_EQ(v.size(), CommandPlaceholders().size());
@@ -504,6 +507,42 @@ TEST(CommandTemplate, BudgetAndDepthValues) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().message(),
             "command templates: j.command: unknown placeholder {num_layer}");
+}
+
+// The shipped Megatron Bridge templates load, and the example spec's shallow proxy run expands to
+// the command docs/megatron-bridge.md shows.
+TEST(CommandTemplate, ShippedMegatronBridgeTemplateExpandsForTheExampleSpec) {
+  auto templates = LoadCommandTemplatesFile(REMAT_SOURCE_DIR
+                                            "/worker/megatron_bridge/command-templates.yaml");
+  ASSERT_TRUE(templates.ok()) << templates.status();
+  auto spec = spec::LoadSpecFile(REMAT_SOURCE_DIR "/examples/megatron-bridge-llama3-8b.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  worker::Assignment a;
+  a.spec = *spec;
+  a.world_size = 8;
+  a.trial_id = "t-1";
+  a.policy_name = "selective:[core_attn,mlp]";
+  a.policy = *search::ParsePolicy(a.policy_name);
+  const search::SearchSpec cut = search::AtDepth(a.spec, a.spec.search.proxy_layers[0]);
+  CommandRun run;
+  run.assignment = &a;
+  run.spec = &cut;
+  run.capped = false;
+  run.slots = Slots(8, /*gpu=*/true);
+  run.metrics_path = "/w/t-1.1/depth-2/metrics.json";
+  ASSERT_EQ(templates->count(a.spec.search.command_template), 1u);
+  auto command =
+      ExpandCommand(templates->at(a.spec.search.command_template).command, CommandValues(run));
+  ASSERT_TRUE(command.ok()) << command.status();
+  EXPECT_EQ(*command,
+            "torchrun --standalone --nproc-per-node 8 "
+            "/usr/share/remat/megatron_bridge/pretrain_with_remat.py "
+            "--recipe megatron.bridge.recipes.llama:llama3_8b_pretrain_config "
+            "'model.recompute_granularity=selective' 'model.recompute_method=null' "
+            "'model.recompute_num_layers=null' 'model.recompute_modules=[core_attn,mlp]' "
+            "'model.num_layers=2' train.train_iters=13 train.micro_batch_size=1 "
+            "train.global_batch_size=8 model.seq_length=8192 dataset.sequence_length=8192 "
+            "checkpoint.save=null");
 }
 
 TEST(CommandTemplate, ParsesBothFormsAndRefusesUnknownPlaceholders) {

@@ -167,6 +167,123 @@ class StatusTest(CallbackCase):
         self.assertEqual(entry["failing_request_bytes"], 0)
 
 
+def fake_bridge(test, fail=None):
+    """Stand-ins for the Megatron Bridge and OmegaConf names pretrain_with_remat.py uses: the
+    recipe is a namespace, an override KEY=VALUE sets it, pretrain fires the callback's events
+    for train.train_iters steps (raising `fail` at the second)."""
+    seen = {}
+
+    def recipe(**kwargs):
+        seen["kwargs"] = kwargs
+        return types.SimpleNamespace(model=types.SimpleNamespace(num_layers=32),
+                                     train=types.SimpleNamespace(train_iters=1),
+                                     print_yaml=lambda: None)
+
+    def parse_hydra_overrides(cfg, overrides):
+        seen["overrides"] = list(overrides)
+        for o in overrides:
+            key, _, value = o.partition("=")
+            section, _, field = key.partition(".")
+            setattr(getattr(cfg, section), field, int(value) if value.isdigit() else value)
+        return cfg
+
+    def pretrain(config, forward_step_func, callbacks):  # pylint: disable=unused-argument
+        seen["layers"] = config.model.num_layers
+        (cb,) = callbacks
+        cb.on_train_start()
+        for i in range(config.train.train_iters):
+            cb.on_train_step_start()
+            if fail is not None and i == 1:
+                raise fail
+            cb.on_train_step_end(types.SimpleNamespace(loss_dict={"lm loss": 9.0 - i}))
+        cb.on_train_end()
+
+    def module(name, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        return m
+    mods = {
+        "omegaconf": module("omegaconf", OmegaConf=types.SimpleNamespace(
+            to_container=lambda cfg, resolve: cfg)),
+        "megatron": module("megatron"), "megatron.bridge": module("megatron.bridge"),
+        "megatron.bridge.training": module("megatron.bridge.training"),
+        "megatron.bridge.training.utils": module("megatron.bridge.training.utils"),
+        "megatron.bridge.training.utils.omegaconf_utils": module(
+            "megatron.bridge.training.utils.omegaconf_utils",
+            create_omegaconf_dict_config=lambda cfg: (cfg, set()),
+            parse_hydra_overrides=parse_hydra_overrides,
+            apply_overrides=lambda cfg, merged, excluded: None),
+        "megatron.bridge.training.pretrain": module("megatron.bridge.training.pretrain",
+                                                    pretrain=pretrain),
+        "megatron.bridge.training.gpt_step": module("megatron.bridge.training.gpt_step",
+                                                    forward_step=object()),
+        "fake_recipes": module("fake_recipes", llama=recipe),
+    }
+    for name, m in mods.items():
+        sys.modules[name] = m
+    test.addCleanup(lambda: [sys.modules.pop(n, None) for n in mods])
+    return seen
+
+
+class RecipeScriptTest(CallbackCase):
+    """worker/megatron_bridge/pretrain_with_remat.py against stand-ins for Megatron Bridge."""
+
+    def run_script(self, argv):
+        import pretrain_with_remat  # noqa: PLC0415
+        os.environ["REMAT_METRICS_FILE"] = self.metrics
+        os.environ["RANK"] = "0"
+        real = pretrain_with_remat.RematMetricsCallback
+
+        def tracked(*args, **kwargs):
+            cb = real(*args, **kwargs)
+            self.callbacks.append(cb)
+            return cb
+        pretrain_with_remat.RematMetricsCallback = tracked
+        try:
+            return pretrain_with_remat.main(argv)
+        finally:
+            pretrain_with_remat.RematMetricsCallback = real
+
+    def test_overrides_reach_the_recipe_and_every_step_is_recorded(self):
+        seen = fake_bridge(self)
+        torch, _ = fake_torch()
+        torch.distributed.is_initialized = lambda: False
+        sys.modules["torch"] = torch
+        self.assertEqual(self.run_script(
+            ["--recipe", "fake_recipes:llama", "--recipe-kwarg", "seq_length=4096",
+             "model.recompute_granularity=selective", "model.num_layers=2",
+             "train.train_iters=5"]), 0)
+        self.assertEqual(seen["kwargs"], {"seq_length": 4096})
+        self.assertEqual(seen["layers"], 2)
+        self.assertEqual(seen["overrides"][0], "model.recompute_granularity=selective")
+        entry = self.written()
+        self.assertEqual(entry["status"], "ok")
+        self.assertEqual(len(entry["step_times_s"]), 5)
+        self.assertEqual(entry["losses"], [9.0, 8.0, 7.0, 6.0, 5.0])
+
+    def test_an_oom_in_training_is_recorded_then_raised(self):
+        fake_bridge(self, fail=FakeOutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB"))
+        torch, _ = fake_torch()
+        sys.modules["torch"] = torch
+        with self.assertRaises(FakeOutOfMemoryError):
+            self.run_script(["--recipe", "fake_recipes:llama", "train.train_iters=5"])
+        entry = self.written()
+        self.assertEqual(entry["status"], "oom")
+        self.assertEqual(entry["failing_request_bytes"], 4 * GIB)
+        self.assertEqual(len(entry["step_times_s"]), 1)
+
+    def test_bad_arguments_are_refused(self):
+        import pretrain_with_remat  # noqa: PLC0415
+        with self.assertRaises(ValueError) as ctx:
+            pretrain_with_remat.load_recipe("megatron.bridge.recipes.llama")
+        self.assertIn("MODULE:FUNCTION", str(ctx.exception))
+        with self.assertRaises(ValueError) as ctx:
+            pretrain_with_remat.recipe_kwargs(["seq_length"])
+        self.assertIn("NAME=JSON", str(ctx.exception))
+        self.assertEqual(pretrain_with_remat.recipe_kwargs(["dir=/data", "mock=true"]),
+                         {"dir": "/data", "mock": True})
+
+
 class GpuBudgetTest(CallbackCase):
     """On a real device: an allocation over the budget fails and the file says oom."""
 
@@ -202,6 +319,7 @@ if __name__ == "__main__":
     else:
         loader = unittest.defaultTestLoader
         suite = unittest.TestSuite(loader.loadTestsFromTestCase(c)
-                                   for c in (PureLogicTest, BudgetTest, StatusTest))
+                                   for c in (PureLogicTest, BudgetTest, StatusTest,
+                                             RecipeScriptTest))
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)
