@@ -37,8 +37,9 @@ class CommandExecutor : public TrialExecutor {
     const CommandTemplate& templ = it->second;
     const auto& depths = so.proxy_layers;
     const auto start = std::chrono::steady_clock::now();
-    if (depths.empty())
+    if (depths.empty()) {
       return RunAt(context, templ, a.spec, /*capped=*/true, context.trial_dir, so.trial_timeout_s);
+    }
 
     // Depth proxies, as the builtin engine runs them (engine/trial_runner.cc RunDepthProxies):
     // the policy checked against the full spec (a full:block/uniform policy that the depths
