@@ -3,7 +3,9 @@
 # (apt-get, as root or through sudo), builds into ./build, then runs what you asked for.
 #
 #   ./run.sh search examples/tiny-dense.yaml   the main job: a whole search on this machine
-#   ./run.sh test                             the test suite (ctest; GPU-only tests excluded)
+#   ./run.sh test                             the test suite (ctest; GPU-only tests excluded),
+#                                             then the fuzzers (REMAT_FUZZ_SECONDS each, default
+#                                             60; 0 skips them)
 #   ./run.sh build                            just install and build
 #   ./run.sh remat ARGS... | rematd ARGS... | remat-worker ARGS... | remat-trial ARGS...
 set -euo pipefail
@@ -15,6 +17,7 @@ PACKAGES=(
   libspdlog-dev prometheus-cpp-dev libsqlite3-dev libyaml-cpp-dev libcli11-dev
   nlohmann-json3-dev libgtest-dev libgmock-dev libtorch-dev prometheus procps openssl python3
   python3-yaml python3-grpcio python3-protobuf dpkg-dev systemd slurmctld slurmd slurm-client munge
+  clang
 )
 BUILD_DIR=${REMAT_BUILD_DIR:-build}
 
@@ -39,13 +42,29 @@ build() {
   cmake --build "$BUILD_DIR" -j "$(nproc)"
 }
 
+# libFuzzer targets (fuzz/CMakeLists.txt): a clang build of the readers with AddressSanitizer and
+# UndefinedBehaviorSanitizer, each target run for REMAT_FUZZ_SECONDS from the seed corpus.
+fuzz() {
+  local seconds=${REMAT_FUZZ_SECONDS:-60}
+  [ "$seconds" -gt 0 ] || return 0
+  local dir=${REMAT_FUZZ_BUILD_DIR:-build-fuzz}
+  if [ ! -f "$dir/build.ninja" ]; then
+    CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DREMAT_FUZZ=ON -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all"
+  fi
+  cmake -S . -B "$dir" -DREMAT_FUZZ_SECONDS="$seconds" >/dev/null
+  cmake --build "$dir" -j "$(nproc)"
+  ctest --test-dir "$dir" --output-on-failure -L fuzz -j "$(nproc)"
+}
+
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
   build) build ;;
   test)
     build
-    exec ctest --test-dir "$BUILD_DIR" --output-on-failure -LE gpu -j "$(nproc)" "$@"
+    ctest --test-dir "$BUILD_DIR" --output-on-failure -LE gpu -j "$(nproc)" "$@"
+    fuzz
     ;;
   search) build; exec "$BUILD_DIR/bin/remat" search "$@" ;;
   remat|rematd|remat-worker|remat-trial) build; exec "$BUILD_DIR/bin/$cmd" "$@" ;;

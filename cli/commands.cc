@@ -20,6 +20,8 @@
 #include "cli/submit_request.h"
 #include "common/main_util.h"
 #include "common/version.h"
+#include "search/limits.h"
+#include "search/text.h"
 
 namespace remat::cli {
 namespace {
@@ -87,8 +89,10 @@ int PrintImport(const search::StatusOr<std::string>& spec) {
 }
 
 int RunImportBridge(const std::string& path, const std::vector<std::string>& overrides) {
-  std::optional<std::string> text = ReadFile(path);
-  if (!text) return Fail(2, "FILE: cannot read " + path);
+  // A recipe someone handed over: a regular file of bounded size (not /dev/zero or a FIFO).
+  common::FileText file = common::ReadRegularFile(path, search::limits::kMaxImportFileBytes);
+  if (!file.text) return Fail(2, "FILE: " + search::QuoteForError(path, 256) + " " + file.error);
+  const std::optional<std::string>& text = file.text;
   std::string name = path.substr(path.find_last_of('/') + 1);
   name = name.substr(0, name.find_last_of('.'));
   return PrintImport(ImportBridge(*text, overrides, name));
@@ -215,6 +219,11 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
   search->add_option("--gpus", gpus, "GPUs to use, e.g. 0,1 (default: all)");
   search->add_option("--trial-binary", trial_binary, "remat-trial (default: beside remat)");
   search->add_option("--command-templates", templates, "command templates (backend command)");
+  std::string megatron_path, python = "python3";
+  search->add_option("--megatron-path", megatron_path,
+                     "backend megatron: a Megatron-LM checkout (a folder holding megatron/core); "
+                     "default: the installed megatron-core");
+  search->add_option("--python", python, "backend megatron: the Python with torch (default python3)");
   search->add_option("--work-dir", work_dir, "keep the worker's trial folders here");
   search->add_option("--log-level", log_level, "service logs: trace ... off (default warn)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
@@ -300,6 +309,8 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
     options.gpus = gpus;
     options.trial_binary = trial_binary;
     options.command_templates = templates;
+    options.megatron_path = megatron_path;
+    options.python = python;
     options.work_dir = work_dir;
     return RunSearchWithSignals(options, local_search);
   }

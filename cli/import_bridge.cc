@@ -5,6 +5,7 @@
 
 #include "cli/import_spec.h"
 #include "cli/import_yaml_util.h"
+#include "search/text.h"
 
 namespace remat::cli {
 namespace {
@@ -114,9 +115,10 @@ bool IsTrue(const YAML::Node& n) {
 
 }  // namespace
 
-search::StatusOr<std::string> ImportBridge(const std::string& yaml_text,
-                                           const std::vector<std::string>& overrides,
-                                           const std::string& name) {
+namespace {
+search::StatusOr<std::string> ImportBridgeUnguarded(const std::string& yaml_text,
+                                                    const std::vector<std::string>& overrides,
+                                                    const std::string& name) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -195,11 +197,21 @@ search::StatusOr<std::string> ImportBridge(const std::string& yaml_text,
       if (!Neutral(v)) {
         out.Carry("model", "fp8", Flow(v), "FP8 changes what is stored for backward");
       }
+    } else if (key == "fp8_recipe") {
+      if (!Neutral(v)) out.Carry("model", "fp8_recipe", Flow(v), "FP8 delayed scaling refuses "
+                                 "moe_act and layernorm recompute");
     } else if (key == "cuda_graph_impl") {
       if (!Neutral(v) && Text(v) != "none") {
         out.Carry("model", "cuda_graph_impl", Flow(v),
                   "CUDA graphs keep static buffers and constrain the recompute boundaries");
       }
+    } else if (key == "cuda_graph_scope") {
+      if (!Neutral(v) && !(v.IsSequence() && v.size() == 0) && Text(v) != "full") {
+        out.Carry("model", "cuda_graph_scope", Flow(v),
+                  "a checkpoint must lie wholly inside or outside the captured modules");
+      }
+    } else if (key == "q_lora_rank" && v.IsNull()) {
+      out.Set("model", "q_lora_rank", "null");  // explicit: absent would mean 512
     } else if (key == "moe_layer_freq" && v.IsScalar() && !v.IsNull() &&
                Text(v).find_first_not_of("0123456789") != std::string::npos) {
       return InvalidArgument("model.moe_layer_freq: '" + Text(v) +
@@ -279,6 +291,11 @@ search::StatusOr<std::string> ImportBridge(const std::string& yaml_text,
       if (!Neutral(fp8) && !out.Has("model", "fp8")) {
         out.Carry("model", "fp8", Flow(fp8), "FP8 changes what is stored for backward");
       }
+      const YAML::Node recipe = Plain(Child(mp, "fp8_recipe"));
+      if (!Neutral(fp8) && !Neutral(recipe) && !out.Has("model", "fp8_recipe")) {
+        out.Carry("model", "fp8_recipe", Flow(recipe),
+                  "FP8 delayed scaling refuses moe_act and layernorm recompute");
+      }
     }
     if (precision.empty()) {
       if (IsTrue(Plain(Child(model, "bf16")))) precision = "bf16";
@@ -313,6 +330,9 @@ search::StatusOr<std::string> ImportBridge(const std::string& yaml_text,
       out.Set("train", "use_distributed_optimizer", "true");
     }
   }
+  for (const char* key : {"overlap_grad_reduce", "overlap_param_gather"}) {
+    if (IsTrue(Plain(Child(Child(root, "ddp"), key)))) out.Set("parallel", key, "true");
+  }
   const std::string optimizer = Text(Plain(Child(Child(root, "optimizer"), "optimizer")));
   if (!optimizer.empty() && optimizer != "adam") {
     out.Note("not modelled: optimizer.optimizer=" + optimizer +
@@ -324,8 +344,9 @@ search::StatusOr<std::string> ImportBridge(const std::string& yaml_text,
   static const std::map<std::string, std::set<std::string>> kTakenFields = {
       {"dataset", {"sequence_length"}}, {"rng", {"seed"}},
       {"optimizer", {"use_distributed_optimizer", "optimizer"}},
-      {"ddp", {"use_distributed_optimizer"}}, {"tokenizer", {"vocab_size"}},
-      {"mixed_precision", {"bf16", "fp16", "fp8"}}};
+      {"ddp", {"use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"}},
+      {"tokenizer", {"vocab_size"}},
+      {"mixed_precision", {"bf16", "fp16", "fp8", "fp8_recipe"}}};
   for (const auto& kv : root) {
     const std::string section = kv.first.as<std::string>();
     if (kTaken.count(section)) continue;
@@ -372,6 +393,21 @@ search::StatusOr<std::string> ImportBridge(const std::string& yaml_text,
                            " (the data-parallel size is not in the input: pass parallel.data_parallel_size=N)");
   }
   return spec;
+}
+
+}  // namespace
+
+search::StatusOr<std::string> ImportBridge(const std::string& yaml_text,
+                                           const std::vector<std::string>& overrides,
+                                           const std::string& name) {
+  // A recipe is any YAML: a key that is a list or a value of the wrong shape makes yaml-cpp
+  // throw; that is bad input (exit 2), not a crash.
+  try {
+    return ImportBridgeUnguarded(yaml_text, overrides, name);
+  } catch (const std::exception& e) {
+    return InvalidArgument("config: " + search::BoundedUtf8(e.what(), 200) +
+                           " (keys must be plain strings)");
+  }
 }
 
 }  // namespace remat::cli

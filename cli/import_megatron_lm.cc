@@ -38,7 +38,8 @@ const std::set<std::string>& TrueSwitches() {
       "overlap_moe_expert_parallel_comm", "sequence_parallel", "distribute_saved_activations",
       "cpu_offloading", "account_for_embedding_in_pipeline_split",
       "account_for_loss_in_pipeline_split", "attention_softmax_in_fp32", "gated_linear_unit",
-      "add_bias_linear", "share_embeddings_and_output_weights"};
+      "add_bias_linear", "share_embeddings_and_output_weights", "overlap_grad_reduce",
+      "overlap_param_gather"};
   return k;
 }
 
@@ -153,6 +154,18 @@ search::StatusOr<std::string> ImportMegatronLm(const std::vector<std::string>& a
     } else if (n == "fp8_format") {
       REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
       out.Carry("model", "fp8", Yaml(value), "FP8 changes what is stored for backward");
+    } else if (n == "fp8_recipe") {
+      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
+      out.Carry("model", "fp8_recipe", Yaml(value),
+                "FP8 delayed scaling refuses moe_act and layernorm recompute");
+    } else if (n == "cuda_graph_scope" || n == "cuda_graph_modules") {
+      if (f.values.empty()) return InvalidArgument(f.spelled + ": takes module names");
+      std::string list;
+      for (const std::string& v : f.values) list += (list.empty() ? "" : ", ") + Yaml(v);
+      if (list != "full") {
+        out.Carry("model", "cuda_graph_scope", "[" + list + "]",
+                  "a checkpoint must lie wholly inside or outside the captured modules");
+      }
     } else if (n == "cuda_graph_impl") {
       REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
       if (value != "none") {
@@ -178,6 +191,15 @@ search::StatusOr<std::string> ImportMegatronLm(const std::vector<std::string>& a
     }
   }
 
+  // Megatron-LM's --q-lora-rank defaults to None (no q compression), MLATransformerConfig's to
+  // 512 (remat's default when the key is absent): say null.
+  if (out.Has("model", "multi_latent_attention") && !out.Has("model", "q_lora_rank")) {
+    out.Set("model", "q_lora_rank", "null");
+  }
+  // Likewise --normalization defaults to LayerNorm, MLATransformerConfig's to RMSNorm.
+  if (out.Has("model", "multi_latent_attention") && !out.Has("model", "normalization")) {
+    out.Set("model", "normalization", "LayerNorm");
+  }
   if (!query_groups.empty()) {
     if (gqa) {
       out.Set("model", "num_query_groups", Yaml(query_groups));

@@ -28,6 +28,9 @@ std::vector<std::pair<std::string, std::string>> SearchDefaults() {
           {"memory_headroom_gib", Num(d.memory_headroom_gib)},
           {"max_trials", std::to_string(d.max_trials)},
           {"warmup_steps", std::to_string(d.warmup_steps)},
+          {"warmup_max_steps", std::to_string(d.warmup_max_steps)},
+          {"steady_window", std::to_string(d.steady_window)},
+          {"steady_tolerance", Num(d.steady_tolerance)},
           {"measure_steps", std::to_string(d.measure_steps)},
           {"backend", search::Name(d.backend)},
           {"device", search::Name(d.device)},
@@ -140,13 +143,14 @@ std::string RematSectionOf(const std::string& name) {
       "qk_pos_emb_head_dim", "v_head_dim", "num_moe_experts", "moe_router_topk",
       "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_grouped_gemm",
       "moe_layer_freq", "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm",
-      "experimental_attention_variant", "cpu_offloading", "distribute_saved_activations"};
+      "experimental_attention_variant", "cpu_offloading", "cpu_offloading_num_layers",
+      "distribute_saved_activations"};
   static const char* const kParallel[] = {
       "tensor_model_parallel_size", "pipeline_model_parallel_size",
       "virtual_pipeline_model_parallel_size", "context_parallel_size",
       "expert_model_parallel_size", "sequence_parallel", "num_layers_in_first_pipeline_stage",
       "num_layers_in_last_pipeline_stage", "account_for_embedding_in_pipeline_split",
-      "account_for_loss_in_pipeline_split"};
+      "account_for_loss_in_pipeline_split", "overlap_grad_reduce", "overlap_param_gather"};
   for (const char* k : kModel) {
     if (name == k) return "model";
   }

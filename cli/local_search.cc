@@ -17,6 +17,7 @@
 #include "common/version.h"
 #include "proto/convert.h"
 #include "server/coordinator.h"
+#include "worker/megatron_executor.h"
 #include "worker/slots.h"
 #include "worker/versions.h"
 #include "worker/worker_daemon.h"
@@ -107,6 +108,22 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
     templates = *loaded;
   }
 
+  // Backend megatron: the driver beside remat (or installed) and the operator's Megatron Core.
+  std::string megatron_driver, megatron_path;
+  if (spec->search.backend == search::Backend::kMegatron) {
+    if (!options.megatron_path.empty()) {
+      if (!fs::is_directory(fs::path(options.megatron_path) / "megatron" / "core")) {
+        return fail(2, "--megatron-path: no megatron/core package in " + options.megatron_path);
+      }
+      megatron_path = fs::absolute(options.megatron_path).string();
+    }
+    megatron_driver = worker::FindMegatronDriver(common::SelfDir());
+    if (megatron_driver.empty()) {
+      return fail(1, "the megatron driver is neither beside remat (megatron_driver/) nor "
+                     "installed (../share/remat/megatron_driver/)");
+    }
+  }
+
   ScratchDir scratch;
   if (scratch.path().empty()) return fail(1, "cannot create a temporary folder");
 
@@ -134,6 +151,12 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
   wopts.lease_wait_s = 1;
   wopts.backoff_initial_s = 0.05;
   wopts.backoff_max_s = 1;
+  if (!megatron_driver.empty()) {
+    wopts.megatron_driver = megatron_driver;
+    wopts.megatron_python = options.python;
+    wopts.megatron_path = megatron_path;
+    wopts.versions["megatron_core"] = worker::MegatronCoreVersion(megatron_path);
+  }
   auto daemon = worker::WorkerDaemon::Create(wopts);
   if (!daemon.ok()) return fail(1, "worker: " + daemon.status().ToString());
   absl::Status worker_status;

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "search/capacity.h"
 #include "search/planner.h"
 #include "search/rules.h"
 #include "search/units.h"
@@ -80,9 +81,29 @@ int RunPlan(const std::string& spec_path, bool json, std::ostream& out, std::ost
   }
   const auto plan = search::InitialPlan(*spec);
   const uint64_t budget = spec->search.MemoryBudgetBytes();
+  const auto capacity = search::StaticCapacityProblem(*spec);
+  const std::string builtin_problem = spec->search.backend == search::Backend::kBuiltin
+                                          ? search::BuiltinBackendProblem(*spec)
+                                          : std::string();
   if (json) {
     nlohmann::json j;
     j["name"] = spec->name;
+    if (capacity) {  // first: what recompute cannot fix
+      nlohmann::json levers = nlohmann::json::array();
+      for (const auto& l : capacity->levers) {
+        levers.push_back({{"setting", l.setting},
+                          {"predicted_static_bytes", static_cast<uint64_t>(l.static_bytes)},
+                          {"static_fits", l.fits},
+                          {"note", l.note}});
+      }
+      j["capacity"] = {{"static_exceeds_budget", true},
+                       {"predicted_static_bytes", static_cast<uint64_t>(capacity->static_bytes)},
+                       {"stage", capacity->stage},
+                       {"memory_budget_bytes", budget},
+                       {"message", capacity->message},
+                       {"levers", std::move(levers)}};
+    }
+    if (!builtin_problem.empty()) j["builtin_backend_problem"] = builtin_problem;
     j["strategy"] = search::Name(spec->search.strategy);
     j["memory_budget_bytes"] = budget;
     j["candidates"] = nlohmann::json::array();
@@ -127,7 +148,17 @@ int RunPlan(const std::string& spec_path, bool json, std::ostream& out, std::ost
   out << "static (weights, grads, optimizer): " << Gib(est.static_bytes) << " GiB per rank";
   if (est.stages.size() > 1) out << " on stage " << est.peak_stage << " (the highest peak)";
   out << "; budget " << Gib(budget) << " GiB (" << search::Name(spec->search.memory_metric)
-      << ")\n\n";
+      << ")\n";
+  if (!builtin_problem.empty()) {
+    out << "note: the builtin backend will refuse to search this spec: " << builtin_problem << "\n";
+  }
+  out << "\n";
+  if (capacity) {
+    // Every policy would be listed as not fitting: say why instead, and what can fix it.
+    for (const std::string& line : search::CapacityLines(*capacity)) out << line << "\n";
+    out << "\n(the candidates, none of which can fit: remat plan --json)\n";
+    return 0;
+  }
   char line[256];
   std::snprintf(line, sizeof(line), "%-3s %-34s %12s %12s %6s  %s\n", "#", "policy",
                 "activ. GiB", "peak GiB", "fits", "reason");
@@ -165,6 +196,13 @@ int RunValidate(const std::string& spec_path, const std::string& policy_text, st
     return 2;
   }
   out << "valid: " << policy->ToString() << "\n";
+  for (const std::string& w : search::PolicyWarnings(*spec, *policy)) {
+    err << "warning: " << w << "\n";
+  }
+  if (spec->search.backend == search::Backend::kBuiltin) {
+    const std::string problem = search::BuiltinBackendProblem(*spec);
+    if (!problem.empty()) err << "note: the builtin backend will refuse this spec: " << problem << "\n";
+  }
   out << "  Megatron Bridge: " << policy->MegatronBridgeOverrides() << "\n";
   const std::string flags = policy->MegatronLmFlags();
   out << "  Megatron-LM:     " << (flags.empty() ? "(no recompute flags)" : flags) << "\n";

@@ -3,7 +3,9 @@
 // worker/). Nothing else composes them.
 #include "cli/commands.h"
 #include "cli/local_search.h"
+#include "common/main_util.h"
 
 int main(int argc, char** argv) {
-  return remat::cli::RunCli(argc, argv, remat::cli::RunLocalSearch);
+  return remat::common::GuardedMain(
+      [&] { return remat::cli::RunCli(argc, argv, remat::cli::RunLocalSearch); });
 }

@@ -1,6 +1,8 @@
 #include "cli/render_json.h"
 
+#include <google/protobuf/util/json_util.h>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -54,6 +56,9 @@ std::string ResultJson(const v1::Search& s) {
       rj["failing_request_bytes"] = Known(rr.failing_request_bytes());
       rj["step_time_s"] = measured ? Known(rr.step_time_s()) : ordered_json(nullptr);
       rj["step_times_s"] = std::vector<double>(rr.step_times_s().begin(), rr.step_times_s().end());
+      rj["warmup_steps_taken"] = rr.warmup_steps_taken();
+      rj["warmup_step_times_s"] =
+          std::vector<double>(rr.warmup_step_times_s().begin(), rr.warmup_step_times_s().end());
       ranks.push_back(std::move(rj));
     }
     tj["ranks"] = std::move(ranks);
@@ -65,6 +70,26 @@ std::string ResultJson(const v1::Search& s) {
     tj["id"] = t.id();
     tj["reason"] = t.reason();
     tj["step_time_spread_s"] = measured ? ordered_json(r.step_time_spread_s()) : ordered_json(nullptr);
+    // The spread relative to the step time ((max - min) / median): the trial's noise.
+    tj["step_time_relative_spread"] =
+        measured && r.step_time_s() > 0 ? ordered_json(r.step_time_spread_s() / r.step_time_s())
+                                        : ordered_json(nullptr);
+    tj["warmup_steps_taken"] = measured ? ordered_json(r.warmup_steps_taken()) : ordered_json(nullptr);
+    tj["warmup_settled"] = measured ? ordered_json(r.warmup_settled()) : ordered_json(nullptr);
+    tj["numerics_mismatch"] =
+        t.numerics_mismatch().empty() ? ordered_json(nullptr) : ordered_json(t.numerics_mismatch());
+    tj["remeasure"] = t.remeasure();
+    tj["versions"] = std::map<std::string, std::string>(r.versions().begin(), r.versions().end());
+    if (t.has_combined()) {  // the policy's runs combined: what its frontier point used
+      const v1::TrialResult& c = t.combined();
+      tj["combined"] = {{"step_time_s", Known(c.step_time_s())},
+                        {"step_time_spread_s", c.step_time_spread_s()},
+                        {"tokens_per_s", Known(c.tokens_per_s())},
+                        {"peak_allocated_bytes", MaxAllocated(c)},
+                        {"peak_reserved_bytes", MaxReserved(c)}};
+    } else {
+      tj["combined"] = nullptr;
+    }
     tj["model_tflops"] = measured ? Known(r.model_tflops()) : ordered_json(nullptr);
     tj["setup_s"] = Known(r.setup_s());
     tj["wall_s"] = r.wall_s();
@@ -133,6 +158,24 @@ std::string ResultJson(const v1::Search& s) {
   j["trials_done"] = s.trials_done();
   j["trials_planned"] = s.trials_planned();
   j["fragmentation"] = std::vector<std::string>(s.fragmentation().begin(), s.fragmentation().end());
+  // Numerical sanity: every trial's loss and grad norm against the control's (search/provenance.h).
+  j["numerics"] = {{"compared", s.numerics_compared()},
+                   {"tolerance", s.numerics_tolerance()},
+                   {"reference", s.numerics_reference().empty() ? ordered_json(nullptr)
+                                                                : ordered_json(s.numerics_reference())},
+                   {"ok", s.numerics_mismatches_size() == 0},
+                   {"mismatches", std::vector<std::string>(s.numerics_mismatches().begin(),
+                                                           s.numerics_mismatches().end())}};
+  // Provenance: what the trials ran with, and the spec they ran (Megatron defaults resolved).
+  j["versions"] = std::map<std::string, std::string>(s.versions().begin(), s.versions().end());
+  std::string spec_json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.preserve_proto_field_names = true;
+  if (google::protobuf::util::MessageToJsonString(s.spec(), &spec_json, print).ok()) {
+    j["spec"] = ordered_json::parse(spec_json);
+  } else {
+    j["spec"] = nullptr;
+  }
   j["owner"] = s.owner();
   j["created_unix_ms"] = s.created_unix_ms();
   j["updated_unix_ms"] = s.updated_unix_ms();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -76,6 +77,44 @@ std::string TickLabel(double v, double step) {
   return Format("%.3g", v);
 }
 
+// The throughput of a trial's slowest and fastest measured step, from the steps of its slowest
+// rank (the one that sets step_time_s) when they were reported; otherwise from
+// step_time_spread_s, taken as spread evenly around the median (which side is unknown).
+std::pair<double, double> ThroughputSpread(const v1::TrialResult& r) {
+  const double median = r.step_time_s(), tps = r.tokens_per_s();
+  if (!(median > 0) || !(tps > 0)) return {tps, tps};
+  double slow = median, fast = median;
+  const v1::RankResult* slowest = nullptr;
+  for (const v1::RankResult& rank : r.ranks()) {
+    if (rank.step_times_s_size() > 0 &&
+        (slowest == nullptr || rank.step_time_s() > slowest->step_time_s())) {
+      slowest = &rank;
+    }
+  }
+  if (slowest != nullptr) {
+    for (double t : slowest->step_times_s()) {
+      if (t > 0) {
+        slow = std::max(slow, t);
+        fast = std::min(fast, t);
+      }
+    }
+  } else if (r.step_time_spread_s() > 0) {
+    slow = median + r.step_time_spread_s() / 2;
+    fast = std::max(median - r.step_time_spread_s() / 2, median / 2);
+  }
+  return {tps * median / slow, tps * median / fast};
+}
+
+// A label's box as drawn (text baseline at y; 12 px font, about 6.6 px a character).
+struct Box {
+  double x0, y0, x1, y1;
+  bool Overlaps(const Box& o) const { return !(x1 < o.x0 || o.x1 < x0 || y1 < o.y0 || o.y1 < y0); }
+};
+constexpr double kCharWidth = 6.6, kLineHeight = 13;
+Box LabelBox(double x, double y, const std::string& text) {
+  return Box{x, y - kLineHeight + 2, x + kCharWidth * static_cast<double>(text.size()), y + 2};
+}
+
 }  // namespace
 
 std::string ResultSvg(const v1::Search& s) {
@@ -86,20 +125,29 @@ std::string ResultSvg(const v1::Search& s) {
 
   struct Point {
     std::string policy;
-    double mem = 0, tps = 0;  // mem in bytes, then in the plot's unit
+    double mem = 0, tps = 0;        // mem in bytes, then in the plot's unit
+    double tps_lo = 0, tps_hi = 0;  // the throughput of the slowest and fastest measured step
     bool ok = false, oom = false, on_frontier = false;
   };
   std::vector<Point> points;
   double max_mem = 0;
-  for (const v1::Trial& t : s.trials()) {
+  // A re-measured policy (issue 11) has two trials; it is drawn once, from its last trial, with
+  // the pooled figures the frontier and the recommendation use (Trial.combined).
+  std::map<std::string, int> last_of;
+  for (int i = 0; i < s.trials_size(); ++i) last_of[s.trials(i).policy().canonical()] = i;
+  for (int i = 0; i < s.trials_size(); ++i) {
+    const v1::Trial& t = s.trials(i);
+    if (last_of[t.policy().canonical()] != i) continue;
+    const v1::TrialResult& result = t.has_combined() ? t.combined() : t.result();
     const v1::TrialStatus st = StatusOf(t);
     Point p;
     p.policy = t.policy().canonical();
-    p.mem = static_cast<double>(MemoryOf(t.result(), metric));
-    p.tps = t.result().tokens_per_s();
+    p.mem = static_cast<double>(MemoryOf(result, metric));
+    p.tps = result.tokens_per_s();
     p.ok = st == v1::TRIAL_STATUS_OK && p.tps > 0;
     p.oom = st == v1::TRIAL_STATUS_OOM;
     p.on_frontier = frontier.count(p.policy) > 0;
+    if (p.ok) std::tie(p.tps_lo, p.tps_hi) = ThroughputSpread(result);
     if (p.oom && p.mem <= 0) p.mem = static_cast<double>(budget_bytes);  // hit the budget
     if (p.ok || p.oom) {
       points.push_back(p);
@@ -121,8 +169,8 @@ std::string ResultSvg(const v1::Search& s) {
     x_lo = std::min(x_lo, p.mem);
     x_hi = std::max(x_hi, p.mem);
     if (p.ok) {
-      y_lo = any_ok ? std::min(y_lo, p.tps) : p.tps;
-      y_hi = any_ok ? std::max(y_hi, p.tps) : p.tps;
+      y_lo = any_ok ? std::min(y_lo, p.tps_lo) : p.tps_lo;
+      y_hi = any_ok ? std::max(y_hi, p.tps_hi) : p.tps_hi;
       any_ok = true;
     }
   }
@@ -133,16 +181,15 @@ std::string ResultSvg(const v1::Search& s) {
   const Axis xa = NiceAxis(std::max(0.0, x_lo - 0.05 * (x_hi - x_lo)), x_hi + 0.05 * (x_hi - x_lo));
   const Axis ya = NiceAxis(std::max(0.0, y_lo - 0.1 * (y_hi - y_lo)), y_hi + 0.08 * (y_hi - y_lo));
 
+  // The plot's frame; the picture grows to the right when labels need a column.
   const double width = 960, height = 600, left = 90, right = 40, top = 66, bottom = 70;
   const double pw = width - left - right, ph = height - top - bottom;
   auto X = [&](double v) { return left + (v - xa.lo) / (xa.hi - xa.lo) * pw; };
   auto Y = [&](double v) { return top + ph - (v - ya.lo) / (ya.hi - ya.lo) * ph; };
 
+  // The body first: the picture's width is known once the labels are placed (a label column may
+  // be added on the right).
   std::ostringstream svg;
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
-      << "\" viewBox=\"0 0 " << width << " " << height
-      << "\" font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n";
-  svg << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   std::string title = "remat: peak memory vs throughput";
   if (!s.spec().name().empty()) title += " — " + s.spec().name();
   if (!s.id().empty()) title += " (" + s.id() + ")";
@@ -179,7 +226,8 @@ std::string ResultSvg(const v1::Search& s) {
   svg << "</g>\n";
 
   // The budget.
-  const std::string budget_text = "budget " + render::GiB(budget_bytes, "%.4g") + " GiB";
+  // One unit on the axis, and the budget named in it.
+  const std::string budget_text = "budget " + Format("%.4g", budget) + " " + unit.name;
   if (budget_on_chart) {
     svg << "<line class=\"budget\" x1=\"" << Num(X(budget)) << "\" y1=\"" << top << "\" x2=\""
         << Num(X(budget)) << "\" y2=\"" << top + ph
@@ -191,6 +239,13 @@ std::string ResultSvg(const v1::Search& s) {
         << "\" text-anchor=\"end\" fill=\"#c0392b\">" << budget_text
         << " (off the chart, to the right) \u2192</text>\n";
   }
+
+  // Trial labels keep off the budget's text.
+  const double budget_text_w =
+      kCharWidth * static_cast<double>(budget_text.size() + (budget_on_chart ? 0 : 32));
+  const double budget_text_x1 = budget_on_chart ? X(budget) - 4 : left + pw - 6;
+  std::vector<Box> placed = {
+      Box{budget_text_x1 - budget_text_w, top + 14 - kLineHeight + 2, budget_text_x1, top + 16}};
 
   // The frontier as a step line: between two frontier points the best throughput available is
   // the lower point's; the last step runs on to the budget.
@@ -210,34 +265,42 @@ std::string ResultSvg(const v1::Search& s) {
         << "\" fill=\"none\" stroke=\"#1f6fb2\" stroke-width=\"2\"/>\n";
   }
 
-  // Trials. Labels try four spots around their point and take the first that overlaps no
-  // label placed before (a crude but dependable way to keep close points readable). A frontier
-  // point is always labelled; any other point only where a free spot is left, so an exhaustive
-  // search's cloud of points stays legible (its policies are in the table and the JSON).
-  struct Box {
-    double x0, y0, x1, y1;
-  };
-  std::vector<Box> placed;
-  auto place_label = [&](double x, double y, const std::string& text,
-                         bool must) -> std::optional<std::pair<double, double>> {
-    const double w = 6.6 * text.size(), h = 13;
-    const double spots[4][2] = {
-        {x + 9, y - 8}, {x + 9, y + 17}, {x - 9 - w, y - 8}, {x - 9 - w, y + 17}};
+  // Trials, each with its spread: a vertical bar from the throughput of its slowest measured step
+  // to its fastest. Labels never overlap: each tries eight spots around its point and takes the
+  // first that overlaps no point and no label placed before. A frontier or recommended point whose
+  // spots are all taken gets its label in a column right of the plot, joined to the point by a
+  // leader line; any other point is labelled only where a spot is free, so an exhaustive search's
+  // cloud stays legible (its policies are in the table and the JSON).
+  auto near_spot = [&](double x, double y, const std::string& text) -> std::optional<Box> {
+    const double w = kCharWidth * static_cast<double>(text.size());
+    const double spots[8][2] = {{x + 9, y - 8},      {x + 9, y + 17},    {x - 9 - w, y - 8},
+                                {x - 9 - w, y + 17}, {x + 9, y + 4},     {x - 9 - w, y + 4},
+                                {x - w / 2, y - 12}, {x - w / 2, y + 22}};
     for (const auto& spot : spots) {
-      Box b{spot[0], spot[1] - h + 2, spot[0] + w, spot[1] + 2};
-      bool clash = b.x1 > width - 2 || b.x0 < left + 2 || b.y0 < top;
-      for (const Box& o : placed) {
-        clash = clash || !(b.x1 < o.x0 || o.x1 < b.x0 || b.y1 < o.y0 || o.y1 < b.y0);
-      }
+      const Box b = LabelBox(spot[0], spot[1], text);
+      bool clash = b.x1 > left + pw - 2 || b.x0 < left + 2 || b.y0 < top || b.y1 > top + ph;
+      for (const Box& o : placed) clash = clash || b.Overlaps(o);
       if (!clash) {
         placed.push_back(b);
-        return std::pair<double, double>(spot[0], spot[1]);
+        return b;
       }
     }
-    if (!must) return std::nullopt;
-    placed.push_back(Box{x + 9, y - 19, x + 9 + w, y - 6});
-    return std::pair<double, double>(x + 9, y - 8);
+    return std::nullopt;
   };
+  struct Pending {
+    double x, y;
+    std::string text, fill;
+  };
+  std::vector<Pending> column;  // labels for the column, placed after every point is drawn
+  auto emit_label = [&](const Box& b, const std::string& text, const std::string& fill) {
+    svg << "<text class=\"label\" x=\"" << Num(b.x0) << "\" y=\"" << Num(b.y1 - 2) << "\" fill=\""
+        << fill << "\">" << XmlEscape(text) << "</text>\n";
+  };
+  // Labels keep off every point (and off every out-of-memory mark).
+  for (const Point& p : points) {
+    const double x = X(p.mem), y = p.oom ? Y(ya.lo) - 10 : Y(p.tps);
+    placed.push_back(Box{x - 7, y - 7, x + 7, y + 7});
+  }
   std::vector<const Point*> order;
   for (const Point& p : points) order.push_back(&p);
   // Frontier points label first: they matter most.
@@ -252,16 +315,18 @@ std::string ResultSvg(const v1::Search& s) {
           << "\"/><line x1=\"" << Num(x - 6) << "\" y1=\"" << Num(y + 6) << "\" x2=\"" << Num(x + 6)
           << "\" y2=\"" << Num(y - 6) << "\"/></g>\n";
       const std::string text = p.policy + " (oom)";
-      if (auto spot = place_label(x, y - 12, text, false)) {
-        svg << "<text x=\"" << Num(spot->first) << "\" y=\"" << Num(spot->second)
-            << "\" fill=\"#d62728\">" << XmlEscape(text) << "</text>\n";
-      }
+      if (auto b = near_spot(x, y - 12, text)) emit_label(*b, text, "#d62728");
       continue;
     }
     const double x = X(p.mem), y = Y(p.tps);
     const bool over = p.mem > budget;
     const char* fill = p.on_frontier ? "#1f6fb2" : (over ? "#bbbbbb" : "white");
     const char* stroke = over ? "#999999" : "#1f6fb2";
+    if (p.tps_hi > p.tps_lo) {
+      svg << "<line class=\"spread\" x1=\"" << Num(x) << "\" y1=\"" << Num(Y(p.tps_hi))
+          << "\" x2=\"" << Num(x) << "\" y2=\"" << Num(Y(p.tps_lo)) << "\" stroke=\"" << stroke
+          << "\" stroke-width=\"1\"/>\n";
+    }
     svg << "<circle class=\"trial\" cx=\"" << Num(x) << "\" cy=\"" << Num(y) << "\" r=\""
         << (p.policy == recommended ? 7 : 5) << "\" fill=\"" << fill << "\" stroke=\"" << stroke
         << "\" stroke-width=\"2\"/>\n";
@@ -270,10 +335,37 @@ std::string ResultSvg(const v1::Search& s) {
           << "\" r=\"11\" fill=\"none\" stroke=\"#2ca02c\" stroke-width=\"2\"/>\n";
     }
     const std::string text = p.policy + (p.policy == recommended ? " (recommended)" : "");
-    if (auto spot = place_label(x, y, text, p.on_frontier || p.policy == recommended)) {
-      svg << "<text x=\"" << Num(spot->first) << "\" y=\"" << Num(spot->second)
-          << "\" fill=\"#222\">" << XmlEscape(text) << "</text>\n";
+    if (auto b = near_spot(x, y, text)) {
+      emit_label(*b, text, "#222");
+    } else if (p.on_frontier || p.policy == recommended) {
+      column.push_back(Pending{x, y, text, "#222"});
     }
+  }
+
+  // The label column: in the order of their points' heights (few leader lines cross), one row
+  // each, a further column where one fills up.
+  double picture_width = width;
+  if (!column.empty()) {
+    std::stable_sort(column.begin(), column.end(),
+                     [](const Pending& a, const Pending& b) { return a.y < b.y; });
+    const int rows = std::max(1, static_cast<int>((ph - 4) / (kLineHeight + 2)));
+    double col_x = left + pw + 14, col_w = 0;
+    svg << "<g class=\"label-column\">\n";
+    for (size_t i = 0; i < column.size(); ++i) {
+      if (i > 0 && i % rows == 0) {
+        col_x += col_w + 18;
+        col_w = 0;
+      }
+      const double row_y = top + 12 + static_cast<double>(i % rows) * (kLineHeight + 2);
+      const Box b = LabelBox(col_x, row_y, column[i].text);
+      col_w = std::max(col_w, b.x1 - b.x0);
+      svg << "<line class=\"leader\" x1=\"" << Num(column[i].x + 6) << "\" y1=\""
+          << Num(column[i].y) << "\" x2=\"" << Num(col_x - 3) << "\" y2=\"" << Num(row_y - 4)
+          << "\" stroke=\"#999\" stroke-width=\"0.75\"/>\n";
+      emit_label(b, column[i].text, column[i].fill);
+      picture_width = std::max(picture_width, b.x1 + 10);
+    }
+    svg << "</g>\n";
   }
 
   // Legend, in one row above the plot.
@@ -300,8 +392,14 @@ std::string ResultSvg(const v1::Search& s) {
       << "\" r=\"7\" fill=\"none\" stroke=\"#2ca02c\" stroke-width=\"2\"/><text x=\"" << lx + 17
       << "\" y=\"" << ly << "\">recommended</text>\n";
   svg << "</g>\n";
-  svg << "</svg>\n";
-  return svg.str();
+
+  std::ostringstream out;
+  out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << Num(picture_width)
+      << "\" height=\"" << height << "\" viewBox=\"0 0 " << Num(picture_width) << " " << height
+      << "\" font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n";
+  out << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  out << svg.str() << "</svg>\n";
+  return out.str();
 }
 
 }  // namespace remat::cli

@@ -45,23 +45,32 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
   out << "    " << Pad("policy", policy_width) << "  " << Pad("status", 9)
       << Pad(std::string("alloc ") + unit.name, 10, true)
       << Pad(std::string("resv ") + unit.name, 10, true) << Pad("step s", 10, true)
-      << Pad("tokens/s", 12, true) << "\n";
+      << Pad("tokens/s", 12, true) << Pad("warm-up", 9, true) << "\n";
   bool any_reused = false, any_predicted = false;
-  int noisy = 0;
+  int noisy = 0, unsettled = 0;
+  int warmup_lo = 0, warmup_hi = 0;
   double worst_spread = 0;
   std::vector<std::string> notes;
+  std::map<std::string, const v1::Trial*> last_trial;  // a re-measured policy is marked once
+  for (const v1::Trial& t : s.trials()) last_trial[t.policy().canonical()] = &t;
   for (const v1::Trial& t : s.trials()) {
     const v1::TrialStatus status = StatusOf(t);
     const v1::TrialResult& r = t.result();
     const bool on_frontier = frontier.count(t.policy().canonical()) > 0;
     const bool has_memory = r.ranks_size() > 0 && (MaxAllocated(r) > 0 || MaxReserved(r) > 0);
     const bool ok = status == v1::TRIAL_STATUS_OK;
+    if (ok && r.warmup_steps_taken() > 0) {
+      warmup_lo = warmup_lo == 0 ? r.warmup_steps_taken() : std::min(warmup_lo, r.warmup_steps_taken());
+      warmup_hi = std::max(warmup_hi, r.warmup_steps_taken());
+    }
     out << "  " << (on_frontier ? "* " : "  ") << Pad(t.policy().canonical(), policy_width) << "  "
         << Pad(TrialStatusName(status), 9)
         << Pad(has_memory ? unit.Of(MaxAllocated(r)) : "-", 10, true)
         << Pad(has_memory ? unit.Of(MaxReserved(r)) : "-", 10, true)
         << Pad(ok ? StepTime(r.step_time_s()) : "-", 10, true)
-        << Pad(ok ? Tokens(r.tokens_per_s()) : "-", 12, true);
+        << Pad(ok ? Tokens(r.tokens_per_s()) : "-", 12, true)
+        << Pad(ok && r.warmup_steps_taken() > 0 ? std::to_string(r.warmup_steps_taken()) : "-", 9,
+               true);
     std::vector<std::string> marks;
     if (r.reused()) {
       marks.push_back("reused");
@@ -83,7 +92,14 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
       ++noisy;
       worst_spread = std::max(worst_spread, r.step_time_spread_s() / r.step_time_s());
     }
-    if (!recommended.empty() && t.policy().canonical() == recommended) {
+    if (t.remeasure()) marks.push_back("re-measure");
+    if (ok && r.warmup_steps_taken() > 0 && !r.warmup_settled()) {
+      marks.push_back("warm-up unsettled");
+      ++unsettled;
+    }
+    if (!t.numerics_mismatch().empty()) marks.push_back("NUMERICS OFF");
+    if (!recommended.empty() && t.policy().canonical() == recommended &&
+        last_trial[recommended] == &t) {
       marks.push_back("<- recommended");
     }
     for (const auto& m : marks) out << "  " << m;
@@ -106,22 +122,39 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
                     "); their tokens/s may be off by as much: raise search.measure_steps for "
                     "steadier figures");
   }
+  if (warmup_hi > 0) {
+    notes.push_back("warm-up: " +
+                    (warmup_lo == warmup_hi ? std::to_string(warmup_hi)
+                                            : std::to_string(warmup_lo) + "-" +
+                                                  std::to_string(warmup_hi)) +
+                    " steps before the measured ones (until the last " +
+                    std::to_string(s.spec().search().steady_window()) + " agreed within " +
+                    Format("%.0f%%", 100 * s.spec().search().steady_tolerance()) + ")" +
+                    (unsettled > 0 ? "; " + std::to_string(unsettled) +
+                                         " trial(s) reached search.warmup_max_steps unsettled "
+                                         "(marked): raise it for steadier figures"
+                                   : ""));
+  }
+  for (const std::string& m : s.numerics_mismatches()) notes.push_back("NUMERICS OFF: " + m);
   if (!notes.empty()) {
     out << "\nnotes:\n";
     for (const auto& n : notes) out << "  " << n << "\n";
   }
 
-  // The frontier, memory ascending, with its figures.
-  std::map<std::string, const v1::Trial*> by_policy;
-  for (const auto& t : s.trials()) by_policy[t.policy().canonical()] = &t;
+  // The frontier, memory ascending, with its figures: a policy measured twice shows its runs
+  // combined (what the frontier and the recommendation used).
+  std::map<std::string, const v1::TrialResult*> by_policy;
+  for (const auto& t : s.trials()) {
+    by_policy[t.policy().canonical()] = t.has_combined() ? &t.combined() : &t.result();
+  }
   if (s.frontier_size() > 0) {
     out << "\nfrontier (" << metric << " memory ascending):\n";
     for (const std::string& p : s.frontier()) {
       out << "  " << Pad(p, policy_width);
       auto it = by_policy.find(p);
       if (it != by_policy.end()) {
-        out << "  " << Pad(unit.Of(MemoryOf(it->second->result(), metric)), 8, true) << " "
-            << unit.name << "  " << Pad(Tokens(it->second->result().tokens_per_s()), 10, true)
+        out << "  " << Pad(unit.Of(MemoryOf(*it->second, metric)), 8, true) << " "
+            << unit.name << "  " << Pad(Tokens(it->second->tokens_per_s()), 10, true)
             << " tokens/s";
       }
       out << "\n";
@@ -138,8 +171,8 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
     out << "recommendation: " << recommended;
     auto it = by_policy.find(recommended);
     if (it != by_policy.end()) {
-      out << "  (" << Memory(MemoryOf(it->second->result(), metric)) << " " << metric
-          << " peak per rank, " << Tokens(it->second->result().tokens_per_s()) << " tokens/s)";
+      out << "  (" << Memory(MemoryOf(*it->second, metric)) << " " << metric
+          << " peak per rank, " << Tokens(it->second->tokens_per_s()) << " tokens/s)";
     }
     out << "\n";
     if (s.has_recommendation_detail()) {
@@ -172,6 +205,31 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
     out << "no recommendation: " << s.message() << "\n";
   } else if (s.state() == v1::SEARCH_STATE_QUEUED || s.state() == v1::SEARCH_STATE_RUNNING) {
     out << "no recommendation yet\n";
+  }
+
+  // Numerical sanity and provenance.
+  if (s.numerics_compared() > 0) {
+    const std::string precision = s.spec().train().precision();
+    const std::string whose =
+        s.numerics_reference().empty() || s.numerics_reference() == "selective:[]"
+            ? "the control's loss and grad norm"
+            : "the loss and grad norm of " + s.numerics_reference() + " (the control did not run ok)";
+    out << "\nnumerics: "
+        << (s.numerics_mismatches_size() == 0
+                ? "all " + std::to_string(s.numerics_compared()) + " trials match " + whose
+                : std::to_string(s.numerics_mismatches_size()) + " of " +
+                      std::to_string(s.numerics_compared()) + " trials DO NOT match " + whose +
+                      " (see notes)")
+        << " (tolerance " << Format("%.0e", s.numerics_tolerance()) << " relative, " << precision
+        << ")\n";
+  }
+  if (s.versions_size() > 0) {
+    out << "ran with:";
+    for (const char* key : {"remat", "torch", "cuda", "nccl", "driver", "gpu", "device"}) {
+      auto it = s.versions().find(key);
+      if (it != s.versions().end()) out << " " << key << " " << it->second << ";";
+    }
+    out << "\n";
   }
 
   if (s.fragmentation_size() > 0) {
@@ -209,20 +267,26 @@ std::string ProgressLine(const v1::SearchProgress& p, bool tty) {
            Memory(p.best_peak_bytes()) + ")";
   }
   const std::string eta = p.eta_s() > 0 ? Duration(p.eta_s()) : "?";
+  // The total moves only when the strategy proposed more than it said, and the line says so.
+  const std::string total =
+      std::to_string(planned) +
+      (p.trials_planned_revised_from() > 0
+           ? " (total revised from " + std::to_string(p.trials_planned_revised_from()) + ")"
+           : "");
   if (tty) {
     constexpr int kWidth = 24;
     const int filled = planned > 0 ? kWidth * p.trials_done() / planned : 0;
     std::string bar = "[" + std::string(filled, '#') + std::string(kWidth - filled, '-') + "]";
-    std::string line = bar + " " + std::to_string(p.trials_done()) + "/" + std::to_string(planned) +
-                       " trials, " + std::to_string(p.trials_running()) + " running, " +
-                       Duration(p.elapsed_s()) + " elapsed, ETA " + eta;
+    std::string line = bar + " " + std::to_string(p.trials_done()) + "/" + total + " trials, " +
+                       std::to_string(p.trials_running()) + " running, " + Duration(p.elapsed_s()) +
+                       " elapsed, ETA " + eta;
     if (!best.empty()) line += ", best " + best;
     return line;
   }
-  std::string line = "progress: " + std::to_string(p.trials_done()) + "/" +
-                     std::to_string(planned) + " trials done, " +
-                     std::to_string(p.trials_running()) + " running, " + Duration(p.elapsed_s()) +
-                     " elapsed, ETA " + eta + ", state " + StateName(p.state());
+  std::string line = "progress: " + std::to_string(p.trials_done()) + "/" + total +
+                     " trials done, " + std::to_string(p.trials_running()) + " running, " +
+                     Duration(p.elapsed_s()) + " elapsed, ETA " + eta + ", state " +
+                     StateName(p.state());
   line += best.empty() ? "; no point fits yet" : "; best so far: " + best;
   return line;
 }

@@ -3,9 +3,13 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <unistd.h>
+
 #include <ctime>
+#include <exception>
 #include <filesystem>
 #include <iostream>
+#include <new>
 
 namespace remat::common {
 namespace {
@@ -18,7 +22,47 @@ sigset_t StopSet() {
   return set;
 }
 
+// An exception's text as part of one error line.
+std::string OneLine(const char* what) {
+  std::string out(what != nullptr ? what : "");
+  if (out.size() > 300) out = out.substr(0, 300) + "...";
+  for (char& c : out) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return out;
+}
+
+std::string DescribeCurrentException() {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return "out of memory";
+  } catch (const std::exception& e) {
+    return "internal error: " + OneLine(e.what());
+  } catch (...) {
+    return "internal error: unknown exception";
+  }
+}
+
+[[noreturn]] void OnTerminate() {
+  std::string line = "error: ";
+  line += std::current_exception() ? DescribeCurrentException() : "internal error: terminated";
+  line += "\n";
+  // Not iostreams: other threads may hold them.
+  [[maybe_unused]] ssize_t n = write(STDERR_FILENO, line.data(), line.size());
+  _exit(1);
+}
+
 }  // namespace
+
+int GuardedMain(const std::function<int()>& body) {
+  std::set_terminate(OnTerminate);
+  try {
+    return body();
+  } catch (...) {
+    return Fail(1, DescribeCurrentException());
+  }
+}
 
 int Fail(int code, const std::string& message) {
   std::cerr << "error: " << message << std::endl;

@@ -17,6 +17,15 @@ namespace remat::common {
 // 2 bad input naming the field, 1 anything else): `return Fail(2, "--db: must be set");`.
 int Fail(int code, const std::string& message);
 
+// Runs a main's body so that nothing ends the program with an abort and a core dump: an
+// exception that escapes `body` (or any thread: the terminate handler is replaced) becomes one
+// "error: internal error: ..." line and exit 1. Bad input never gets here (parsers return
+// statuses, and mains exit 2 naming the field); this is the backstop.
+//   int main(int argc, char** argv) {
+//     return common::GuardedMain([&] { return Run(argc, argv); });
+//   }
+int GuardedMain(const std::function<int()>& body);
+
 // The folder of the running executable (from /proc/self/exe); "." when that cannot be read.
 // Programs find their siblings there (remat-worker's remat-trial).
 std::string SelfDir();

@@ -1,5 +1,12 @@
 #include "common/read_file.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -12,6 +19,51 @@ std::optional<std::string> ReadFile(const std::string& path) {
   ss << in.rdbuf();
   if (in.bad()) return std::nullopt;
   return ss.str();
+}
+
+FileText ReadRegularFile(const std::string& path, size_t max_bytes) {
+  FileText out;
+  // O_NONBLOCK: opening a FIFO with no writer would otherwise wait for one.
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    out.error = std::string("cannot be read: ") + std::strerror(errno);
+    return out;
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    out.error = "is not a regular file";
+    return out;
+  }
+  const std::string too_big = "is larger than " + std::to_string(max_bytes) + " bytes";
+  if (static_cast<unsigned long long>(st.st_size) > max_bytes) {
+    close(fd);
+    out.error = too_big;
+    return out;
+  }
+  std::string text;
+  text.resize(static_cast<size_t>(st.st_size) + 1);  // one more: a file that grew is noticed
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      out.error = std::string("cannot be read: ") + std::strerror(errno);
+      close(fd);
+      return out;
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+    if (got == text.size() && got <= max_bytes) text.resize(std::min(max_bytes + 1, got * 2));
+  }
+  close(fd);
+  if (got > max_bytes) {
+    out.error = too_big;
+    return out;
+  }
+  text.resize(got);
+  out.text = std::move(text);
+  return out;
 }
 
 }  // namespace remat::common

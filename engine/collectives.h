@@ -39,6 +39,20 @@ struct Group {
   int size() const { return static_cast<int>(ranks.size()); }
 };
 
+// One transfer of a point-to-point exchange (Collectives::SendRecv).
+struct PeerTransfer {
+  bool send = true;  // false: receive into `data`
+  int peer = 0;      // the other member's index in the group
+  // Transfers from one member to another are matched in posting order per tag (TCP). NCCL has no
+  // tags: it matches every transfer between two members in posting order, so callers must post
+  // the transfers of different tags between one pair in the same order on both sides. The TCP
+  // collectives can take NCCL's semantics instead (CollectivesOptions::nccl_point_to_point).
+  int tag = 0;
+  void* data = nullptr;  // const for a send
+  size_t count = 0;      // elements; a receive's count must equal the matching send's
+  DataType type = DataType::kFloat32;
+};
+
 class Collectives {
  public:
   virtual ~Collectives() = default;
@@ -67,6 +81,12 @@ class Collectives {
   virtual void AllToAll(const Group& g, const void* in, const std::vector<size_t>& send_counts,
                         void* out, const std::vector<size_t>& recv_counts, DataType type) = 0;
   virtual void Barrier(const Group& g) = 0;
+  // Point-to-point (Megatron's batch_isend_irecv): posts every transfer together (NCCL: one group
+  // of ncclSend/ncclRecv) and returns once they are complete (NCCL: enqueued, as the other calls).
+  // A send may complete before its receiver posts the receive (TCP: the hub holds the data; NCCL
+  // within the group), a receive waits for its send. Deadlock-free as long as the members' posting
+  // orders are, as in Megatron's pipeline schedules.
+  virtual void SendRecv(const Group& g, const std::vector<PeerTransfer>& transfers) = 0;
 
   // Waits until every collective issued so far has completed (NCCL enqueues asynchronously) and
   // throws if one failed or timed out.
@@ -78,6 +98,10 @@ struct CollectivesOptions {
   int world_size = 1;
   std::string rendezvous_dir;  // must exist and be private to this trial
   double timeout_s = 300;      // rendezvous and each collective
+  // TCP only: point-to-point with NCCL's semantics (tags ignored: transfers between two ranks
+  // match in posting order; an exchange returns only once its sends were received), so CPU runs
+  // show whether a schedule would deadlock or mismatch over NCCL.
+  bool nccl_point_to_point = false;
 };
 
 // A world of one rank: every collective is a copy or a no-op. Never fails.

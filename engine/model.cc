@@ -48,74 +48,22 @@ at::Tensor One(const std::vector<at::Tensor>& v) { return v.at(0); }
 }  // namespace
 
 std::string UnsupportedReason(const search::SearchSpec& spec, const search::Policy& policy) {
-  const ModelSpec& m = spec.model;
-  const auto& par = spec.parallel;
-  const int tp = par.tensor_model_parallel_size;
-  if (policy.Has(Label::kGdnNormOut) || m.IsGdn()) {
-    return "the builtin engine has no Gated DeltaNet model: gdn_norm_out and "
-           "experimental_attention_variant cannot be measured here";
+  // The spec-wide rules have one home each (search/spec.h): Megatron's in ValidateSpec, this
+  // engine's limits in BuiltinBackendProblem, which the coordinator checks at submit. Checked
+  // again here for callers that come straight to the engine.
+  if (const search::Status valid = search::ValidateSpec(spec); !valid.ok()) {
+    return valid.message();
   }
-  if (par.pipeline_model_parallel_size > 1) {
-    return "parallel.pipeline_model_parallel_size > 1 is not supported by the builtin engine";
+  if (std::string problem = search::BuiltinBackendProblem(spec); !problem.empty()) return problem;
+  if (policy.Has(Label::kGdnNormOut)) {
+    return "the builtin engine has no Gated DeltaNet model: gdn_norm_out cannot be measured here";
   }
-  // Modelled and planned (search/memory_model.h), not run: the engine has no ring attention and
-  // runs one micro-batch per step.
-  if (par.context_parallel_size > 1) {
-    return "parallel.context_parallel_size > 1 is not supported by the builtin engine";
-  }
-  if (spec.NumMicrobatches() > 1) {
-    return "train.global_batch_size above micro_batch_size x data_parallel_size (several "
-           "micro-batches per step) is not supported by the builtin engine";
-  }
-  const int ep = par.expert_model_parallel_size;
-  if (ep > 1) {
-    if (!m.IsMoe()) {
-      return "parallel.expert_model_parallel_size > 1 needs a mixture-of-experts model "
-             "(model.num_moe_experts)";
-    }
-    if (tp > 1) {
-      return "parallel.expert_model_parallel_size > 1 with tensor_model_parallel_size > 1 is not "
-             "supported by the builtin engine (expert parallelism is carved out of data "
-             "parallelism with TP = 1 only)";
-    }
-    if (par.data_parallel_size % ep != 0) {
-      return "parallel.expert_model_parallel_size must divide parallel.data_parallel_size (the "
-             "builtin engine carves expert parallelism out of data parallelism)";
-    }
-    if (*m.num_moe_experts % ep != 0) {
-      return "model.num_moe_experts must be divisible by parallel.expert_model_parallel_size";
-    }
-  }
-  if (m.IsMoe() && tp > 1) {
-    return "mixture-of-experts layers with tensor_model_parallel_size > 1 are not supported by "
-           "the builtin engine";
-  }
-  if (m.IsMoe() && m.moe_grouped_gemm && m.add_bias_linear) {
-    return "model.add_bias_linear: Megatron's grouped-GEMM experts have no biases; set "
-           "add_bias_linear: false";
-  }
-  if (m.multi_latent_attention && par.sequence_parallel && tp > 1) {
-    return "multi_latent_attention with sequence_parallel is not supported by the builtin engine";
-  }
-  if (m.distribute_saved_activations && tp > 1 && policy.IsFull()) {
-    return "model.distribute_saved_activations is not supported by the builtin engine";
-  }
-  if (m.attention_backend == search::AttentionBackend::kFlash) {
+  // What only the worker knows: the LibTorch it was built against.
+  if (spec.model.attention_backend == search::AttentionBackend::kFlash) {
 #if TORCH_VERSION_MAJOR < 2
     return "attention_backend flash needs scaled_dot_product_attention (LibTorch >= 2.0); this "
            "engine is built against LibTorch " TORCH_VERSION;
 #endif
-  }
-  if (m.num_attention_heads % tp != 0 || m.EffectiveQueryGroups() % tp != 0) {
-    return "num_attention_heads and num_query_groups must be divisible by "
-           "tensor_model_parallel_size";
-  }
-  if (par.sequence_parallel && tp > 1 && m.seq_length % tp != 0) {
-    return "model.seq_length must be divisible by tensor_model_parallel_size with "
-           "sequence_parallel";
-  }
-  if (m.EffectiveFfnHiddenSize() % tp != 0) {
-    return "model.ffn_hidden_size must be divisible by tensor_model_parallel_size";
   }
   return "";
 }
@@ -150,8 +98,10 @@ struct GptModel::Impl {
     std::vector<int> e_fc1_w, e_fc1_b, e_fc2_w, e_fc2_b;  // sequential experts
     int sh_fc1_w = -1, sh_fc1_b = -1, sh_fc2_w = -1, sh_fc2_b = -1;
   };
-  std::vector<LayerParams> layers;
+  std::vector<LayerParams> layers;  // every layer of the model; this rank runs its chunks' only
   int word_emb = -1, pos_emb = -1, final_w = -1, final_b = -1, output_w = -1;
+  std::vector<search::StageChunk> chunks;  // this pipeline rank's
+  bool first_stage = true, last_stage = true;
 
   Impl(const search::SearchSpec& s, const search::Policy& p, const Runtime& r, at::ScalarType dt)
       : spec(s), m(spec.model), rc(RecomputeOf(p)), rt(r), dtype(dt) {
@@ -168,6 +118,10 @@ struct GptModel::Impl {
     ep = rt.ep_size();
     ep_rank = rt.ep_rank();
     local_experts = m.IsMoe() ? *m.num_moe_experts / ep : 0;
+    const int pp_rank = rt.pp.size() > 0 ? rt.pp.rank : 0;
+    chunks = search::ChunksOf(spec, pp_rank);
+    first_stage = pp_rank == 0;
+    last_stage = pp_rank == spec.parallel.pipeline_model_parallel_size - 1;
     Declare();
   }
 
@@ -216,11 +170,22 @@ struct GptModel::Impl {
     const double out_std = std_dev / std::sqrt(2.0 * m.num_layers);  // scaled_init_method_normal
     const bool bias = m.add_bias_linear;
     const int glu = m.gated_linear_unit ? 2 : 1;
+    // Parameters of other pipeline stages are declared all the same (absent), so every rank
+    // draws the same initialisation stream.
+    auto held_from = [this](size_t begin, bool held) {
+      for (size_t k = begin; k < params.size(); ++k) params[k].absent |= !held;
+    };
+    std::vector<bool> layer_held(m.num_layers, false);
+    for (const search::StageChunk& c : chunks) {
+      for (int i = c.first_layer; i < c.first_layer + c.num_layers; ++i) layer_held[i] = true;
+    }
     word_emb = Add("embedding.word_embeddings.weight", {vocab_padded, hidden}, 0, std_dev);
     if (m.position_embedding_type == search::PositionEmbedding::kLearnedAbsolute) {
       pos_emb = Add("embedding.position_embeddings.weight", {seq, hidden}, -1, std_dev);
     }
+    held_from(static_cast<size_t>(word_emb), first_stage);
     for (int i = 0; i < m.num_layers; ++i) {
+      const size_t layer_begin = params.size();
       LayerParams lp;
       const std::string pre = "decoder.layers." + std::to_string(i) + ".";
       AddNorm(pre + "input_layernorm", hidden, &lp.ln1_w, &lp.ln1_b);
@@ -301,10 +266,27 @@ struct GptModel::Impl {
         }
       }
       layers.push_back(lp);
+      held_from(layer_begin, layer_held[i]);
     }
+    const size_t head_begin = params.size();
     AddNorm("decoder.final_layernorm", hidden, &final_w, &final_b);
     if (!m.share_embeddings_and_output_weights) {
       output_w = Add("output_layer.weight", {vocab_padded, hidden}, 0, std_dev);
+    }
+    held_from(head_begin, last_stage);
+    if (m.share_embeddings_and_output_weights && !(first_stage && last_stage)) {
+      // Megatron's tied embedding under PP: the last stage keeps a copy of the word embedding as
+      // its output weight, and the two gradients are summed before the optimizer step.
+      params[word_emb].pipeline_tied = true;
+      if (last_stage) {
+        ParamInfo copy = params[word_emb];
+        copy.name = "output_layer.weight (copy of the tied word embedding)";
+        copy.absent = false;
+        copy.copy_of = word_emb;
+        copy.shared = true;
+        params.push_back(copy);
+        output_w = static_cast<int>(params.size()) - 1;
+      }
     }
   }
 
@@ -662,9 +644,12 @@ struct GptModel::Impl {
   }
 
   // Megatron's TransformerBlock with full recompute by uniform groups or the first N layers.
-  at::Tensor Block(at::Tensor x, const at::Tensor& freqs) {
-    const int num_layers = m.num_layers;
-    auto layer_range = [this, freqs](int begin, int end) {
+  // One chunk's layers [first, first + num_layers): recompute groups count from the chunk's
+  // first layer, as each chunk is its own TransformerBlock in Megatron.
+  at::Tensor Block(at::Tensor x, const at::Tensor& freqs, int first, int num_layers) {
+    auto layer_range = [this, freqs, first](int begin, int end) {
+      begin += first;
+      end += first;
       return [this, freqs, begin, end](const std::vector<at::Tensor>& in) {
         at::Tensor h = in[0];
         for (int i = begin; i < end; ++i) h = Layer(i, h, freqs);
@@ -678,32 +663,49 @@ struct GptModel::Impl {
     } else {
       for (int i = 0; i < num_layers; ++i) {
         const bool checkpointed = rc.full && i < rc.num_layers;  // block: the first N layers
-        x = checkpointed ? One(Checkpoint(rt, layer_range(i, i + 1), {x})) : Layer(i, x, freqs);
+        x = checkpointed ? One(Checkpoint(rt, layer_range(i, i + 1), {x}))
+                         : Layer(first + i, x, freqs);
       }
     }
-    return Norm(x, final_w, final_b);
+    return x;
   }
 
-  at::Tensor Loss(const at::Tensor& tokens, const at::Tensor& labels) {
+  std::vector<int64_t> ActivationShape() const {
+    return {sp ? seq / tp : seq, spec.train.micro_batch_size, hidden};
+  }
+
+  at::Tensor Forward(int chunk_index, const at::Tensor& input, const at::Tensor& tokens,
+                     const at::Tensor& labels) {
+    const search::StageChunk& chunk = chunks.at(chunk_index);
     if (!causal_mask.defined() && m.attention_backend == search::AttentionBackend::kUnfused) {
       causal_mask = at::ones({seq, seq}, at::TensorOptions().dtype(at::kBool).device(rt.device))
                         .triu(1);
     }
     const int64_t vocab_start = static_cast<int64_t>(vocab_padded / tp) * tp_rank;
-    at::Tensor emb = VocabParallelEmbedding(rt, tokens, P(word_emb), vocab_start);
-    if (pos_emb >= 0) {
-      at::Tensor positions = at::arange(seq, tokens.options()).unsqueeze(0).expand_as(tokens);
-      emb = emb + at::embedding(P(pos_emb), positions);
+    at::Tensor emb = input;
+    if (chunk.has_embedding) {
+      emb = VocabParallelEmbedding(rt, tokens, P(word_emb), vocab_start);
+      if (pos_emb >= 0) {
+        at::Tensor positions = at::arange(seq, tokens.options()).unsqueeze(0).expand_as(tokens);
+        emb = emb + at::embedding(P(pos_emb), positions);
+      }
+      emb = emb.transpose(0, 1).contiguous();  // [s, b, h]
+      if (sp) emb = ScatterToSequenceParallel(rt, emb);
+      emb = Dropout(emb, m.hidden_dropout);
     }
-    emb = emb.transpose(0, 1).contiguous();  // [s, b, h]
-    if (sp) emb = ScatterToSequenceParallel(rt, emb);
-    emb = Dropout(emb, m.hidden_dropout);
 
+    // MLA applies its own rotary embedding to the qk_pos_emb_head_dim part whatever
+    // position_embedding_type says (Megatron's MultiLatentAttention builds it; GPTModel's rope is
+    // for standard attention only); learned absolute positions are added to the embedding too.
     at::Tensor freqs;
-    if (m.position_embedding_type == search::PositionEmbedding::kRope) {
-      freqs = RopeFreqs(m.multi_latent_attention ? m.qk_pos_emb_head_dim : kv_channels);
+    if (m.multi_latent_attention) {
+      freqs = RopeFreqs(m.qk_pos_emb_head_dim);
+    } else if (m.position_embedding_type == search::PositionEmbedding::kRope) {
+      freqs = RopeFreqs(kv_channels);
     }
-    at::Tensor hidden_states = Block(emb, freqs);
+    at::Tensor hidden_states = Block(emb, freqs, chunk.first_layer, chunk.num_layers);
+    if (!chunk.has_loss) return hidden_states;
+    hidden_states = Norm(hidden_states, final_w, final_b);
     const at::Tensor& out_w = output_w >= 0 ? P(output_w) : P(word_emb);
     at::Tensor logits = Linear(rt, hidden_states, out_w, at::Tensor(), LinearMode::kColumn);
     at::Tensor target = labels.transpose(0, 1).contiguous();
@@ -721,7 +723,16 @@ GptModel::~GptModel() = default;
 std::vector<ParamInfo>& GptModel::params() { return impl_->params; }
 
 at::Tensor GptModel::Loss(const at::Tensor& tokens, const at::Tensor& labels) {
-  return impl_->Loss(tokens, labels);
+  return impl_->Forward(0, at::Tensor(), tokens, labels);
 }
+
+int GptModel::NumChunks() const { return static_cast<int>(impl_->chunks.size()); }
+
+at::Tensor GptModel::Forward(int chunk, const at::Tensor& input, const at::Tensor& tokens,
+                             const at::Tensor& labels) {
+  return impl_->Forward(chunk, input, tokens, labels);
+}
+
+std::vector<int64_t> GptModel::ActivationShape() const { return impl_->ActivationShape(); }
 
 }  // namespace remat::engine

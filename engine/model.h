@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "search/memory_model.h"  // PaddedVocabSize
+#include "search/pipeline.h"
 #include "search/policy.h"
 #include "search/spec.h"
 #include "engine/ops.h"
@@ -39,11 +40,23 @@ struct ParamInfo {
   bool expert = false;
   int expert_shards = 1;
   bool absent = false;
+  // Pipeline parallel: a parameter of another stage's layers is declared (every rank initialises
+  // in the same order, so PP > 1 starts from PP = 1's weights) and `absent`. With tied embeddings
+  // the last stage holds a copy of the word embedding (Megatron's shared embedding): `copy_of` is
+  // the index of the parameter it starts from (it draws nothing itself); `pipeline_tied` marks the
+  // embedding and its copy, whose gradients are summed over the embedding group (first and last
+  // stage); the copy is `shared` and left out of the gradient norm, as Megatron's
+  // param_is_not_shared.
+  int copy_of = -1;
+  bool pipeline_tied = false;
+  bool shared = false;
   at::Tensor value;                     // set by the trial runner
   bool tp_duplicate() const { return shard_dim < 0; }
 };
 
-// Why this engine cannot run `spec` (status invalid), or "" when it can.
+// Why this engine cannot run `spec` (status invalid), or "" when it can: search::ValidateSpec,
+// search::BuiltinBackendProblem (the engine's limits, also checked at submit), and what depends
+// on the LibTorch it was built against.
 std::string UnsupportedReason(const search::SearchSpec& spec, const search::Policy& policy);
 
 class GptModel {
@@ -56,8 +69,20 @@ class GptModel {
   std::vector<ParamInfo>& params();
 
   // Forward of one micro-batch: tokens and labels [micro_batch, seq] (int64, on the device).
-  // Returns the mean loss (fp32 scalar) with its graph.
+  // Returns the mean loss (fp32 scalar) with its graph. Only without pipeline parallelism.
   at::Tensor Loss(const at::Tensor& tokens, const at::Tensor& labels);
+
+  // Pipeline parallel: this rank's model chunks are search::ChunksOf(spec, pp rank), each built
+  // and recomputed as one Megatron TransformerBlock (recompute_num_layers counts per chunk).
+  int NumChunks() const;
+  // Forward of one micro-batch through chunk `chunk` of this rank: from `tokens` on the chunk that
+  // holds the embedding, else from `input` (the previous stage's activation, ActivationShape()).
+  // Returns the mean loss (fp32 scalar) on the chunk that holds the loss (`labels` used there),
+  // else the activation for the next stage.
+  at::Tensor Forward(int chunk, const at::Tensor& input, const at::Tensor& tokens,
+                     const at::Tensor& labels);
+  // The activation passed between stages: [seq (/ TP under sequence parallel), micro_batch, hidden].
+  std::vector<int64_t> ActivationShape() const;
 
  private:
   struct Impl;

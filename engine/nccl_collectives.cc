@@ -250,6 +250,28 @@ class NcclCollectives final : public Collectives {
     });
   }
 
+  void SendRecv(const Group& g, const std::vector<PeerTransfer>& transfers) override {
+    if (transfers.empty()) return;
+    for (const PeerTransfer& t : transfers) {
+      if (t.peer < 0 || t.peer >= g.size() || t.peer == g.rank) {
+        throw CollectiveError("point-to-point: peer " + std::to_string(t.peer) +
+                              " is not another group member");
+      }
+    }
+    ncclComm_t comm = Comm(g);
+    Enqueue(comm, "send/receive", transfers.size(), [&](cudaStream_t s) {
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      for (const PeerTransfer& t : transfers) {
+        if (!(r == ncclSuccess || r == ncclInProgress)) break;
+        r = t.send ? ncclSend(t.data, t.count, NcclType(t.type), t.peer, comm, s)
+                   : ncclRecv(t.data, t.count, NcclType(t.type), t.peer, comm, s);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return (r == ncclSuccess || r == ncclInProgress) ? end : r;
+    });
+  }
+
   void Barrier(const Group& g) override {
     if (g.size() == 1) return;
     ncclComm_t comm = Comm(g);

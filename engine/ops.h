@@ -34,6 +34,11 @@ struct Runtime {
   // ranks holding the same experts (expert gradients are reduced over the latter).
   Group ep;
   Group expert_dp;
+  // Pipeline parallel: the ranks holding the other stages of this rank's model replica (member
+  // index = pipeline rank), and, with tied embeddings, the first and last stage (Megatron's
+  // embedding group; a group of one elsewhere). Empty groups without pipeline parallelism.
+  Group pp;
+  Group embedding;
   bool sequence_parallel = false;
   at::Device device = at::kCPU;
 
@@ -41,6 +46,8 @@ struct Runtime {
   int tp_rank() const { return tp.rank; }
   int ep_size() const { return ep.size() > 0 ? ep.size() : 1; }
   int ep_rank() const { return ep.size() > 0 ? ep.rank : 0; }
+  int pp_size() const { return pp.size() > 0 ? pp.size() : 1; }
+  int pp_rank() const { return pp.size() > 0 ? pp.rank : 0; }
 };
 
 // ---- RNG: Megatron restores the forward's RNG state when it replays a region.

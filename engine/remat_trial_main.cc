@@ -94,7 +94,7 @@ std::optional<int> ParseInt(const std::string& s) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int RealMain(int argc, char** argv) {
   const auto process_start = Clock::now();
   InstallCrashReporter();
   std::map<std::string, std::string> args;
@@ -177,6 +177,9 @@ int main(int argc, char** argv) {
     if (options.collective_timeout_s <= 0) return Fail(2, "--collective-timeout: must be positive");
   }
 
+  // A test switch, not a product setting: CPU ranks check a schedule against NCCL's semantics.
+  options.nccl_point_to_point = std::getenv("REMAT_TCP_NCCL_P2P") != nullptr;
+
   if (options.world_size > 1 && !options.rendezvous_dir.empty()) {
     const std::string marker = options.rendezvous_dir + "/left-" + std::to_string(options.rank);
     if (marker.size() < sizeof(g_left_marker)) {
@@ -219,4 +222,8 @@ int main(int argc, char** argv) {
     std::cout << std::endl;
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return remat::common::GuardedMain([&] { return RealMain(argc, argv); });
 }

@@ -16,7 +16,9 @@ nlohmann::json RanksJson(const std::vector<search::RankResult>& in) {
                      {"alloc_retries", k.alloc_retries},
                      {"failing_request_bytes", k.failing_request_bytes},
                      {"step_time_s", k.step_time_s},
-                     {"step_times_s", k.step_times_s}});
+                     {"step_times_s", k.step_times_s},
+                     {"warmup_steps_taken", k.warmup_steps_taken},
+                     {"warmup_step_times_s", k.warmup_step_times_s}});
   }
   return ranks;
 }
@@ -51,6 +53,10 @@ std::string TrialResultJson(const search::TrialResult& r) {
                             {"grad_norm", r.grad_norm},
                             {"setup_s", r.setup_s},
                             {"wall_s", r.wall_s},
+                            {"warmup_steps_taken", r.warmup_steps_taken},
+                            {"warmup_settled", r.warmup_settled},
+                            {"step_time_relative_spread", r.RelativeSpread()},
+                            {"versions", r.versions},
                             {"message", r.message}};
   return j.dump();
 }

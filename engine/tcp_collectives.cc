@@ -23,10 +23,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "engine/collectives.h"
 
@@ -47,6 +49,9 @@ enum Op : uint32_t {
   kReply = 7,
   kError = 8,
   kAllToAll = 9,
+  kSend = 10,  // point-to-point: members = {destination}, reduce = tag, payload = the data
+  kRecv = 11,  // members = {source}, reduce = tag, seq = expected bytes; answered with the data
+  kSendDone = 12,  // to a sender that asked (pad = 1): its send was received (sender = receiver)
 };
 
 const char* OpName(uint32_t op) {
@@ -56,6 +61,8 @@ const char* OpName(uint32_t op) {
     case kReduceScatter: return "reduce-scatter";
     case kBarrier: return "barrier";
     case kAllToAll: return "all-to-all";
+    case kSend: return "send";
+    case kRecv: return "receive";
     default: return "collective";
   }
 }
@@ -310,6 +317,12 @@ class Hub {
             return;
           }
           said_bye_[r] = true;
+          // Receives waiting for the departed rank's data can never complete either.
+          for (auto& [key, waiters] : waiting_) {
+            if (std::get<1>(key) != static_cast<uint32_t>(r)) continue;
+            for (const Header& w : waiters) ReplyError(w.sender, Departed(r));
+            waiters.clear();
+          }
           // Collectives that wait for the departed rank can never complete: fail them now.
           for (auto it = pending.begin(); it != pending.end();) {
             const auto& members = it->second.by_rank.begin()->second.members;
@@ -321,6 +334,10 @@ class Hub {
               ++it;
             }
           }
+          continue;
+        }
+        if (m.header.op == kSend || m.header.op == kRecv) {
+          PointToPoint(std::move(m));
           continue;
         }
         int departed = -1;
@@ -430,6 +447,67 @@ class Hub {
     }
   }
 
+  // Point-to-point: a send's data waits in the mailbox of its (group, source, destination, tag)
+  // until the destination asks for it; receives are answered in the order they were posted.
+  using P2PKey = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;  // group, src, dst, tag
+  struct Sent {
+    std::vector<char> payload;
+    bool ack = false;  // the sender waits for kSendDone
+  };
+
+  void PointToPoint(Message m) {
+    if (m.members.size() != 1 || m.members[0] >= fds_.size()) {
+      ReplyError(m.header.sender, "point-to-point: bad peer");
+      return;
+    }
+    const uint32_t peer = m.members[0];
+    if (m.header.op == kSend) {
+      if (said_bye_[peer]) return;  // nobody will ask for it
+      P2PKey key{m.header.group, m.header.sender, peer, m.header.reduce};
+      mailbox_[key].push_back(Sent{std::move(m.payload), m.header.pad == 1});
+      Deliver(key);
+      return;
+    }
+    P2PKey key{m.header.group, peer, m.header.sender, m.header.reduce};
+    waiting_[key].push_back(m.header);
+    Deliver(key);
+    if (!waiting_[key].empty() && said_bye_[peer] && mailbox_[key].empty()) {
+      for (const Header& w : waiting_[key]) ReplyError(w.sender, Departed(static_cast<int>(peer)));
+      waiting_[key].clear();
+    }
+  }
+
+  void Deliver(const P2PKey& key) {
+    auto& data = mailbox_[key];
+    auto& waiters = waiting_[key];
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(timeout_s_));
+    while (!data.empty() && !waiters.empty()) {
+      const Header w = waiters.front();
+      Sent sent = std::move(data.front());
+      const std::vector<char>& payload = sent.payload;
+      waiters.pop_front();
+      data.pop_front();
+      if (sent.ack && fds_[std::get<1>(key)] >= 0) {
+        Header done;
+        done.op = kSendDone;
+        done.sender = w.sender;
+        SendMessage(fds_[std::get<1>(key)], done, {}, nullptr, deadline);
+      }
+      if (payload.size() != w.seq) {
+        ReplyError(w.sender, "point-to-point: receive of " + std::to_string(w.seq) +
+                                 " bytes matched a send of " + std::to_string(payload.size()));
+        continue;
+      }
+      Header reply = w;
+      reply.op = kReply;
+      reply.sender = std::get<1>(key);  // the source, so the receiver can match it
+      reply.payload_bytes = payload.size();
+      const int fd = fds_[w.sender];
+      if (fd >= 0) SendMessage(fd, reply, {}, payload.data(), deadline);
+    }
+  }
+
   static std::string Departed(int rank) {
     return "rank " + std::to_string(rank) + " left the trial before this collective";
   }
@@ -459,6 +537,8 @@ class Hub {
   double timeout_s_;
   std::vector<int> fds_;
   std::vector<bool> said_bye_;
+  std::map<P2PKey, std::deque<Sent>> mailbox_;
+  std::map<P2PKey, std::deque<Header>> waiting_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -467,7 +547,8 @@ class Hub {
 
 class TcpCollectives final : public Collectives {
  public:
-  explicit TcpCollectives(const CollectivesOptions& o) : options_(o) {}
+  explicit TcpCollectives(const CollectivesOptions& o)
+      : options_(o), nccl_p2p_(o.nccl_point_to_point) {}
 
   ~TcpCollectives() override {
     if (fd_ >= 0) {
@@ -607,6 +688,60 @@ class TcpCollectives final : public Collectives {
     Exchange(kBarrier, g, nullptr, 0, DataType::kFloat32, ReduceOp::kSum);
   }
 
+  void SendRecv(const Group& g, const std::vector<PeerTransfer>& transfers) override {
+    if (failed_) throw CollectiveError(failure_);
+    const auto deadline = Deadline();
+    std::vector<const PeerTransfer*> receives;
+    int unreceived_sends = 0;
+    for (const PeerTransfer& t : transfers) {
+      if (t.peer < 0 || t.peer >= g.size() || t.peer == g.rank) {
+        Fail("point-to-point: peer " + std::to_string(t.peer) + " is not another group member");
+      }
+      Header h;
+      h.op = t.send ? kSend : kRecv;
+      h.group = static_cast<uint32_t>(g.id);
+      h.dtype = static_cast<uint32_t>(t.type);
+      h.reduce = nccl_p2p_ ? 0 : static_cast<uint32_t>(t.tag);
+      h.pad = nccl_p2p_ && t.send ? 1 : 0;
+      h.sender = static_cast<uint32_t>(options_.rank);
+      const size_t bytes = t.count * DataTypeSize(t.type);
+      h.payload_bytes = t.send ? bytes : 0;
+      h.seq = t.send ? 0 : bytes;
+      std::string err = SendMessage(fd_, h, {static_cast<uint32_t>(g.ranks[t.peer])}, t.data,
+                                    deadline);
+      if (!err.empty()) Fail(std::string(t.send ? "send" : "receive") + " failed: " + err);
+      if (!t.send) receives.push_back(&t);
+      if (t.send && nccl_p2p_) ++unreceived_sends;
+    }
+    // Replies come in the order the sends arrive at the hub: match each to the first open
+    // receive from its source with its tag (NCCL semantics: with any tag).
+    while (!receives.empty() || unreceived_sends > 0) {
+      Message reply;
+      std::string err = ReceiveMessage(fd_, &reply, deadline);
+      if (err == "timeout") {
+        Fail((receives.empty() ? std::string("a send was not received")
+                               : "receive from rank " +
+                                     std::to_string(g.ranks[receives.front()->peer])) +
+             " within " + std::to_string(static_cast<int>(options_.timeout_s)) +
+             " s: timed out (a rank is missing or hung)");
+      }
+      if (!err.empty()) Fail("receive failed: " + err);
+      if (reply.header.op == kError) Fail(std::string(reply.payload.begin(), reply.payload.end()));
+      if (reply.header.op == kSendDone) {
+        --unreceived_sends;
+        continue;
+      }
+      auto it = std::find_if(receives.begin(), receives.end(), [&](const PeerTransfer* t) {
+        return static_cast<uint32_t>(g.ranks[t->peer]) == reply.header.sender &&
+               (nccl_p2p_ || static_cast<uint32_t>(t->tag) == reply.header.reduce);
+      });
+      if (it == receives.end()) Fail("point-to-point: unexpected reply");
+      Expect(reply, (*it)->count * DataTypeSize((*it)->type));
+      std::memcpy((*it)->data, reply.payload.data(), reply.payload.size());
+      receives.erase(it);
+    }
+  }
+
   void Synchronize() override {
     if (failed_) throw CollectiveError(failure_);
   }
@@ -685,6 +820,7 @@ class TcpCollectives final : public Collectives {
   }
 
   CollectivesOptions options_;
+  bool nccl_p2p_ = false;  // CollectivesOptions::nccl_point_to_point
   int fd_ = -1;
   std::unique_ptr<Hub> hub_;
   std::map<int, uint64_t> seq_;
@@ -714,6 +850,9 @@ class SingleRankCollectives final : public Collectives {
     if (in != out && sent > 0) std::memmove(out, in, sent * DataTypeSize(t));
   }
   void Barrier(const Group&) override {}
+  void SendRecv(const Group&, const std::vector<PeerTransfer>& transfers) override {
+    if (!transfers.empty()) throw CollectiveError("point-to-point: a world of one has no peers");
+  }
   void Synchronize() override {}
 };
 

@@ -10,14 +10,20 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <memory>
 #include <stdexcept>
 
 #include "search/depth_proxy.h"
+#include "search/pipeline.h"
 #include "search/rules.h"
+#include "search/steady_state.h"
 #include "search/trial.h"
 #include "engine/collectives.h"
 #include "engine/memory_tracker.h"
@@ -72,7 +78,7 @@ class MainGradHook final : public torch::autograd::FunctionPostHook {
 // 3x forward (forward, backward wgrad, backward dgrad), recompute not counted.
 double ModelFlopsPerStep(const search::SearchSpec& spec, int64_t vocab_padded) {
   const auto& m = spec.model;
-  const double b = static_cast<double>(spec.train.micro_batch_size) * spec.parallel.data_parallel_size;
+  const double b = static_cast<double>(spec.EffectiveGlobalBatchSize());
   const double s = m.seq_length, h = m.hidden_size, a = m.num_attention_heads;
   const double tokens = b * s, s2 = b * s * s;
   const double ffn_exp = m.gated_linear_unit ? 3 : 2;
@@ -108,28 +114,33 @@ class Optimizer {
             uint64_t seed)
       : rt_(rt), params_(params), dtype_(dtype) {
     // TP-split parameters first, then TP-duplicated ones (the gradient norm counts those on TP
-    // rank 0 only), then expert weights (reduced over the expert-data-parallel group). Another
-    // EP rank's experts get no storage.
+    // rank 0 only), then shared copies (the last stage's tied embedding: not in the norm), then
+    // expert weights (reduced over the expert-data-parallel group). Another EP rank's experts and
+    // another pipeline stage's parameters get no storage.
+    auto region = [](const ParamInfo& p) {
+      if (p.expert) return 3;
+      if (p.shared) return 2;
+      return p.tp_duplicate() ? 1 : 0;
+    };
     std::vector<size_t> order;
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (!params[i].absent && !params[i].expert && !params[i].tp_duplicate()) order.push_back(i);
-    }
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (!params[i].absent && !params[i].expert && params[i].tp_duplicate()) order.push_back(i);
-    }
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (!params[i].absent && params[i].expert) order.push_back(i);
+    for (int r = 0; r < 4; ++r) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (!params[i].absent && region(params[i]) == r) order.push_back(i);
+      }
     }
     std::vector<int64_t> offset(params.size(), -1);
     for (size_t i : order) {
-      if (params[i].expert && expert_begin_ < 0) expert_begin_ = numel_;
       offset[i] = numel_;
       int64_t n = 1;
       for (int64_t d : params[i].shape) n *= d;
       numel_ += n;
-      if (!params[i].expert && !params[i].tp_duplicate()) split_numel_ = numel_;
+      const int r = region(params[i]);
+      if (r == 0) split_numel_ = numel_;
+      if (r <= 1) unshared_end_ = numel_;
+      if (r <= 2) expert_begin_ = numel_;
     }
-    if (expert_begin_ < 0) expert_begin_ = numel_;
+    unshared_end_ = std::max(unshared_end_, split_numel_);
+    expert_begin_ = std::max(expert_begin_, unshared_end_);
     auto opts = at::TensorOptions().device(rt.device);
     param_buffer_ = at::empty({numel_}, opts.dtype(dtype));
     {
@@ -140,11 +151,17 @@ class Optimizer {
       gen.set_current_seed(seed);
       for (size_t i = 0; i < params.size(); ++i) {
         ParamInfo& p = params[i];
+        if (p.copy_of >= 0) continue;  // filled with its source below
         at::Tensor full = at::empty(p.full_shape, opts.dtype(at::kFloat));
         if (p.init_std > 0) {
           full.normal_(0.0, p.init_std, gen);
         } else {
           full.fill_(p.init_value);
+        }
+        for (size_t j = 0; j < params.size(); ++j) {
+          if (params[j].copy_of != static_cast<int>(i)) continue;
+          at::Tensor shard = Shard(full, params[j]);
+          param_buffer_.narrow(0, offset[j], shard.numel()).view(params[j].shape).copy_(shard);
         }
         if (p.absent) continue;  // drawn all the same: every rank's stream stays aligned
         at::Tensor shard = Shard(full, p);
@@ -170,6 +187,7 @@ class Optimizer {
       acc->add_post_hook(std::make_unique<MainGradHook>(p.value, main_grad));
       accumulators_.push_back(std::move(acc));  // the hook lives on this very node: keep it
       if (p.sequence_parallel_grad) sp_grads_.push_back(main_grad);
+      if (p.pipeline_tied) tied_grads_.push_back(main_grad);
     }
     // Float16Optimizer: fp32 master weights (fp32 runs update the parameters directly).
     if (dtype != at::kFloat) {
@@ -223,18 +241,25 @@ class Optimizer {
       if (expert_begin_ > 0) AllReduceTensor(rt_, rt_.dp, dense, ReduceOp::kSum);
       if (experts > 0) AllReduceTensor(rt_, edp, expert, ReduceOp::kSum);
     }
-    at::Tensor sq = grad_buffer_.narrow(0, 0, split_numel_).norm().pow(2);
-    if (rt_.tp_rank() == 0 && expert_begin_ > split_numel_) {
-      sq = sq + grad_buffer_.narrow(0, split_numel_, expert_begin_ - split_numel_).norm().pow(2);
+    // Megatron's _allreduce_word_embedding_grads: the first stage's word embedding and the last
+    // stage's copy get the sum of both gradients, so both take the same step.
+    if (rt_.embedding.size() > 1) {
+      for (at::Tensor& g : tied_grads_) AllReduceTensor(rt_, rt_.embedding, g, ReduceOp::kSum);
     }
-    sq = sq.reshape({1}).contiguous();
+    at::Tensor sq = SquaredNorm(grad_buffer_.narrow(0, 0, split_numel_));
+    if (rt_.tp_rank() == 0 && unshared_end_ > split_numel_) {
+      sq = sq + SquaredNorm(grad_buffer_.narrow(0, split_numel_, unshared_end_ - split_numel_));
+    }
     AllReduceTensor(rt_, rt_.tp, sq, ReduceOp::kSum);
     if (experts > 0) {  // each EP rank holds a share of the experts: sum the shares
-      at::Tensor esq = grad_buffer_.narrow(0, expert_begin_, experts).norm().pow(2).reshape({1});
+      at::Tensor esq = SquaredNorm(grad_buffer_.narrow(0, expert_begin_, experts));
       if (rt_.ep.size() > 1) AllReduceTensor(rt_, rt_.ep, esq, ReduceOp::kSum);
       sq = sq + esq;
     }
-    at::Tensor norm = sq.sqrt();
+    // Every stage holds its own layers: the squares add up over the pipeline (Megatron reduces
+    // the norm over the model-parallel group).
+    if (rt_.pp.size() > 1) AllReduceTensor(rt_, rt_.pp, sq, ReduceOp::kSum);
+    at::Tensor norm = sq.sqrt().to(at::kFloat);
     at::Tensor coef = (kMaxGradNorm / (norm + 1e-6)).clamp_max(1.0);
     grad_buffer_.mul_(coef);
 
@@ -260,6 +285,22 @@ class Optimizer {
  private:
   static constexpr double kLr = 1e-4, kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8,
                           kWeightDecay = 0.01, kMaxGradNorm = 1.0;
+
+  // The sum of squares of a flat gradient range as a [1] fp64 tensor: fp32 norms of blocks of
+  // 4096 elements (as a fused multi-tensor norm works block by block), added in fp64. One fp32
+  // norm over millions of elements is off by ~1e-5 relative, and by a different amount once the
+  // range is split over pipeline stages; this keeps the figure independent of the split.
+  static at::Tensor SquaredNorm(const at::Tensor& flat) {
+    constexpr int64_t kBlock = 4096;
+    const int64_t n = flat.numel(), rows = n / kBlock;
+    at::Tensor sq = at::zeros({1}, flat.options().dtype(at::kDouble));
+    if (rows > 0) {
+      sq += flat.narrow(0, 0, rows * kBlock).view({rows, kBlock}).norm(2, {1}).to(at::kDouble)
+                .pow(2).sum();
+    }
+    if (n > rows * kBlock) sq += flat.narrow(0, rows * kBlock, n - rows * kBlock).norm().to(at::kDouble).pow(2);
+    return sq;
+  }
 
   static int64_t Numel(const ParamInfo& p) {
     int64_t n = 1;
@@ -287,9 +328,10 @@ class Optimizer {
   const Runtime& rt_;
   std::vector<ParamInfo>& params_;
   at::ScalarType dtype_;
-  int64_t numel_ = 0, split_numel_ = 0, expert_begin_ = -1;
+  int64_t numel_ = 0, split_numel_ = 0, unshared_end_ = 0, expert_begin_ = 0;
   at::Tensor param_buffer_, grad_buffer_, master_, exp_avg_, exp_avg_sq_;
   std::vector<at::Tensor> sp_grads_;
+  std::vector<at::Tensor> tied_grads_;  // the word embedding or its last-stage copy
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   int step_ = 0;
 };
@@ -340,6 +382,106 @@ void SynchronizeDevice(const at::Device& device) {
 std::string ErrorText(const std::exception& e) {
   if (const auto* c10e = dynamic_cast<const c10::Error*>(&e)) return c10e->what_without_backtrace();
   return e.what();
+}
+
+// One training step's forward and backward passes on this pipeline rank, in Megatron Core's
+// order (search::ScheduleOps: 1F1B, or interleaved 1F1B over the rank's chunks). Between two
+// compute steps one point-to-point exchange sends what the step produced (its activation to the
+// next virtual stage, or its input gradient to the previous one) and receives what the next
+// step needs, as Megatron's schedules pair them (send_forward_recv_backward and the like). A
+// stage's output is freed once sent, keeping only its graph (Megatron's
+// deallocate_pipeline_outputs). Returns the sum of the micro-batches' losses / M on the rank
+// holding the loss, an undefined tensor elsewhere.
+at::Tensor RunPipelineSchedule(const search::SearchSpec& spec, const Runtime& rt, GptModel& model,
+                               const std::vector<search::PipelineOp>& schedule,
+                               const at::Tensor& all_tokens, const at::Tensor& all_labels,
+                               at::ScalarType dtype) {
+  const int pp = rt.pp_size(), p = rt.pp_rank(), chunks = model.NumChunks();
+  const int microbatches = spec.NumMicrobatches(), b = spec.train.micro_batch_size;
+  const int next = (p + 1) % pp, prev = (p + pp - 1) % pp;
+  const bool first_rank = p == 0, last_rank = p == pp - 1;
+  auto first_virtual = [&](int chunk) { return first_rank && chunk == 0; };
+  auto last_virtual = [&](int chunk) { return last_rank && chunk == chunks - 1; };
+  // Tags keep activations and gradients apart where both travel between one pair (PP 2 with
+  // interleaving); between two ranks each kind arrives in the order it was sent.
+  constexpr int kActivationTag = 0, kGradientTag = 1;
+  const DataType wire = dtype == at::kFloat ? DataType::kFloat32 : DataType::kBFloat16;
+  const auto opts = at::TensorOptions().dtype(dtype).device(rt.device);
+  const std::vector<int64_t> shape = model.ActivationShape();
+
+  using Key = std::pair<int, int>;  // micro-batch, chunk
+  std::map<Key, at::Tensor> inputs, outputs, output_grads;
+  std::vector<PeerTransfer> batch;
+  std::vector<at::Tensor> sent;  // kept alive until their exchange returns
+  auto transfer = [&](bool send, int peer, int tag, const at::Tensor& t) {
+    batch.push_back(PeerTransfer{send, peer, tag, t.data_ptr(), static_cast<size_t>(t.numel()), wire});
+    if (send) sent.push_back(t);
+  };
+  auto receive_for = [&](const search::PipelineOp& op) {
+    const Key key{op.microbatch, op.chunk};
+    if (op.forward && !first_virtual(op.chunk)) {
+      inputs[key] = at::empty(shape, opts);
+      transfer(false, prev, kActivationTag, inputs[key]);
+    } else if (!op.forward && !last_virtual(op.chunk)) {
+      output_grads[key] = at::empty(shape, opts);
+      transfer(false, next, kGradientTag, output_grads[key]);
+    }
+  };
+  auto exchange = [&] {
+    if (!batch.empty()) rt.comm->SendRecv(rt.pp, batch);
+    batch.clear();
+    sent.clear();
+  };
+
+  at::Tensor loss;
+  if (!schedule.empty()) receive_for(schedule.front());
+  exchange();
+  for (size_t i = 0; i < schedule.size(); ++i) {
+    const search::PipelineOp& op = schedule[i];
+    const Key key{op.microbatch, op.chunk};
+    at::Tensor to_free;  // a sent activation, freed after the exchange
+    if (op.forward) {
+      at::Tensor input, tokens, labels;
+      if (first_virtual(op.chunk)) {
+        tokens = all_tokens.narrow(0, static_cast<int64_t>(op.microbatch) * b, b).to(rt.device);
+      } else {
+        input = inputs.at(key);
+        input.requires_grad_(true);
+      }
+      if (last_virtual(op.chunk)) {
+        labels = all_labels.narrow(0, static_cast<int64_t>(op.microbatch) * b, b).to(rt.device);
+      }
+      at::Tensor out = model.Forward(op.chunk, input, tokens, labels);
+      if (last_virtual(op.chunk)) {
+        out = out / microbatches;  // Megatron divides each micro-batch's loss by M
+        loss = loss.defined() ? loss + out.detach() : out.detach();
+      } else {
+        transfer(true, next, kActivationTag, out);
+        if (!out.is_view()) to_free = out;
+      }
+      outputs[key] = out;
+    } else {
+      at::Tensor out = outputs.at(key);
+      if (last_virtual(op.chunk)) {
+        torch::autograd::backward({out});
+      } else {
+        torch::autograd::backward({out}, {output_grads.at(key)});
+        output_grads.erase(key);
+      }
+      outputs.erase(key);
+      if (!first_virtual(op.chunk)) {
+        at::Tensor input = inputs.at(key);
+        transfer(true, prev, kGradientTag, input.grad());
+        inputs.erase(key);
+      }
+    }
+    if (i + 1 < schedule.size()) receive_for(schedule[i + 1]);
+    exchange();
+    // Only the graph is needed for backward: the output's storage goes (the tensor keeps its
+    // shape in the graph's metadata, which is what backward checks the gradient against).
+    if (to_free.defined()) to_free.set_data(at::empty({1}, opts));
+  }
+  return loss;
 }
 
 }  // namespace
@@ -406,6 +548,17 @@ search::TrialResult RunTrial(const TrialOptions& o) {
     }
 
     const at::Device device = ChooseDevice(spec, o.rank);
+    result.versions = TrialVersions(device.is_cuda(), device.is_cuda() ? device.index() : -1);
+    if (device.is_cuda() && spec.parallel.pipeline_model_parallel_size == 2 &&
+        spec.parallel.VirtualChunks() > 1) {
+      // Both activations and gradients travel between the same two ranks; NCCL matches them in
+      // posting order only, which the interleaved schedule does not keep (Megatron-LM refuses
+      // this layout without overlapped communication too).
+      throw TrialStop{TrialStatus::kInvalid,
+                      "parallel.virtual_pipeline_model_parallel_size with "
+                      "pipeline_model_parallel_size 2 is not supported by the builtin engine on "
+                      "NCCL"};
+    }
 #ifdef REMAT_WITH_CUDA
     if (device.is_cuda()) {
       cuda_tracker = NewCudaMemoryTracker(device.index());
@@ -420,6 +573,7 @@ search::TrialResult RunTrial(const TrialOptions& o) {
     copts.world_size = o.world_size;
     copts.rendezvous_dir = o.rendezvous_dir;
     copts.timeout_s = o.collective_timeout_s;
+    copts.nccl_point_to_point = o.nccl_point_to_point;
     std::unique_ptr<Collectives> comm;
     if (o.world_size == 1) {
       comm = NewSingleRankCollectives();
@@ -434,23 +588,42 @@ search::TrialResult RunTrial(const TrialOptions& o) {
     Runtime rt;
     rt.comm = comm.get();
     rt.device = device;
+    // Megatron Core's default rank order tp-cp-ep-dp-pp (CP is 1 here; EP is carved out of DP):
+    // rank = tp_rank + TP x (dp_rank + DP x pp_rank). TP groups are consecutive ranks, DP groups
+    // stride by TP, pipeline groups by TP x DP.
     const int tp = spec.parallel.tensor_model_parallel_size;
     const int dp = spec.parallel.data_parallel_size;
-    std::vector<std::vector<int>> tp_groups(dp), dp_groups(tp);
+    const int pp = spec.parallel.pipeline_model_parallel_size;
+    std::vector<std::vector<int>> tp_groups(dp * pp), dp_groups(tp * pp), pp_groups(tp * dp);
     for (int r = 0; r < o.world_size; ++r) {
+      const int tp_rank = r % tp, dp_rank = r / tp % dp, pp_rank = r / (tp * dp);
       tp_groups[r / tp].push_back(r);
-      dp_groups[r % tp].push_back(r);
+      dp_groups[tp_rank + tp * pp_rank].push_back(r);
+      pp_groups[tp_rank + tp * dp_rank].push_back(r);
     }
     rt.tp = comm->CreateGroup(tp_groups);
     rt.dp = comm->CreateGroup(dp_groups);
+    if (pp > 1) {
+      rt.pp = comm->CreateGroup(pp_groups);
+      if (spec.model.share_embeddings_and_output_weights) {
+        // Megatron's embedding group: the first and the last stage of each pipeline.
+        std::vector<std::vector<int>> emb_groups;
+        for (const auto& g : pp_groups) {
+          emb_groups.push_back({g.front(), g.back()});
+          for (size_t i = 1; i + 1 < g.size(); ++i) emb_groups.push_back({g[i]});
+        }
+        rt.embedding = comm->CreateGroup(emb_groups);
+      }
+    }
     // Expert parallel, carved out of DP (UnsupportedReason: TP = 1 then): EP groups are blocks of
-    // `ep` consecutive DP ranks; the expert-data-parallel groups hold the same experts.
+    // `ep` consecutive DP ranks of one stage; the expert-data-parallel groups hold the same
+    // experts (same stage, same EP rank).
     const int ep = spec.parallel.expert_model_parallel_size;
     if (ep > 1) {
-      std::vector<std::vector<int>> ep_groups(o.world_size / ep), edp_groups(ep);
+      std::vector<std::vector<int>> ep_groups(o.world_size / ep), edp_groups(ep * pp);
       for (int r = 0; r < o.world_size; ++r) {
         ep_groups[r / ep].push_back(r);
-        edp_groups[r % ep].push_back(r);
+        edp_groups[r / (tp * dp) * ep + r / tp % dp % ep].push_back(r);
       }
       rt.ep = comm->CreateGroup(ep_groups);
       rt.expert_dp = comm->CreateGroup(edp_groups);
@@ -470,35 +643,85 @@ search::TrialResult RunTrial(const TrialOptions& o) {
     }
     GptModel model(spec, o.policy, rt, dtype);
     Optimizer optimizer(rt, model.params(), dtype, spec.train.seed);
-    // Tokens: the same stream on every TP rank, one per DP rank.
+    // Tokens: the same stream on every TP rank and pipeline stage, one per DP rank.
     at::Generator data_gen = at::make_generator<at::CPUGeneratorImpl>(spec.train.seed + 1 + rt.dp.rank);
+    // Only the stages with the embedding or the loss read the batch (Megatron's middle stages
+    // load no data).
+    const std::vector<search::StageChunk> chunks = search::ChunksOf(spec, rt.pp_rank());
+    const bool reads_data = chunks.front().has_embedding || chunks.back().has_loss;
+    const std::vector<search::PipelineOp> schedule = search::ScheduleOps(spec, rt.pp_rank());
 
     const int b = spec.train.micro_batch_size, s = spec.model.seq_length;
-    const int steps = spec.search.warmup_steps + spec.search.measure_steps;
-    std::vector<double> times;
+    // Gradient accumulation: M micro-batches per step, the optimizer once (Megatron's
+    // forward_backward_func). The step's tokens are drawn at once on the host, so M micro-batches
+    // of b sequences see the tokens of one micro-batch of M x b.
+    const int microbatches = spec.NumMicrobatches();
+    // Warm-up until the step times settle (search/steady_state.h), then measure_steps steps.
+    const search::SearchOptions& so = spec.search;
+    std::vector<double> warmup_times, times;
+    bool measuring = search::WarmupDone(so, warmup_times);
     result.setup_s = Seconds(start, Clock::now());
-    for (int step = 0; step < steps; ++step) {
-      at::Tensor tokens = at::randint(0, spec.model.vocab_size, {b, s}, data_gen, at::kLong).to(device);
-      at::Tensor labels = at::randint(0, spec.model.vocab_size, {b, s}, data_gen, at::kLong).to(device);
+    for (int step = 0; !measuring || static_cast<int>(times.size()) < so.measure_steps; ++step) {
+      const int64_t rows = static_cast<int64_t>(microbatches) * b;
+      at::Tensor all_tokens, all_labels;
+      if (reads_data) {
+        all_tokens = at::randint(0, spec.model.vocab_size, {rows, s}, data_gen, at::kLong);
+        all_labels = at::randint(0, spec.model.vocab_size, {rows, s}, data_gen, at::kLong);
+      }
       SynchronizeDevice(device);
       const auto t0 = Clock::now();
       optimizer.ZeroGrad();
-      at::Tensor loss = model.Loss(tokens, labels);
-      torch::autograd::backward({loss});
+      at::Tensor loss;  // sum of the micro-batches' losses / M: the step's mean, as Megatron logs
+      if (pp > 1) {
+        loss = RunPipelineSchedule(spec, rt, model, schedule, all_tokens, all_labels, dtype);
+      } else {
+        for (int mb = 0; mb < microbatches; ++mb) {
+          at::Tensor tokens = all_tokens.narrow(0, static_cast<int64_t>(mb) * b, b).to(device);
+          at::Tensor labels = all_labels.narrow(0, static_cast<int64_t>(mb) * b, b).to(device);
+          // Megatron divides each micro-batch's mean loss by M before its backward, so the
+          // accumulated gradient is the step's mean.
+          at::Tensor mb_loss = model.Loss(tokens, labels) / microbatches;
+          torch::autograd::backward({mb_loss});
+          loss = loss.defined() ? loss + mb_loss.detach() : mb_loss.detach();
+        }
+      }
       at::Tensor norm = optimizer.Step();
       comm->Synchronize();
       SynchronizeDevice(device);
       const auto t1 = Clock::now();
-      if (step == spec.search.warmup_steps) {
-        // Megatron logs the loss averaged over the data-parallel ranks.
-        at::Tensor mean_loss = loss.detach().to(at::kFloat).reshape({1}).clone();
+      if (step == so.warmup_steps) {
+        // The same step in every trial, whatever warm-up it takes, so that losses compare.
+        // Megatron logs the loss averaged over the data-parallel ranks; the last pipeline stage
+        // computes it (the others add zero).
+        at::Tensor mean_loss = loss.defined() ? loss.to(at::kFloat).reshape({1}).clone()
+                                              : at::zeros({1}, at::TensorOptions().device(device));
+        if (rt.pp.size() > 1) AllReduceTensor(rt, rt.pp, mean_loss, ReduceOp::kSum);
         AllReduceTensor(rt, rt.dp, mean_loss, ReduceOp::kSum);
         comm->Synchronize();
         result.loss = mean_loss.item<double>() / dp;
         result.grad_norm = norm.item<double>();
       }
-      if (step >= spec.search.warmup_steps) times.push_back(Seconds(t0, t1));
+      const double seconds = Seconds(t0, t1);
+      if (measuring) {
+        times.push_back(seconds);
+        continue;
+      }
+      rank.warmup_step_times_s.push_back(seconds);
+      // Every rank judges the slowest rank's times, so all of them stop warming up at the same
+      // step (their collectives must pair up).
+      double judged = seconds;
+      if (o.world_size > 1) {
+        at::Tensor t = at::full({1}, seconds, at::TensorOptions().dtype(at::kDouble).device(device));
+        AllReduceTensor(rt, comm->World(), t, ReduceOp::kMax);
+        comm->Synchronize();
+        judged = t.item<double>();
+      }
+      warmup_times.push_back(judged);
+      measuring = search::WarmupDone(so, warmup_times);
     }
+    rank.warmup_steps_taken = static_cast<int>(warmup_times.size());
+    result.warmup_steps_taken = rank.warmup_steps_taken;
+    result.warmup_settled = search::Settled(so, warmup_times);
     rank.static_bytes = optimizer.StaticBytes();
     rank.step_time_s = search::MedianStepTime(times);
     rank.step_times_s = times;
@@ -549,31 +772,83 @@ search::TrialResult RunTrial(const TrialOptions& o) {
   return result;
 }
 
-std::vector<std::pair<std::string, std::string>> EngineVersions() {
+namespace {
+
+#ifdef REMAT_WITH_CUDA
+// The NVIDIA kernel driver's release ("550.54.15"), from the file the driver publishes; else the
+// CUDA driver API version the runtime reports; "none" without CUDA.
+std::string DriverVersion() {
+  std::ifstream in("/proc/driver/nvidia/version");
+  std::string line;
+  if (std::getline(in, line)) {
+    const std::string marker = "Kernel Module";
+    const size_t at = line.find(marker);
+    if (at != std::string::npos) {
+      // "... Kernel Module  550.54.15  ..." or "... Open Kernel Module for x86_64  570.86.15 ...":
+      // the first word after the marker that starts with a digit.
+      std::istringstream rest(line.substr(at + marker.size()));
+      std::string word;
+      while (rest >> word) {
+        if (std::isdigit(static_cast<unsigned char>(word[0]))) return word;
+      }
+    }
+  }
+  int api = 0;
+  if (cudaDriverGetVersion(&api) == cudaSuccess && api > 0) {
+    return "cuda-api-" + std::to_string(api / 1000) + "." + std::to_string(api % 1000 / 10);
+  }
+  return "none";
+}
+#endif
+
+// What the engine runs with on `device` (a CUDA device index, or -1 for the CPU): the CUDA-side
+// entries are "none" for the CPU, whatever the build could do.
+std::vector<std::pair<std::string, std::string>> VersionsOn(int cuda_device) {
   std::vector<std::pair<std::string, std::string>> v;
   v.emplace_back("remat", common::kVersion);
   v.emplace_back("torch", TORCH_VERSION);
+  std::string cuda = "none", nccl = "none", driver = "none", gpu = "none";
+  std::string device = "cpu";
 #ifdef REMAT_WITH_CUDA
-  int runtime = 0;
-  cudaRuntimeGetVersion(&runtime);
-  v.emplace_back("cuda", std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10));
-  int nccl = 0;
-  ncclGetVersion(&nccl);
-  v.emplace_back("nccl", std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." +
-                             std::to_string(nccl % 100));
-  std::string name = "none";
-  int count = 0;
-  if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) {
+  if (cuda_device >= 0) {
+    int runtime = 0;
+    cudaRuntimeGetVersion(&runtime);
+    cuda = std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10);
+    int version = 0;
+    ncclGetVersion(&version);
+    nccl = std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
+           std::to_string(version % 100);
+    driver = DriverVersion();
     cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) name = prop.name;
+    if (cudaGetDeviceProperties(&prop, cuda_device) == cudaSuccess) gpu = prop.name;
+    device = "cuda";
   }
-  v.emplace_back("device", name);
 #else
-  v.emplace_back("cuda", "none");
-  v.emplace_back("nccl", "none");
-  v.emplace_back("device", "cpu");
+  (void)cuda_device;
 #endif
+  v.emplace_back("cuda", cuda);
+  v.emplace_back("nccl", nccl);
+  v.emplace_back("driver", driver);
+  v.emplace_back("gpu", gpu);
+  v.emplace_back("device", device);
   return v;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> TrialVersions(bool on_cuda, int device_index) {
+  std::map<std::string, std::string> out;
+  for (auto& [key, value] : VersionsOn(on_cuda ? device_index : -1)) out[key] = value;
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> EngineVersions() {
+  int first_gpu = -1;
+#ifdef REMAT_WITH_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) first_gpu = 0;
+#endif
+  return VersionsOn(first_gpu);
 }
 
 }  // namespace remat::engine

@@ -12,6 +12,7 @@
 // Thread-safety: call RunTrial from one thread at a time per process.
 #pragma once
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +29,9 @@ struct TrialOptions {
   int rank = 0, world_size = 1;
   std::string rendezvous_dir;   // ranks of one trial meet here (files); unused with one rank
   double collective_timeout_s = 300;  // a collective slower than this is aborted -> status failed
+  // CPU ranks: TCP point-to-point with NCCL's semantics (CollectivesOptions::nccl_point_to_point);
+  // remat-trial sets it from REMAT_TCP_NCCL_P2P=1.
+  bool nccl_point_to_point = false;
 };
 
 // Runs one rank of one trial. Never throws: an OOM is status oom (with the failing request size in
@@ -36,7 +40,13 @@ struct TrialOptions {
 // median (the caller takes the max over ranks).
 search::TrialResult RunTrial(const TrialOptions& options);
 
-// What this engine is built from, for `remat-trial --version` (remat, torch, cuda, nccl, device).
+// What this engine is built from, for `remat-trial --version`: remat, torch, cuda, nccl, driver,
+// gpu (the first GPU's model) and device (cuda or cpu); "none" for what a CPU-only engine lacks.
 std::vector<std::pair<std::string, std::string>> EngineVersions();
+
+// The same keys for one trial, as it ran: on a CUDA device (its model as gpu), or on the CPU
+// (cuda, nccl, driver and gpu "none", whatever the build could do). RunTrial records them in
+// TrialResult::versions.
+std::map<std::string, std::string> TrialVersions(bool on_cuda, int device_index);
 
 }  // namespace remat::engine

@@ -50,7 +50,12 @@ StatusOr<search::ModelSpec> ModelFromProto(const v1::ModelSpec& p) {
     m.share_embeddings_and_output_weights = p.share_embeddings_and_output_weights();
   }
   if (p.has_multi_latent_attention()) m.multi_latent_attention = p.multi_latent_attention();
-  if (p.has_q_lora_rank()) m.q_lora_rank = p.q_lora_rank();
+  if (m.multi_latent_attention && !p.has_normalization()) {
+    m.normalization = search::Normalization::kRMSNorm;  // MLATransformerConfig's default
+  }
+  if (p.has_q_lora_rank()) {  // 0 is null: no q compression; unset keeps the default 512
+    m.q_lora_rank = p.q_lora_rank() == 0 ? std::nullopt : std::optional<int>(p.q_lora_rank());
+  }
   if (p.has_kv_lora_rank()) m.kv_lora_rank = p.kv_lora_rank();
   if (p.has_qk_head_dim()) m.qk_head_dim = p.qk_head_dim();
   if (p.has_qk_pos_emb_head_dim()) m.qk_pos_emb_head_dim = p.qk_pos_emb_head_dim();
@@ -75,6 +80,13 @@ StatusOr<search::ModelSpec> ModelFromProto(const v1::ModelSpec& p) {
   if (p.has_distribute_saved_activations()) {
     m.distribute_saved_activations = p.distribute_saved_activations();
   }
+  if (p.has_fp8()) m.fp8 = p.fp8();
+  if (p.has_fp8_recipe()) m.fp8_recipe = p.fp8_recipe();
+  if (p.has_cuda_graph_impl()) m.cuda_graph_impl = p.cuda_graph_impl();
+  m.cuda_graph_scope.assign(p.cuda_graph_scope().begin(), p.cuda_graph_scope().end());
+  if (p.has_cpu_offloading_num_layers()) {
+    m.cpu_offloading_num_layers = p.cpu_offloading_num_layers();
+  }
   return m;
 }
 
@@ -98,7 +110,7 @@ v1::ModelSpec ModelToProto(const search::ModelSpec& m) {
   p.set_position_embedding_type(search::Name(m.position_embedding_type));
   p.set_share_embeddings_and_output_weights(m.share_embeddings_and_output_weights);
   p.set_multi_latent_attention(m.multi_latent_attention);
-  if (m.q_lora_rank) p.set_q_lora_rank(*m.q_lora_rank);
+  if (m.multi_latent_attention) p.set_q_lora_rank(m.q_lora_rank.value_or(0));
   p.set_kv_lora_rank(m.kv_lora_rank);
   p.set_qk_head_dim(m.qk_head_dim);
   p.set_qk_pos_emb_head_dim(m.qk_pos_emb_head_dim);
@@ -121,6 +133,14 @@ v1::ModelSpec ModelToProto(const search::ModelSpec& m) {
   }
   p.set_cpu_offloading(m.cpu_offloading);
   p.set_distribute_saved_activations(m.distribute_saved_activations);
+  // Only what differs from the defaults, so that older specs keep their cache keys.
+  if (!m.fp8.empty()) p.set_fp8(m.fp8);
+  if (m.fp8_recipe != search::ModelSpec().fp8_recipe) p.set_fp8_recipe(m.fp8_recipe);
+  if (m.HasCudaGraphs()) p.set_cuda_graph_impl(m.cuda_graph_impl);
+  for (const std::string& s : m.cuda_graph_scope) p.add_cuda_graph_scope(s);
+  if (m.cpu_offloading_num_layers != 0) {
+    p.set_cpu_offloading_num_layers(m.cpu_offloading_num_layers);
+  }
   return p;
 }
 
@@ -134,6 +154,8 @@ search::RankResult RankFromProto(const v1::RankResult& pr) {
   rr.failing_request_bytes = pr.failing_request_bytes();
   rr.step_time_s = pr.step_time_s();
   rr.step_times_s.assign(pr.step_times_s().begin(), pr.step_times_s().end());
+  rr.warmup_steps_taken = pr.warmup_steps_taken();
+  rr.warmup_step_times_s.assign(pr.warmup_step_times_s().begin(), pr.warmup_step_times_s().end());
   return rr;
 }
 
@@ -146,6 +168,8 @@ void RankToProto(const search::RankResult& rr, v1::RankResult* pr) {
   pr->set_failing_request_bytes(rr.failing_request_bytes);
   pr->set_step_time_s(rr.step_time_s);
   for (double t : rr.step_times_s) pr->add_step_times_s(t);
+  pr->set_warmup_steps_taken(rr.warmup_steps_taken);
+  for (double t : rr.warmup_step_times_s) pr->add_warmup_step_times_s(t);
 }
 
 }  // namespace
@@ -192,6 +216,8 @@ StatusOr<search::SearchSpec> FromProto(const v1::SearchSpec& msg) {
   if (p.has_account_for_loss_in_pipeline_split()) {
     sp.account_for_loss_in_pipeline_split = p.account_for_loss_in_pipeline_split();
   }
+  if (p.has_overlap_grad_reduce()) sp.overlap_grad_reduce = p.overlap_grad_reduce();
+  if (p.has_overlap_param_gather()) sp.overlap_param_gather = p.overlap_param_gather();
 
   const auto& s = msg.search();
   auto& so = spec.search;
@@ -206,6 +232,9 @@ StatusOr<search::SearchSpec> FromProto(const v1::SearchSpec& msg) {
   if (s.has_memory_headroom_gib()) so.memory_headroom_gib = s.memory_headroom_gib();
   if (s.has_max_trials()) so.max_trials = s.max_trials();
   if (s.has_warmup_steps()) so.warmup_steps = s.warmup_steps();
+  if (s.has_warmup_max_steps()) so.warmup_max_steps = s.warmup_max_steps();
+  if (s.has_steady_window()) so.steady_window = s.steady_window();
+  if (s.has_steady_tolerance()) so.steady_tolerance = s.steady_tolerance();
   if (s.has_measure_steps()) so.measure_steps = s.measure_steps();
   REMAT_SEARCH_RETURN_IF_ERROR(ReadEnum(s.has_backend(), s.backend(), "search.backend",
                                         search::ParseBackend, &so.backend));
@@ -247,6 +276,8 @@ v1::SearchSpec ToProto(const search::SearchSpec& spec) {
   }
   p->set_account_for_embedding_in_pipeline_split(par.account_for_embedding_in_pipeline_split);
   p->set_account_for_loss_in_pipeline_split(par.account_for_loss_in_pipeline_split);
+  if (par.overlap_grad_reduce) p->set_overlap_grad_reduce(true);
+  if (par.overlap_param_gather) p->set_overlap_param_gather(true);
   auto* s = msg.mutable_search();
   const auto& so = spec.search;
   s->set_memory_budget_gib(so.memory_budget_gib);
@@ -256,6 +287,9 @@ v1::SearchSpec ToProto(const search::SearchSpec& spec) {
   s->set_memory_headroom_gib(so.memory_headroom_gib);
   s->set_max_trials(so.max_trials);
   s->set_warmup_steps(so.warmup_steps);
+  s->set_warmup_max_steps(so.warmup_max_steps);
+  s->set_steady_window(so.steady_window);
+  s->set_steady_tolerance(so.steady_tolerance);
   s->set_measure_steps(so.measure_steps);
   s->set_backend(search::Name(so.backend));
   s->set_replay_table(so.replay_table);
@@ -325,6 +359,9 @@ StatusOr<search::TrialResult> FromProto(const v1::TrialResult& msg) {
   r.reused = msg.reused();
   r.predicted = msg.predicted();
   r.message = msg.message();
+  r.warmup_steps_taken = msg.warmup_steps_taken();
+  r.warmup_settled = msg.warmup_settled();
+  r.versions.insert(msg.versions().begin(), msg.versions().end());
   return r;
 }
 
@@ -350,6 +387,9 @@ v1::TrialResult ToProto(const search::TrialResult& r) {
   msg.set_reused(r.reused);
   msg.set_predicted(r.predicted);
   msg.set_message(r.message);
+  msg.set_warmup_steps_taken(r.warmup_steps_taken);
+  msg.set_warmup_settled(r.warmup_settled);
+  msg.mutable_versions()->insert(r.versions.begin(), r.versions.end());
   return msg;
 }
 

@@ -107,6 +107,9 @@ TrialResult PredictFullDepth(const SearchSpec& full, const TrialResult& shallow,
                        : 0;
   r.loss = deep.loss;
   r.grad_norm = deep.grad_norm;
+  r.warmup_steps_taken = std::max(shallow.warmup_steps_taken, deep.warmup_steps_taken);
+  r.warmup_settled = shallow.warmup_settled && deep.warmup_settled;
+  r.versions = deep.versions;
   char buf[160];
   std::snprintf(buf, sizeof(buf),
                 "predicted for %d layers from proxies at %d and %d layers (peak %.2f -> %.2f GiB)",

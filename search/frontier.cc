@@ -171,7 +171,8 @@ double Hypervolume(const std::vector<FrontierPoint>& frontier, uint64_t budget_b
   return area;
 }
 
-std::vector<std::string> DiagnoseFragmentation(const TrialResult& trial, double ratio) {
+std::vector<std::string> DiagnoseFragmentation(const TrialResult& trial, uint64_t budget_bytes,
+                                               double ratio) {
   constexpr uint64_t kMinGap = 256ull << 20;
   std::vector<std::string> out;
   for (const auto& r : trial.ranks) {
@@ -182,6 +183,14 @@ std::vector<std::string> DiagnoseFragmentation(const TrialResult& trial, double 
     if (gap >= kMinGap && r.peak_reserved_bytes > ratio * r.peak_allocated_bytes) {
       char pct[16];
       std::snprintf(pct, sizeof(pct), "%.0f%%", 100.0 * gap / r.peak_allocated_bytes);
+      if (budget_bytes > 0 && r.peak_allocated_bytes > budget_bytes) {
+        out.push_back(trial.policy.ToString() + ": rank " + std::to_string(r.rank) +
+                      " allocated " + Gib(r.peak_allocated_bytes) + ", over the budget of " +
+                      Gib(budget_bytes) + " by itself: capacity, not fragmentation (reserved " +
+                      Gib(r.peak_reserved_bytes) + "); allocator settings cannot fix it, "
+                      "recompute or less static memory can");
+        continue;
+      }
       std::string s = trial.policy.ToString() + ": rank " + std::to_string(r.rank) +
                       " reserved " + Gib(r.peak_reserved_bytes) + " but allocated only " +
                       Gib(r.peak_allocated_bytes) + " (" + pct +

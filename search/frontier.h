@@ -80,7 +80,10 @@ double Hypervolume(const std::vector<FrontierPoint>& frontier, uint64_t budget_b
 
 // Fragmentation diagnosis: ranks whose reserved peak exceeds allocated by more than `ratio`
 // (default 1.15) and by at least 256 MiB. Each finding is a readable sentence naming the rank,
-// both peaks and the usual fix (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).
-std::vector<std::string> DiagnoseFragmentation(const TrialResult& trial, double ratio = 1.15);
+// both peaks and the usual fix (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True). A rank whose
+// allocated peak is itself over `budget_bytes` (0: no budget) is named a capacity finding
+// instead: allocator settings cannot bring it under the budget.
+std::vector<std::string> DiagnoseFragmentation(const TrialResult& trial, uint64_t budget_bytes,
+                                               double ratio = 1.15);
 
 }  // namespace remat::search

@@ -150,12 +150,12 @@ class GuidedStrategy : public Strategy {
     return !NextCandidate().has_value();
   }
 
+  // The plan, and beyond it (objective frontier) every untried policy that is now predicted to
+  // add to the frontier on its own: an upper estimate that falls as measurements come in, so a
+  // display that only raises its total when it must (server/search_run.h) rarely has to.
   int PlannedTotal() const override {
     int total = std::max<int>(proposed_.size(), plan_.size());
-    if (!Done()) {
-      // Expect about one follow-up per frontier point still open.
-      total = std::max<int>(total, proposed_.size() + 1);
-    }
+    if (!Done()) total = std::max<int>(total, proposed_.size() + std::max(1, OpenFollowUps()));
     return std::min(total, spec_.search.max_trials);
   }
 
@@ -198,7 +198,26 @@ class GuidedStrategy : public Strategy {
     return NextForFrontier(results);
   }
 
-  std::optional<Candidate> NextForFrontier(const std::vector<TrialResult>& results) const {
+  // Untried policies beyond the plan that would be proposed for the frontier now, in any order.
+  int OpenFollowUps() const {
+    if (spec_.search.objective == Objective::kRecommend) return 1;
+    for (const auto& c : plan_) {
+      if (!tried_.count(c.policy.ToString())) return 1;  // the plan counts them already
+    }
+    const auto results = Results();
+    if (ComputeFrontier(results, spec_.search.memory_metric, spec_.search.MemoryBudgetBytes())
+            .empty()) {
+      return 1;
+    }
+    int open = 0;
+    NextForFrontier(results, &open);
+    return open;
+  }
+
+  // `open`, when given, counts every untried policy predicted to add at least
+  // kMinHypervolumeGain on its own (0 when the frontier is settled).
+  std::optional<Candidate> NextForFrontier(const std::vector<TrialResult>& results,
+                                           int* open = nullptr) const {
     const uint64_t budget = spec_.search.MemoryBudgetBytes();
     const auto frontier = ComputeFrontier(results, spec_.search.memory_metric, budget);
     double t_min = frontier.front().tokens_per_s;
@@ -229,6 +248,7 @@ class GuidedStrategy : public Strategy {
       }
       const double gain = Hypervolume(ParetoFrontier(with), budget, t_ref) - base;
       if (gain < kMinHypervolumeGain * base) continue;
+      if (open != nullptr) ++*open;
       if (!best || gain > best_gain) {
         best_gain = gain;
         best = MakeCandidate(
@@ -244,7 +264,10 @@ class GuidedStrategy : public Strategy {
     auto with_all = frontier;
     with_all.insert(with_all.end(), predicted.begin(), predicted.end());
     const double joint = Hypervolume(ParetoFrontier(with_all), budget, t_ref) - base;
-    if (joint < kStopHypervolumeGain * base) return std::nullopt;
+    if (joint < kStopHypervolumeGain * base) {
+      if (open != nullptr) *open = 0;
+      return std::nullopt;
+    }
     return best;
   }
 

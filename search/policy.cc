@@ -4,6 +4,9 @@
 #include <cctype>
 #include <sstream>
 
+#include "search/limits.h"
+#include "search/text.h"
+
 namespace remat::search {
 namespace {
 
@@ -41,6 +44,10 @@ StatusOr<Policy> ParseSelective(const std::string& text, const std::string& rest
   std::vector<Label> labels;
   std::string inner = rest.substr(1, rest.size() - 2);
   if (!Trim(inner).empty()) {
+    if (Trim(inner).back() == ',') {
+      return InvalidArgument("policy '" + text +
+                             "': a recompute module is missing after the last ','");
+    }
     std::stringstream ss(inner);
     std::string item;
     while (std::getline(ss, item, ',')) {
@@ -205,6 +212,16 @@ std::string Policy::MegatronLmFlagsToRemove() const {
 }
 
 StatusOr<Policy> ParsePolicy(const std::string& raw) {
+  // Every message below echoes the text: keep it short and printable first.
+  if (raw.size() > limits::kMaxPolicyBytes) {
+    return InvalidArgument("policy " + QuoteForError(raw) + ": longer than " +
+                           std::to_string(limits::kMaxPolicyBytes) + " bytes");
+  }
+  if (!IsValidUtf8(raw) || std::any_of(raw.begin(), raw.end(), [](char c) {
+        return static_cast<unsigned char>(c) < 0x20 || c == 0x7F;
+      })) {
+    return InvalidArgument("policy " + QuoteForError(raw) + ": not a policy string");
+  }
   std::string text = Trim(raw);
   if (text.empty()) return InvalidArgument("policy: must not be empty");
   if (text == "none") return Policy::None();

@@ -21,8 +21,41 @@ int LayersPerStage(const SearchSpec& spec) {
   return std::min(MaxChunkLayers(spec), spec.model.num_layers / pp);
 }
 
+// Megatron Core's rules for selective labels under FP8 and CUDA graphs (reference:
+// recompute-semantics.md 3.3 items 6 and 9): a checkpoint must lie wholly inside or outside a
+// captured graph, and graphed regions replay no dropout.
+std::string Fp8AndGraphProblem(const ModelSpec& m, Label label) {
+  if (!m.fp8.empty() && m.fp8_recipe == "delayed" &&
+      (label == Label::kMoeAct || label == Label::kLayernorm)) {
+    return std::string(LabelName(label)) +
+           " recompute is not supported with FP8 delayed scaling (model.fp8_recipe delayed); use "
+           "another recipe or another label";
+  }
+  if (!m.HasCudaGraphs()) return "";
+  if (label == Label::kCoreAttn && m.attention_dropout != 0 && m.GraphCaptures("attn")) {
+    return "core_attn recompute inside a captured attention graph does not support attention "
+           "dropout (model.attention_dropout must be 0, or leave attn out of cuda_graph_scope)";
+  }
+  if (label == Label::kMlp && m.hidden_dropout != 0 && m.GraphCaptures("mlp")) {
+    return "mlp recompute inside a captured MLP graph does not support hidden dropout "
+           "(model.hidden_dropout must be 0, or leave mlp out of cuda_graph_scope)";
+  }
+  if (label == Label::kMoe && m.hidden_dropout != 0 && m.GraphCaptures("moe")) {
+    return "moe recompute inside a captured MoE graph does not support hidden dropout "
+           "(model.hidden_dropout must be 0, or leave moe out of cuda_graph_scope)";
+  }
+  if (label == Label::kMoe && m.cuda_graph_impl == "transformer_engine" &&
+      std::find(m.cuda_graph_scope.begin(), m.cuda_graph_scope.end(), "moe_router") !=
+          m.cuda_graph_scope.end()) {
+    return "moe recompute is not supported with the moe_router CUDA graph under cuda_graph_impl "
+           "transformer_engine (the checkpoint would straddle the graph)";
+  }
+  return "";
+}
+
 std::string LabelProblem(const SearchSpec& spec, Label label) {
   const ModelSpec& m = spec.model;
+  if (std::string problem = Fp8AndGraphProblem(m, label); !problem.empty()) return problem;
   switch (label) {
     case Label::kCoreAttn:
       return "";
@@ -109,6 +142,11 @@ Status ValidatePolicy(const SearchSpec& spec, const Policy& policy) {
           "full recompute cannot be used with overlap_moe_expert_parallel_comm (disable full "
           "recomputation when enabling expert-parallel overlap)");
     }
+    if (m.HasCudaGraphs() && m.cuda_graph_impl != "full_iteration") {
+      return InvalidArgument(
+          "full recompute is only supported with full-iteration CUDA graphs (model.cuda_graph_impl "
+          "is " + m.cuda_graph_impl + "; set full_iteration or none)");
+    }
     const std::string proxy = ProxyPolicyProblem(spec, policy);
     if (!proxy.empty()) return InvalidArgument("search.proxy_layers: " + proxy);
     return OkStatus();
@@ -118,6 +156,58 @@ Status ValidatePolicy(const SearchSpec& spec, const Policy& policy) {
     if (!problem.empty()) return InvalidArgument(problem);
   }
   return OkStatus();
+}
+
+std::vector<std::string> PolicyWarnings(const SearchSpec& spec, const Policy& policy) {
+  std::vector<std::string> out;
+  const ModelSpec& m = spec.model;
+  if (policy.IsFull()) {
+    if (m.HasCudaGraphs()) {
+      out.push_back("full recompute under a full-iteration CUDA graph: capture and warm-up can "
+                    "bypass checkpoint wrappers; check that the graph replays the recompute");
+    }
+    return out;
+  }
+  if (policy.Has(Label::kCoreAttn) && m.attention_backend == AttentionBackend::kFlash) {
+    out.push_back("core_attn under flash (fused) attention: the kernel already keeps no score or "
+                  "probability tensors, so core_attn frees only its q, k, v inputs and replays "
+                  "the attention; keep it only if a measurement against selective:[] says so");
+  }
+  if (policy.Has(Label::kCoreAttn) && spec.parallel.context_parallel_size > 1) {
+    out.push_back("core_attn with context parallelism also replays the attention's context-"
+                  "parallel communication in backward");
+  }
+  if (policy.Has(Label::kMoe)) {
+    for (Label inner : {Label::kMoeAct, Label::kSharedExperts}) {
+      if (policy.Has(inner)) {
+        out.push_back(std::string("moe already replays the whole MoE layer: ") + LabelName(inner) +
+                      " inside it frees nothing more (it may only change backward's transient "
+                      "peak)");
+      }
+    }
+  }
+  if (policy.Has(Label::kMlp) && m.IsMoe()) {
+    out.push_back("mlp acts only on the dense layers (" +
+                  std::to_string(m.num_layers - m.NumMoeLayers()) + " of " +
+                  std::to_string(m.num_layers) + "); MoE layers need moe, moe_act or "
+                  "shared_experts");
+  }
+  if (m.HasCudaGraphs()) {
+    for (Label l : policy.labels) {
+      const char* module = l == Label::kCoreAttn || l == Label::kMlaUpProj ? "attn"
+                           : l == Label::kMlp                               ? "mlp"
+                           : l == Label::kMoe || l == Label::kMoeAct ||
+                                   l == Label::kSharedExperts
+                               ? "moe"
+                               : nullptr;
+      if (module && m.GraphCaptures(module)) {
+        out.push_back(std::string(LabelName(l)) + " lies inside a captured CUDA graph (" +
+                      module + "): capture and warm-up can bypass checkpoint wrappers; measure "
+                      "it against selective:[]");
+      }
+    }
+  }
+  return out;
 }
 
 std::vector<Policy> EnumerateValidPolicies(const SearchSpec& spec) {

@@ -23,6 +23,11 @@ Status ValidatePolicy(const SearchSpec& spec, const Policy& policy);
 // Empty when `label` has an effect on this model; otherwise why it has none or is refused.
 std::string LabelProblem(const SearchSpec& spec, Label label);
 
+// Why a valid policy may be pointless on this spec (the decision guide's cautions: core_attn
+// under flash attention, labels nested in moe, mlp on MoE layers, checkpoints inside CUDA
+// graphs), one sentence each; empty when none applies. `remat validate` prints them as warnings.
+std::vector<std::string> PolicyWarnings(const SearchSpec& spec, const Policy& policy);
+
 // The labels that are valid alone on this model, canonical order.
 std::vector<Label> ValidLabels(const SearchSpec& spec);
 

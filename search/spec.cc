@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
+#include "search/limits.h"
 #include "search/pipeline.h"
+#include "search/text.h"
 
 namespace remat::search {
 namespace {
@@ -237,6 +241,21 @@ Status ValidateSearch(const SearchOptions& s) {
   }
   REMAT_SEARCH_RETURN_IF_ERROR(Positive("search.max_trials", s.max_trials));
   if (s.warmup_steps < 0) return InvalidArgument("search.warmup_steps: must be 0 or more");
+  if (s.warmup_max_steps < s.warmup_steps) {
+    return InvalidArgument("search.warmup_max_steps: must be at least search.warmup_steps (" +
+                           std::to_string(s.warmup_steps) + "), the shortest warm-up");
+  }
+  REMAT_SEARCH_RETURN_IF_ERROR(Positive("search.steady_window", s.steady_window));
+  if (s.warmup_max_steps > 0 && s.steady_window > s.warmup_max_steps) {
+    return InvalidArgument("search.steady_window: must be at most search.warmup_max_steps (" +
+                           std::to_string(s.warmup_max_steps) +
+                           "): the window is made of warm-up steps");
+  }
+  if (!(s.steady_tolerance > 0 && s.steady_tolerance < 1)) {
+    return InvalidArgument(
+        "search.steady_tolerance: must be a fraction between 0 and 1 (e.g. 0.05: the window's "
+        "steps within 5% of their median)");
+  }
   REMAT_SEARCH_RETURN_IF_ERROR(Positive("search.measure_steps", s.measure_steps));
   if (s.backend == Backend::kReplay && s.replay_table.empty()) {
     return InvalidArgument("search.replay_table: required with backend replay");
@@ -300,6 +319,129 @@ Status ValidateProxyDepths(const SearchSpec& spec) {
   return OkStatus();
 }
 
+// Upper bounds (search/limits.h), checked before anything else so that no later rule or the
+// planner multiplies or loops over an absurd number. Lower bounds stay with the field's rules.
+Status AtMost(const char* field, long long value, long long limit) {
+  if (value > limit) {
+    return InvalidArgument(std::string(field) + ": " + std::to_string(value) +
+                           " is above remat's limit of " + std::to_string(limit));
+  }
+  return OkStatus();
+}
+Status AtMost(const char* field, const std::optional<int>& value, long long limit) {
+  return value ? AtMost(field, *value, limit) : OkStatus();
+}
+Status NumberAtMost(const char* field, double value, double limit) {
+  if (value > limit) {
+    return InvalidArgument(std::string(field) + ": above remat's limit of " +
+                           std::to_string(static_cast<long long>(limit)));
+  }
+  return OkStatus();
+}
+Status Text(const char* field, const std::string& value, size_t max_bytes) {
+  if (value.size() > max_bytes) {
+    return InvalidArgument(std::string(field) + ": longer than " + std::to_string(max_bytes) +
+                           " bytes");
+  }
+  if (!IsValidUtf8(value) || std::any_of(value.begin(), value.end(), [](char c) {
+        return static_cast<unsigned char>(c) < 0x20 || c == 0x7F;
+      })) {
+    return InvalidArgument(std::string(field) + ": " + QuoteForError(value) +
+                           " holds control characters or is not UTF-8");
+  }
+  return OkStatus();
+}
+
+Status ValidateLimits(const SearchSpec& spec) {
+  namespace l = limits;
+  const ModelSpec& m = spec.model;
+  REMAT_SEARCH_RETURN_IF_ERROR(Text("name", spec.name, l::kMaxNameBytes));
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.num_layers", m.num_layers, l::kMaxLayers));
+  for (const auto& [field, value] : std::initializer_list<std::pair<const char*, long long>>{
+           {"model.hidden_size", m.hidden_size},
+           {"model.kv_lora_rank", m.kv_lora_rank},
+           {"model.qk_head_dim", m.qk_head_dim},
+           {"model.qk_pos_emb_head_dim", m.qk_pos_emb_head_dim},
+           {"model.v_head_dim", m.v_head_dim}}) {
+    REMAT_SEARCH_RETURN_IF_ERROR(AtMost(field, value, l::kMaxHiddenSize));
+  }
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      AtMost("model.ffn_hidden_size", m.ffn_hidden_size, l::kMaxHiddenSize));
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.kv_channels", m.kv_channels, l::kMaxHiddenSize));
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.q_lora_rank", m.q_lora_rank, l::kMaxHiddenSize));
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      AtMost("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size, l::kMaxHiddenSize));
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.moe_shared_expert_intermediate_size",
+                                      m.moe_shared_expert_intermediate_size, l::kMaxHiddenSize));
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      AtMost("model.num_attention_heads", m.num_attention_heads, l::kMaxAttentionHeads));
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      AtMost("model.num_query_groups", m.num_query_groups, l::kMaxAttentionHeads));
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.seq_length", m.seq_length, l::kMaxSeqLength));
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.vocab_size", m.vocab_size, l::kMaxVocabSize));
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.num_moe_experts", m.num_moe_experts, l::kMaxExperts));
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.moe_router_topk", m.moe_router_topk, l::kMaxExperts));
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.moe_layer_freq", m.moe_layer_freq, l::kMaxLayers));
+  if (m.moe_layer_pattern.size() > static_cast<size_t>(l::kMaxLayers)) {
+    return AtMost("model.moe_layer_freq", static_cast<long long>(m.moe_layer_pattern.size()),
+                  l::kMaxLayers);
+  }
+  if (m.experimental_attention_variant) {
+    REMAT_SEARCH_RETURN_IF_ERROR(Text("model.experimental_attention_variant",
+                                      *m.experimental_attention_variant, l::kMaxNameBytes));
+  }
+
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      AtMost("train.micro_batch_size", spec.train.micro_batch_size, l::kMaxMicroBatchSize));
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      AtMost("train.global_batch_size", spec.train.global_batch_size, l::kMaxGlobalBatchSize));
+
+  const ParallelSpec& p = spec.parallel;
+  long long world = 1;
+  for (const auto& [field, value] : std::initializer_list<std::pair<const char*, long long>>{
+           {"parallel.tensor_model_parallel_size", p.tensor_model_parallel_size},
+           {"parallel.context_parallel_size", p.context_parallel_size},
+           {"parallel.pipeline_model_parallel_size", p.pipeline_model_parallel_size},
+           {"parallel.data_parallel_size", p.data_parallel_size}}) {
+    REMAT_SEARCH_RETURN_IF_ERROR(AtMost(field, value, l::kMaxParallelSize));
+    world *= std::max(1LL, value);
+    if (world > l::kMaxWorldSize) {
+      return InvalidArgument(
+          "parallel: the world size (tensor × context × pipeline × data parallel sizes) is above "
+          "remat's limit of " + std::to_string(l::kMaxWorldSize) + " ranks");
+    }
+  }
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("parallel.expert_model_parallel_size",
+                                      p.expert_model_parallel_size, l::kMaxParallelSize));
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("parallel.virtual_pipeline_model_parallel_size",
+                                      p.virtual_pipeline_model_parallel_size, l::kMaxLayers));
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("parallel.num_layers_in_first_pipeline_stage",
+                                      p.num_layers_in_first_pipeline_stage, l::kMaxLayers));
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("parallel.num_layers_in_last_pipeline_stage",
+                                      p.num_layers_in_last_pipeline_stage, l::kMaxLayers));
+
+  const SearchOptions& o = spec.search;
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      NumberAtMost("search.memory_budget_gib", o.memory_budget_gib, l::kMaxMemoryGib));
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      NumberAtMost("search.memory_headroom_gib", o.memory_headroom_gib, l::kMaxMemoryGib));
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("search.max_trials", o.max_trials, l::kMaxTrials));
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("search.warmup_steps", o.warmup_steps, l::kMaxSteps));
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("search.measure_steps", o.measure_steps, l::kMaxSteps));
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      NumberAtMost("search.trial_timeout_s", o.trial_timeout_s, l::kMaxTrialTimeoutS));
+  REMAT_SEARCH_RETURN_IF_ERROR(Text("search.replay_table", o.replay_table, l::kMaxPathBytes));
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      Text("search.command_template", o.command_template, l::kMaxNameBytes));
+  for (int d : o.proxy_layers) {
+    REMAT_SEARCH_RETURN_IF_ERROR(AtMost("search.proxy_layers", d, l::kMaxLayers));
+  }
+  if (o.proxy_layers.size() > 16) {
+    return InvalidArgument("search.proxy_layers: must list two depths [shallow, deep]");
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 bool ModelSpec::IsMoeLayer(int i) const {
@@ -317,12 +459,14 @@ int ModelSpec::NumMoeLayers() const {
 }
 
 Status ValidateSpec(const SearchSpec& spec) {
+  REMAT_SEARCH_RETURN_IF_ERROR(ValidateLimits(spec));
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateModel(spec.model, spec.parallel));
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateParallel(spec.model, spec.parallel));
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateTrain(spec.train));
   REMAT_SEARCH_RETURN_IF_ERROR(ValidatePipelineLayout(spec));
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateSearch(spec.search));
-  return ValidateProxyDepths(spec);
+  REMAT_SEARCH_RETURN_IF_ERROR(ValidateProxyDepths(spec));
+  return ValidateCompatibility(spec);
 }
 
 const char* Name(Normalization v) { return kNormalization[static_cast<int>(v)]; }
@@ -339,6 +483,11 @@ std::optional<Normalization> ParseNormalization(const std::string& s) {
   return ParseByName<Normalization>(s, kNormalization);
 }
 std::optional<AttentionBackend> ParseAttentionBackend(const std::string& s) {
+  // Megatron Core's AttnBackend names, by what the kernel holds for backward: Transformer
+  // Engine's auto picks a fused kernel and cuDNN's fused attention keeps no score matrix, as
+  // flash does; local is Megatron's own attention, which materialises the scores as unfused.
+  if (s == "auto" || s == "fused") return AttentionBackend::kFlash;
+  if (s == "local") return AttentionBackend::kUnfused;
   return ParseByName<AttentionBackend>(s, kAttentionBackend);
 }
 std::optional<PositionEmbedding> ParsePositionEmbedding(const std::string& s) {

@@ -52,7 +52,8 @@ struct ModelSpec {
 
   // Multi-Latent Attention (DeepSeek-V2). Megatron's MLATransformerConfig defaults.
   bool multi_latent_attention = false;
-  std::optional<int> q_lora_rank;  // null: no q compression
+  // MLATransformerConfig's default 512; null (nullopt): no q compression (DeepSeek-V2-Lite).
+  std::optional<int> q_lora_rank = 512;
   int kv_lora_rank = 512;
   int qk_head_dim = 128;
   int qk_pos_emb_head_dim = 64;
@@ -73,8 +74,21 @@ struct ModelSpec {
   // Gated DeltaNet ("gdn"/"gdn2") hybrid attention: validation and planning only.
   std::optional<std::string> experimental_attention_variant;
 
-  bool cpu_offloading = false;  // validation only: conflicts with any recompute
+  // Layer-level activation offloading (Megatron Core's cpu_offloading): validation only. It
+  // conflicts with any recompute, so a spec with it has no valid policy (search/rules.h).
+  bool cpu_offloading = false;
+  int cpu_offloading_num_layers = 0;  // layers whose activations are offloaded; < num_layers
   bool distribute_saved_activations = false;
+
+  // FP8 training through Transformer Engine (validation only: the memory model assumes 16-bit
+  // activations, and the builtin engine refuses FP8). fp8: "" (null) | "e4m3" | "hybrid".
+  std::string fp8;
+  std::string fp8_recipe = "delayed";  // tensorwise | delayed | mxfp8 | blockwise | custom
+  // CUDA graphs (validation only; the builtin engine refuses them): none | local |
+  // transformer_engine | full_iteration, and the captured modules (empty: the whole layer;
+  // attn, mlp, moe, moe_router, moe_preprocess, mamba).
+  std::string cuda_graph_impl = "none";
+  std::vector<std::string> cuda_graph_scope;
 
   int EffectiveQueryGroups() const { return num_query_groups.value_or(num_attention_heads); }
   int EffectiveFfnHiddenSize() const { return ffn_hidden_size.value_or(4 * hidden_size); }
@@ -88,6 +102,15 @@ struct ModelSpec {
   bool HasSharedExperts() const {
     return IsMoe() && moe_shared_expert_intermediate_size.has_value() &&
            *moe_shared_expert_intermediate_size > 0;
+  }
+  bool HasCudaGraphs() const { return !cuda_graph_impl.empty() && cuda_graph_impl != "none"; }
+  // Whether module `name` (attn, mlp, moe, ...) runs inside a captured CUDA graph: all of the
+  // layer under full_iteration or an empty scope, else the listed modules.
+  bool GraphCaptures(const std::string& name) const {
+    if (!HasCudaGraphs()) return false;
+    if (cuda_graph_impl == "full_iteration" || cuda_graph_scope.empty()) return true;
+    return std::find(cuda_graph_scope.begin(), cuda_graph_scope.end(), name) !=
+           cuda_graph_scope.end();
   }
   bool IsGdn() const {
     return experimental_attention_variant &&
@@ -126,6 +149,10 @@ struct ParallelSpec {
   // Count the embedding (the loss) as one layer of the first (last) stage when splitting.
   bool account_for_embedding_in_pipeline_split = false;
   bool account_for_loss_in_pipeline_split = false;
+  // Megatron's DDP overlap settings: validated (overlap_param_gather needs the distributed
+  // optimizer and overlap_grad_reduce); they change step time, not what recompute can free.
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
 
   // Megatron's world size: TP x CP x PP x DP. Expert parallelism is carved out of the same ranks.
   int WorldSize() const {
@@ -149,7 +176,13 @@ struct SearchOptions {
   // only when its peak is at or under memory_budget_gib - memory_headroom_gib.
   double memory_headroom_gib = 0;
   int max_trials = 40;
+  // The warm-up (search/steady_state.h): at least warmup_steps, then until the last
+  // steady_window warm-up steps agree within steady_tolerance (relative to their median), at most
+  // warmup_max_steps; then measure_steps measured steps.
   int warmup_steps = 2;
+  int warmup_max_steps = 8;
+  int steady_window = 3;
+  double steady_tolerance = 0.05;
   int measure_steps = 5;
   Backend backend = Backend::kBuiltin;
   std::string replay_table;      // with backend replay: path relative to the spec file
@@ -193,9 +226,24 @@ struct SearchSpec {
 };
 
 // Checks every field's value and the relations between fields (divisibility, ranges, MoE/MLA
-// consistency), as Megatron Core would at config time. Returns the first problem, as
-// InvalidArgument whose message starts with the field path ("model.kv_lora_rank: ..."), or Ok.
+// consistency), as Megatron Core would at config time, then ValidateCompatibility. Returns the
+// first problem, as InvalidArgument whose message starts with the field path
+// ("model.kv_lora_rank: ..."), or Ok.
 Status ValidateSpec(const SearchSpec& spec);
+
+// The one home of the cross-feature rules that make a whole spec unrunnable in Megatron Core or
+// Megatron-LM, whatever the recompute policy (grouped-GEMM experts with biases, FP8, CUDA
+// graphs, CPU offloading, the DDP overlap settings): refused before any trial, so that no trial
+// comes back `invalid` for them. Called by ValidateSpec; InvalidArgument naming the field, or Ok.
+Status ValidateCompatibility(const SearchSpec& spec);
+
+// Why the builtin LibTorch engine cannot run any trial of `spec` (pipeline or context
+// parallelism, several micro-batches, GDN, FP8, CUDA graphs, ...), naming the field, or "" when
+// it can. Megatron's own rules are ValidateCompatibility's; these are the engine's limits. The
+// coordinator refuses a builtin search with such a spec at submit; `remat plan` and `remat
+// validate`, which plan and check for any backend, print it as a note. The engine refuses the
+// same (engine/model.h UnsupportedReason), so the two cannot drift.
+std::string BuiltinBackendProblem(const SearchSpec& spec);
 
 // Names for enums, as written in the YAML spec (e.g. "RMSNorm", "unfused", "reserved").
 const char* Name(Normalization v);
@@ -208,7 +256,8 @@ const char* Name(Objective v);
 const char* Name(Backend v);
 const char* Name(Device v);
 
-// Parses those names back; returns nullopt for an unknown name.
+// Parses those names back; returns nullopt for an unknown name. ParseAttentionBackend also reads
+// Megatron Core's AttnBackend names: auto and fused as kFlash, local as kUnfused.
 std::optional<Normalization> ParseNormalization(const std::string& s);
 std::optional<AttentionBackend> ParseAttentionBackend(const std::string& s);
 std::optional<PositionEmbedding> ParsePositionEmbedding(const std::string& s);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@ struct RankResult {
   uint64_t failing_request_bytes = 0;  // with status oom: the allocation that failed
   double step_time_s = 0;            // this rank's median measured step
   std::vector<double> step_times_s;  // each measured step, in order (warm-up excluded)
+  int warmup_steps_taken = 0;        // warm-up steps before the measured ones (steady_state.h)
+  std::vector<double> warmup_step_times_s;  // each warm-up step, in order
 };
 
 // What one proxy depth measured (depth proxies, search/depth_proxy.h).
@@ -43,14 +46,20 @@ struct TrialResult {
   double step_time_spread_s = 0;  // max - min of the measured steps
   double tokens_per_s = 0;        // micro_batch * seq_length * dp / step_time_s
   double model_tflops = 0;        // model FLOPs (recompute not counted) per second per GPU, 1e12
-  double loss = 0;                // first measured step (builtin backend)
-  double grad_norm = 0;           // first measured step (builtin backend)
+  // The step after the shortest warm-up (step index search.warmup_steps, counted from 0): the
+  // same step in every trial of a search, whatever warm-up each took, so losses compare.
+  double loss = 0;
+  double grad_norm = 0;
+  int warmup_steps_taken = 0;     // max over ranks (search/steady_state.h)
+  bool warmup_settled = false;    // the warm-up ended because the steps settled, not at the bound
   double setup_s = 0;             // process start, device init and model build
   double wall_s = 0;              // lease to result
   bool reused = false;            // taken from the results cache, not re-run
   bool predicted = false;         // a depth-proxy prediction, not a measurement
   std::string message;            // why it failed / what it says
   std::vector<ProxyMeasurement> proxies;  // with predicted: the measurements behind it
+  // Software the trial ran with (remat, torch, cuda, nccl, driver, gpu, device), from the engine.
+  std::map<std::string, std::string> versions;
 
   uint64_t PeakAllocatedBytes() const;  // max over ranks
   uint64_t PeakReservedBytes() const;   // max over ranks

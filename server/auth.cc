@@ -1,5 +1,7 @@
 #include "server/auth.h"
 
+#include <openssl/sha.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -62,6 +64,18 @@ std::string_view BearerToken(std::string_view authorization) {
   return Strip(authorization.substr(kScheme.size()));
 }
 
+std::string CredentialOf(const std::string& token) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
+  static const char kHex[] = "0123456789abcdef";
+  std::string out = "sha256:";
+  for (int i = 0; i < 8; ++i) {
+    out += kHex[digest[i] >> 4];
+    out += kHex[digest[i] & 15];
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<Authenticator> Authenticator::Load(const std::string& user_tokens_file,
@@ -98,7 +112,11 @@ absl::StatusOr<Principal> Authenticator::Check(Role role, std::string_view autho
   const auto& mine = role == Role::kUser ? user_tokens_ : worker_tokens_;
   const auto& theirs = role == Role::kUser ? worker_tokens_ : user_tokens_;
   if (auto it = mine.find(token); it != mine.end()) {
-    return role == Role::kUser ? Principal::User(it->second) : Principal{it->second, true};
+    if (role == Role::kUser) return Principal::User(it->second);
+    Principal worker;
+    worker.name = it->second;
+    worker.credential = CredentialOf(token);
+    return worker;
   }
   if (theirs.count(token) != 0) {
     return absl::PermissionDeniedError(role == Role::kUser

@@ -25,9 +25,18 @@ enum class Role { kUser, kWorker };
 struct Principal {
   std::string name;
   bool sees_all = true;  // false: only searches owned by `name`
+  // Workers: which token called, as "sha256:" and the first 16 hex digits of the token's
+  // SHA-256 (stable across restarts and token-file edits, and not the secret itself); "" without
+  // worker tokens. A worker id is bound to the credential that registered it (Scheduler).
+  std::string credential;
 
   static Principal Anonymous() { return Principal{}; }
-  static Principal User(std::string name) { return Principal{std::move(name), false}; }
+  static Principal User(std::string name) {
+    Principal p;
+    p.name = std::move(name);
+    p.sees_all = false;
+    return p;
+  }
 };
 
 class Authenticator {

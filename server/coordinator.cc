@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/read_file.h"
+#include "search/limits.h"
 #include "server/auth.h"
 #include "server/grpc_service.h"
 #include "server/job_store.h"
@@ -24,7 +25,7 @@
 namespace remat::server {
 namespace {
 
-constexpr int kMaxMessageBytes = 64 << 20;  // replay tables and large searches
+constexpr int kMaxMessageBytes = search::limits::kMaxGrpcMessageBytes;
 
 // Splits "HOST:PORT" ("[::1]:PORT" for IPv6); InvalidArgument naming `flag` otherwise.
 absl::Status CheckHostPort(const std::string& flag, const std::string& value) {
@@ -108,6 +109,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   if (options.max_trial_attempts < 1) {
     return absl::InvalidArgumentError("max-attempts: must be at least 1");
   }
+  if (options.max_searches_per_user < 0 || options.max_trials_per_user < 0) {
+    return absl::InvalidArgumentError(
+        "max-searches-per-user/max-trials-per-user: must be 0 (no limit) or more");
+  }
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls-cert/tls-key: give both or neither");
   }
@@ -151,6 +156,8 @@ absl::Status Coordinator::Start() {
   so.lease_timeout_s = o.lease_timeout_s;
   so.max_trial_attempts = o.max_trial_attempts;
   so.max_lease_wait_s = o.max_lease_wait_s;
+  so.max_searches_per_user = o.max_searches_per_user;
+  so.max_trials_per_user = o.max_trials_per_user;
   so.max_frontier_series = o.max_frontier_series;
   if (o.clock_ms) {
     so.monotonic_ms = o.clock_ms;

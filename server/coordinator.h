@@ -54,6 +54,11 @@ struct CoordinatorOptions {
   int max_trial_attempts = 3;
   // Longest long-poll a LeaseTrial call may wait (a worker's wait_s is capped to this).
   double max_lease_wait_s = 10;
+  // Per user (all anonymous callers count as one user): searches queued or running, and trials
+  // they may still run (planned, not yet final), at most; a submit beyond either is
+  // RESOURCE_EXHAUSTED. 0: no limit.
+  int max_searches_per_user = 100;
+  int64_t max_trials_per_user = 100000;
   // remat_frontier_points has one series per active search (removed when it ends); this caps
   // how many, so the label stays bounded however many searches run at once.
   int max_frontier_series = 200;

@@ -227,14 +227,18 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContex
                                                       const v1::RegisterRequest* request,
                                                       v1::RegisterResponse* response) {
   return Unary(ctx, auth_, metrics_, "Register", Role::kWorker, response,
-               [&](const Principal&) { return scheduler_->Register(*request); });
+               [&](const Principal& who) {
+                 return scheduler_->Register(*request, who.credential);
+               });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(grpc::CallbackServerContext* ctx,
                                                        const v1::HeartbeatRequest* request,
                                                        v1::HeartbeatResponse* response) {
   return Unary(ctx, auth_, metrics_, "Heartbeat", Role::kWorker, response,
-               [&](const Principal&) { return scheduler_->Heartbeat(*request); });
+               [&](const Principal& who) {
+                 return scheduler_->Heartbeat(*request, who.credential);
+               });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::LeaseTrial(grpc::CallbackServerContext* ctx,
@@ -255,7 +259,8 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::LeaseTrial(grpc::CallbackServerCont
         if (result.ok()) *response = std::move(*result);
         reactor->Finish(ToGrpcStatus(result.status()));
         Observe(metrics, "LeaseTrial", start);
-      });
+      },
+      who->credential);
   wait_id->store(id);
   return reactor;
 }
@@ -264,7 +269,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ReportTrial(grpc::CallbackServerCon
                                                          const v1::ReportTrialRequest* request,
                                                          v1::ReportTrialResponse* response) {
   return Unary(ctx, auth_, metrics_, "ReportTrial", Role::kWorker, response,
-               [&](const Principal&) { return scheduler_->ReportTrial(*request); });
+               [&](const Principal& who) {
+                 return scheduler_->ReportTrial(*request, who.credential);
+               });
 }
 
 }  // namespace remat::server

@@ -16,7 +16,7 @@ using remat::common::Fail;
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int RealMain(int argc, char** argv) {
   remat::server::CoordinatorOptions options;
   std::string log_level = "info";
   double drain_s = 10;
@@ -46,6 +46,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-attempts", options.max_trial_attempts,
                  "leases per trial before it is recorded as failed")
+      ->capture_default_str();
+  app.add_option("--max-searches-per-user", options.max_searches_per_user,
+                 "searches one user may have queued or running (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--max-trials-per-user", options.max_trials_per_user,
+                 "trials one user's searches may still run (0: no limit)")
       ->capture_default_str();
   app.add_option("--drain", drain_s, "seconds to let calls finish on SIGTERM")
       ->capture_default_str();
@@ -101,4 +107,8 @@ int main(int argc, char** argv) {
   c->Wait();
   signals.Finish();
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return remat::common::GuardedMain([&] { return RealMain(argc, argv); });
 }

@@ -6,9 +6,12 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "search/limits.h"
+#include "search/text.h"
 #include "server/cache_key.h"
 #include "server/metrics.h"
 #include "server/scheduler_state.h"
@@ -78,6 +81,7 @@ absl::StatusOr<v1::SubmitSearchResponse> Scheduler::SubmitSearch(
   s.rec.id = st.NewId("s-");
   s.rec.created_unix_ms = s.rec.updated_unix_ms = st.UnixNow();
   s.rec.trials_planned = s.strategy->PlannedTotal();
+  REMAT_RETURN_IF_ERROR(st.CheckQuota(who.name, s.rec.trials_planned));
   REMAT_RETURN_IF_ERROR(st.store_->CreateSearch(s.rec));
   st.CountState(v1::SEARCH_STATE_UNSPECIFIED, v1::SEARCH_STATE_QUEUED);
   const std::string id = s.rec.id;
@@ -194,20 +198,49 @@ void Scheduler::Unwatch(uint64_t watch_id) {
   state_->watches_.Remove(watch_id);
 }
 
-absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterRequest& request) {
-  if (request.worker_id().size() > 64) {
-    return absl::InvalidArgumentError("worker_id: at most 64 characters");
-  }
+namespace {
+
+// Worker ids as the coordinator issues them are short and plain; anything else is refused before
+// it can reach a message, a log line or reply metadata (a 10 KB id once turned NOT_FOUND into
+// RESOURCE_EXHAUSTED).
+absl::Status CheckWorkerId(const std::string& id) {
+  const bool plain = id.size() <= 64 && std::all_of(id.begin(), id.end(), [](char c) {
+                       return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' ||
+                              c == '_' || c == '.';
+                     });
+  if (plain) return absl::OkStatus();
+  return absl::InvalidArgumentError("worker_id: at most 64 letters, digits, '-', '_' or '.'");
+}
+
+// Whether the caller holding `credential` may act as worker `w` (Scheduler::Register's rule).
+absl::Status CheckOwner(const WorkerEntry& w, const std::string& credential) {
+  const std::string& bound = w.rec.registration.credential();
+  if (credential.empty() || bound.empty() || bound == credential) return absl::OkStatus();
+  return absl::PermissionDeniedError("worker_id " + w.rec.id +
+                                     ": registered by another worker token");
+}
+
+}  // namespace
+
+absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterRequest& request,
+                                                         const std::string& credential) {
+  REMAT_RETURN_IF_ERROR(CheckWorkerId(request.worker_id()));
   for (const v1::Gpu& gpu : request.gpus()) {
     if (gpu.name().empty()) return absl::InvalidArgumentError("gpus.name: must not be empty");
   }
   State& st = *state_;
   State::Locked lock(&st);
+  if (!request.worker_id().empty()) {
+    if (const WorkerEntry* known = st.workers_.Find(request.worker_id())) {
+      REMAT_RETURN_IF_ERROR(CheckOwner(*known, credential));
+    }
+  }
   WorkerRecord rec;
   rec.id = request.worker_id().empty() ? st.NewId("w-") : request.worker_id();
   rec.hostname = request.hostname();
   rec.registration = request;
   rec.registration.set_worker_id(rec.id);
+  rec.registration.set_credential(credential);  // never what the request says
   rec.registered_unix_ms = st.UnixNow();
   REMAT_RETURN_IF_ERROR(st.store_->UpsertWorker(rec));
   bool known = false;
@@ -224,7 +257,9 @@ absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterReque
   return out;
 }
 
-absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRequest& request) {
+absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRequest& request,
+                                                           const std::string& credential) {
+  REMAT_RETURN_IF_ERROR(CheckWorkerId(request.worker_id()));
   State& st = *state_;
   State::Locked lock(&st);
   v1::HeartbeatResponse out;
@@ -233,6 +268,7 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
     out.set_reregister(true);
     return out;
   }
+  REMAT_RETURN_IF_ERROR(CheckOwner(*w, credential));
   st.Touch(*w);
   std::set<std::string> running(request.running_trial_ids().begin(),
                                 request.running_trial_ids().end());
@@ -283,15 +319,20 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
   return out;
 }
 
-uint64_t Scheduler::LeaseTrial(const v1::LeaseTrialRequest& request, LeaseDone done) {
+uint64_t Scheduler::LeaseTrial(const v1::LeaseTrialRequest& request, LeaseDone done,
+                               const std::string& credential) {
   State& st = *state_;
   State::Locked lock(&st);
   const int64_t started = st.Now();
-  WorkerEntry* w = st.workers_.Find(request.worker_id());
-  if (w == nullptr) {
-    st.deferred_.Add([done = std::move(done), id = request.worker_id()] {
-      done(absl::FailedPreconditionError("unknown worker " + id + "; register first"));
-    });
+  absl::Status refused = CheckWorkerId(request.worker_id());
+  WorkerEntry* w = refused.ok() ? st.workers_.Find(request.worker_id()) : nullptr;
+  if (refused.ok() && w == nullptr) {
+    refused = absl::FailedPreconditionError("unknown worker " + request.worker_id() +
+                                            "; register first");
+  }
+  if (refused.ok()) refused = CheckOwner(*w, credential);
+  if (!refused.ok()) {
+    st.deferred_.Add([done = std::move(done), refused] { done(refused); });
     return 0;
   }
   st.Touch(*w);
@@ -312,7 +353,8 @@ void Scheduler::CancelLeaseWait(uint64_t wait_id) {
 }
 
 absl::StatusOr<v1::ReportTrialResponse> Scheduler::ReportTrial(
-    const v1::ReportTrialRequest& request) {
+    const v1::ReportTrialRequest& request, const std::string& credential) {
+  REMAT_RETURN_IF_ERROR(CheckWorkerId(request.worker_id()));
   if (!IsFinal(request.result().status())) {
     return absl::InvalidArgumentError(
         "result.status: must be a final status (ok, oom, failed, "
@@ -322,7 +364,10 @@ absl::StatusOr<v1::ReportTrialResponse> Scheduler::ReportTrial(
   State::Locked lock(&st);
   v1::ReportTrialResponse out;
   WorkerEntry* w = st.workers_.Find(request.worker_id());
-  if (w != nullptr) st.workers_.Touch(*w, st.Now());
+  if (w != nullptr) {
+    REMAT_RETURN_IF_ERROR(CheckOwner(*w, credential));
+    st.workers_.Touch(*w, st.Now());
+  }
   auto it = st.trial_index_.find(request.trial_id());
   if (it == st.trial_index_.end()) {
     st.log_->info("trial={} report from worker={} not accepted: not an active trial",
@@ -337,10 +382,24 @@ absl::StatusOr<v1::ReportTrialResponse> Scheduler::ReportTrial(
     out.set_accepted(false);
     return out;
   }
+  // Only the lease it answers: the worker the trial was last leased to, for that attempt (an
+  // expired lease not yet handed to another worker still counts: its result is not lost).
+  if (w == nullptr || t->rec.worker_id != request.worker_id() ||
+      request.attempt() != t->rec.attempts) {
+    st.log_->warn("search={} trial={} report from worker={} attempt {} not accepted: the trial "
+                  "is leased to worker={} attempt {}",
+                  s->rec.id, t->rec.id, request.worker_id(), request.attempt(), t->rec.worker_id,
+                  t->rec.attempts);
+    out.set_accepted(false);
+    return out;
+  }
+  REMAT_RETURN_IF_ERROR(ValidateWireResult(request.result(), "result", s->world_size));
   v1::TrialResult result = ResultOfTrial(*t, request.result());
   result.set_reused(false);
+  // Our workers bound it already (worker/assignment.h MakeReport); another client may not.
+  result.set_message(search::BoundedUtf8(result.message(), search::limits::kMaxTrialMessageBytes));
   std::string cache_key;
-  if (w != nullptr &&
+  if (w != nullptr && !t->remeasure &&
       (result.status() == v1::TRIAL_STATUS_OK || result.status() == v1::TRIAL_STATUS_OOM)) {
     cache_key = st.CacheKey(*s, *t, *w);
   }

@@ -65,6 +65,9 @@ struct SchedulerOptions {
   int max_trial_attempts = 3;
   double max_lease_wait_s = 10;
   int max_frontier_series = 200;  // remat_frontier_points series at most (active searches)
+  // Per owner (CoordinatorOptions): active searches and their trials not yet final; 0 = any.
+  int max_searches_per_user = 100;
+  int64_t max_trials_per_user = 100000;
   // Monotonic milliseconds for leases and long polls, and Unix milliseconds for timestamps.
   std::function<int64_t()> monotonic_ms;
   std::function<int64_t()> unix_ms;
@@ -105,17 +108,26 @@ class Scheduler {
   WatchPoll PollWatch(uint64_t watch_id, v1::SearchProgress* update);
   void Unwatch(uint64_t watch_id);
 
-  // WorkerService.
-  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
-  absl::StatusOr<v1::ReportTrialResponse> ReportTrial(const v1::ReportTrialRequest& request);
+  // WorkerService. `credential` is the caller's (Principal::credential; "" without worker
+  // tokens). A worker id is bound to the credential that registered it: another credential gets
+  // PERMISSION_DENIED when it registers, heartbeats, leases or reports under that id (an id
+  // stored without one, from before tokens were required, goes to the next that registers it).
+  // Worker ids are at most 64 letters, digits, '-', '_' or '.' (INVALID_ARGUMENT otherwise). A
+  // report is accepted only for the lease it answers: the trial's current worker and attempt.
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
+                                                const std::string& credential = "");
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request,
+                                                  const std::string& credential = "");
+  absl::StatusOr<v1::ReportTrialResponse> ReportTrial(const v1::ReportTrialRequest& request,
+                                                      const std::string& credential = "");
 
   // LeaseTrial with long poll: `done` is called exactly once, either before LeaseTrial returns
   // (work was there, wait_s was 0, or an error) or later from another thread (work arrived,
   // the wait ended, CancelLeaseWait, Shutdown). Returns an id for CancelLeaseWait (0 when
   // `done` already ran).
   using LeaseDone = server::LeaseDone;
-  uint64_t LeaseTrial(const v1::LeaseTrialRequest& request, LeaseDone done);
+  uint64_t LeaseTrial(const v1::LeaseTrialRequest& request, LeaseDone done,
+                      const std::string& credential = "");
   // The caller went away: ends the wait with an empty answer (no-op when already answered).
   void CancelLeaseWait(uint64_t wait_id);
 

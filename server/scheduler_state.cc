@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "search/limits.h"
 #include "server/cache_key.h"
 #include "server/metrics.h"
 #include "server/search_views.h"
@@ -222,13 +223,46 @@ SearchRun* Scheduler::State::NextReady(const WorkerEntry& w, int free) {
   return nullptr;
 }
 
+absl::Status Scheduler::State::CheckQuota(const std::string& owner, int64_t planned) const {
+  int searches = 0;
+  int64_t trials = 0;
+  for (const auto& [id, s] : active_) {
+    if (s->rec.owner != owner) continue;
+    ++searches;
+    trials += std::max<int64_t>(0, s->rec.trials_planned - s->done);
+  }
+  const std::string who = owner.empty() ? "anonymous callers" : "user " + owner;
+  if (opt_.max_searches_per_user > 0 && searches >= opt_.max_searches_per_user) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(who, " already has ", searches, " searches queued or running (limit ",
+                     opt_.max_searches_per_user, ", rematd --max-searches-per-user)"));
+  }
+  if (opt_.max_trials_per_user > 0 && trials + planned > opt_.max_trials_per_user) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        who, " would have ", trials + planned, " trials to run (limit ", opt_.max_trials_per_user,
+        ", rematd --max-trials-per-user)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::LeaseTrialResponse> Scheduler::State::Allocate(WorkerEntry& w, int free) {
   v1::LeaseTrialResponse out;
+  size_t reply_bytes = 0;
   while (free > 0) {
     SearchRun* s = NextReady(w, free);
     if (s == nullptr) break;
     RunTrial& t = *s->queue.front();
-    auto cached = store_->LookupCache(CacheKey(*s, t, w));
+    // What this trial adds to the reply: its spec and replay entry dominate.
+    const v1::ReplayEntry* entry =
+        s->spec.search.backend == search::Backend::kReplay ? s->ReplayFor(t.rec.policy) : nullptr;
+    const size_t trial_bytes =
+        s->rec.spec.ByteSizeLong() + (entry != nullptr ? entry->ByteSizeLong() : 0) + 256;
+    if (out.trials_size() > 0 && reply_bytes + trial_bytes > search::limits::kMaxLeaseReplyBytes) {
+      break;
+    }
+    // A re-measure must run: the cache would hand back the measurement it is meant to check.
+    auto cached = t.remeasure ? absl::StatusOr<std::optional<v1::TrialResult>>(std::nullopt)
+                              : store_->LookupCache(CacheKey(*s, t, w));
     if (!cached.ok()) {
       log_->warn("results cache lookup failed (running the trial): {}", cached.status().ToString());
     } else if (cached->has_value()) {
@@ -247,6 +281,7 @@ absl::StatusOr<v1::LeaseTrialResponse> Scheduler::State::Allocate(WorkerEntry& w
     }
     Lease(*s, t, w, attempt);
     free -= s->world_size;
+    reply_bytes += trial_bytes;
 
     v1::TrialAssignment* a = out.add_trials();
     a->set_trial_id(t.rec.id);

@@ -98,7 +98,12 @@ class Scheduler::State {
 
   // Hands queued trials to worker `w` while they fit in `free` slots, fair across searches
   // (round robin). Trials found in the results cache are recorded as reused on the way.
+  // Stops adding trials before the reply outgrows limits::kMaxLeaseReplyBytes (one trial always
+  // goes: a submitted search fits the transport).
   absl::StatusOr<v1::LeaseTrialResponse> Allocate(WorkerEntry& w, int free);
+  // RESOURCE_EXHAUSTED when `owner`'s active searches, plus one with `planned` trials, would
+  // exceed the per-user limits (SchedulerOptions).
+  absl::Status CheckQuota(const std::string& owner, int64_t planned) const;
   // Gives newly queued work to parked LeaseTrial calls, oldest first.
   void ServeWaiters();
 

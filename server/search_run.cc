@@ -1,12 +1,19 @@
 #include "server/search_run.h"
 
 #include <algorithm>
+#include <set>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "proto/convert.h"
+#include "search/limits.h"
+#include "search/capacity.h"
 #include "search/memory_model.h"
 #include "search/policy.h"
+#include "search/remeasure.h"
+#include "search/text.h"
 #include "server/status_util.h"
 
 namespace remat::server {
@@ -33,6 +40,66 @@ search::TrialResult ResultToDomain(const std::string& policy, const v1::TrialRes
   return r;
 }
 
+namespace {
+
+absl::Status Figure(double v, const std::string& field) {
+  if (!std::isfinite(v) || v < 0) {
+    return absl::InvalidArgumentError(field + ": must be a finite number, not negative");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Ranks(const google::protobuf::RepeatedPtrField<v1::RankResult>& ranks,
+                   const std::string& where, int world_size) {
+  if (ranks.size() > world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".ranks: ", ranks.size(), " ranks for a world of ", world_size));
+  }
+  for (int i = 0; i < ranks.size(); ++i) {
+    const v1::RankResult& r = ranks[i];
+    const std::string at = absl::StrCat(where, ".ranks[", i, "]");
+    if (r.rank() < 0 || r.rank() >= world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ".rank: ", r.rank(), " is not a rank of a world of ", world_size));
+    }
+    REMAT_RETURN_IF_ERROR(Figure(r.step_time_s(), at + ".step_time_s"));
+    if (r.step_times_s_size() > search::limits::kMaxSteps + 1000) {
+      return absl::InvalidArgumentError(at + ".step_times_s: too many steps");
+    }
+    for (double t : r.step_times_s()) REMAT_RETURN_IF_ERROR(Figure(t, at + ".step_times_s"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateWireResult(const v1::TrialResult& result, const std::string& where,
+                                int world_size) {
+  if (!IsFinal(result.status())) {
+    return absl::InvalidArgumentError(
+        where + ".status: must be a final status (ok, oom, failed, timeout, invalid or cancelled)");
+  }
+  for (const auto& [value, field] :
+       {std::pair<double, const char*>{result.step_time_s(), "step_time_s"},
+        {result.step_time_spread_s(), "step_time_spread_s"},
+        {result.tokens_per_s(), "tokens_per_s"},
+        {result.model_tflops(), "model_tflops"},
+        {result.setup_s(), "setup_s"},
+        {result.wall_s(), "wall_s"}}) {
+    REMAT_RETURN_IF_ERROR(Figure(value, where + "." + field));
+  }
+  REMAT_RETURN_IF_ERROR(Ranks(result.ranks(), where, world_size));
+  if (result.proxies_size() > 16) {
+    return absl::InvalidArgumentError(where + ".proxies: more than 16 depths");
+  }
+  for (int i = 0; i < result.proxies_size(); ++i) {
+    const std::string at = absl::StrCat(where, ".proxies[", i, "]");
+    REMAT_RETURN_IF_ERROR(Figure(result.proxies(i).step_time_s(), at + ".step_time_s"));
+    REMAT_RETURN_IF_ERROR(Ranks(result.proxies(i).ranks(), at, world_size));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<SearchRun>> SearchRun::FromRequest(
     const std::string& owner, const v1::SubmitSearchRequest& request) {
   auto spec = proto::FromProto(request.spec());
@@ -44,6 +111,12 @@ absl::StatusOr<std::unique_ptr<SearchRun>> SearchRun::FromRequest(
   }
   search::Status valid = search::ValidateSpec(*spec);
   if (!valid.ok()) return ToAbsl(valid);
+  if (spec->search.backend == search::Backend::kBuiltin) {
+    // Refused here rather than found trial by trial (every trial would come back invalid).
+    if (std::string problem = search::BuiltinBackendProblem(*spec); !problem.empty()) {
+      return absl::InvalidArgumentError(problem);
+    }
+  }
 
   auto s = std::make_unique<SearchRun>();
   s->spec = *std::move(spec);
@@ -52,13 +125,28 @@ absl::StatusOr<std::unique_ptr<SearchRun>> SearchRun::FromRequest(
       return absl::InvalidArgumentError(
           "replay_table: backend replay needs the table's entries (the client sends the table)");
     }
+    if (request.replay_table().trials_size() >
+        static_cast<int>(search::limits::kMaxReplayTableEntries)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replay_table: more than ", search::limits::kMaxReplayTableEntries, " trials"));
+    }
     for (const auto& [key, entry] : request.replay_table().trials()) {
       auto policy = search::ParsePolicy(key);
       if (!policy.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("replay_table: \"", key, "\": ", policy.status().message()));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "replay_table: ", search::QuoteForError(key), ": ", policy.status().message()));
       }
-      (*s->rec.replay_table.mutable_trials())[policy->ToString()] = entry;
+      const std::string where = "replay_table[" + policy->ToString() + "].result";
+      REMAT_RETURN_IF_ERROR(ValidateWireResult(entry.result(), where,
+                                               static_cast<int>(search::limits::kMaxWorldSize)));
+      if (!std::isfinite(entry.wall_s()) || entry.wall_s() < 0) {
+        return absl::InvalidArgumentError("replay_table[" + policy->ToString() +
+                                          "].wall_s: must be a finite number, not negative");
+      }
+      v1::ReplayEntry& kept = (*s->rec.replay_table.mutable_trials())[policy->ToString()];
+      kept = entry;
+      kept.mutable_result()->set_message(search::BoundedUtf8(
+          entry.result().message(), search::limits::kMaxTrialMessageBytes));
     }
   }
   if (s->spec.search.backend == search::Backend::kCommand &&
@@ -90,19 +178,26 @@ absl::Status SearchRun::RestoreTrials(
     std::vector<TrialRecord> records,
     const std::function<absl::StatusOr<bool>(RunTrial&)>& keep_lease) {
   std::vector<search::Candidate> proposed;
-  std::vector<search::TrialResult> restored;
+  std::vector<search::TrialResult> restored, all;
+  std::set<std::string> seen;
   for (TrialRecord& record : records) {
     auto t = std::make_unique<RunTrial>();
     t->rec = std::move(record);
-    search::Candidate c;
-    if (auto p = search::ParsePolicy(t->rec.policy); p.ok()) {
-      c.policy = *p;
-      c.estimate = search::EstimateMemory(spec, c.policy);
+    // A policy's second trial is a near-tie re-measure: not the strategy's to restore.
+    t->remeasure = !seen.insert(t->rec.policy).second;
+    remeasure_proposed = remeasure_proposed || t->remeasure;
+    if (!t->remeasure) {
+      search::Candidate c;
+      if (auto p = search::ParsePolicy(t->rec.policy); p.ok()) {
+        c.policy = *p;
+        c.estimate = search::EstimateMemory(spec, c.policy);
+      }
+      c.reason = t->rec.reason;
+      proposed.push_back(std::move(c));
     }
-    c.reason = t->rec.reason;
-    proposed.push_back(std::move(c));
     if (IsFinal(t->rec.status) && t->rec.result) {
-      restored.push_back(ResultToDomain(t->rec.policy, *t->rec.result));
+      all.push_back(ResultToDomain(t->rec.policy, *t->rec.result));
+      if (!t->remeasure) restored.push_back(all.back());
       ++done;
     } else if (t->rec.status == v1::TRIAL_STATUS_RUNNING) {
       auto keep = keep_lease(*t);
@@ -120,17 +215,32 @@ absl::Status SearchRun::RestoreTrials(
     trials.push_back(std::move(t));
   }
   strategy->Restore(proposed, restored);
-  results = std::move(restored);
+  results = std::move(all);
   return absl::OkStatus();
 }
 
 std::vector<search::FrontierPoint> SearchRun::Frontier() const {
-  return search::ComputeFrontier(results, spec.search.memory_metric,
+  return search::ComputeFrontier(Measured(), spec.search.memory_metric,
                                  spec.search.MemoryBudgetBytes());
 }
 
+std::vector<search::TrialResult> SearchRun::Measured() const {
+  return search::CombineRemeasured(spec, results);
+}
+
 int SearchRun::PlannedTotal() const {
+  if (planned_shown > 0) return planned_shown;
   return std::max<int>(strategy->PlannedTotal(), static_cast<int>(trials.size()));
+}
+
+void SearchRun::RevisePlannedTotal() {
+  const int proposed = static_cast<int>(trials.size() + unsaved.size());
+  if (planned_shown == 0) {
+    planned_shown = std::max(strategy->PlannedTotal(), proposed);
+  } else if (proposed > planned_shown) {
+    planned_revised_from = planned_shown;
+    planned_shown = std::max(strategy->PlannedTotal(), proposed);
+  }
 }
 
 const v1::ReplayEntry* SearchRun::ReplayFor(const std::string& policy) const {
@@ -145,6 +255,18 @@ std::vector<TrialRecord> SearchRun::Proposals(int64_t target,
   if (want > 0 && !strategy->Done()) {
     for (auto& c : strategy->Propose(static_cast<int>(want))) unsaved.push_back(std::move(c));
   }
+  if (!remeasure_proposed && strategy->Done() && !Outstanding()) {
+    // The strategy is done: before concluding, measure the near-ties once more (all at once:
+    // the round is bounded by the frontier's and the tie set's size).
+    remeasure_proposed = true;
+    for (search::Remeasure& r : search::NearTiesToRemeasure(spec, results)) {
+      search::Candidate c;
+      c.policy = r.policy;
+      c.reason = std::move(r.reason);
+      unsaved.push_back(std::move(c));
+    }
+  }
+  RevisePlannedTotal();
   std::vector<TrialRecord> out;
   for (const search::Candidate& c : unsaved) {
     TrialRecord t;
@@ -165,6 +287,9 @@ std::vector<RunTrial*> SearchRun::Enqueue(std::vector<TrialRecord> stored) {
   for (TrialRecord& r : stored) {
     auto t = std::make_unique<RunTrial>();
     t->rec = std::move(r);
+    t->remeasure = std::any_of(trials.begin(), trials.end(), [&](const auto& earlier) {
+      return earlier->rec.policy == t->rec.policy;
+    });
     queue.push_back(t.get());
     out.push_back(t.get());
     trials.push_back(std::move(t));
@@ -211,7 +336,7 @@ void SearchRun::MarkFinal(RunTrial& t, const v1::TrialResult& result,
   if (!by_worker.empty()) t.rec.worker_id = by_worker;
   ++done;
   search::TrialResult domain = ResultToDomain(t.rec.policy, result);
-  strategy->Observe(domain);
+  if (!t.remeasure) strategy->Observe(domain);
   results.push_back(std::move(domain));
 }
 
@@ -230,9 +355,11 @@ void SearchRun::CancelAll(const std::string& message,
 
 void SearchRun::FillFrontier(SearchRecord* out) const {
   out->frontier.clear();
-  std::vector<search::FrontierPoint> frontier = Frontier();
+  const std::vector<search::TrialResult> measured = Measured();
+  std::vector<search::FrontierPoint> frontier = search::ComputeFrontier(
+      measured, spec.search.memory_metric, spec.search.MemoryBudgetBytes());
   for (const auto& p : frontier) out->frontier.push_back(p.policy.ToString());
-  if (auto rec = search::RecommendPolicy(spec, results)) {
+  if (auto rec = search::RecommendPolicy(spec, measured)) {
     const search::Policy& best = rec->choice.policy;
     out->recommendation = best.ToString();
     out->apply.set_megatron_bridge(best.MegatronBridgeOverrides());
@@ -247,8 +374,15 @@ void SearchRun::FillFrontier(SearchRecord* out) const {
 void SearchRun::Conclude() {
   FillFrontier(&rec);
   rec.message = rec.recommendation ? ""
-                                   : search::NothingFitsMessage(results, spec.search.memory_metric,
+                                   : search::NothingFitsMessage(Measured(), spec.search.memory_metric,
                                                                 spec.search.MemoryBudgetBytes());
+  if (!rec.recommendation) {
+    // Said first when static memory alone is over the budget: no policy could have fit.
+    if (const auto capacity = search::StaticCapacityProblem(spec)) {
+      rec.message = absl::StrCat(absl::StrJoin(search::CapacityLines(*capacity), "\n"), "\n",
+                                 rec.message);
+    }
+  }
   bool measured = false;
   std::string first_failure;
   for (const search::TrialResult& r : results) {

@@ -36,8 +36,19 @@ bool IsFinished(v1::SearchState s);
 // one, so a strategy still observes every trial it proposed.
 search::TrialResult ResultToDomain(const std::string& policy, const v1::TrialResult& msg);
 
+// Checks a result that came over the wire (a worker's report, a replay entry sent with a
+// search): a final status, figures that are finite and not negative, at most `world_size` ranks
+// numbered below it (limits::kMaxWorldSize for a replay table), bounded lists. InvalidArgument
+// naming `where` and the field ("result.ranks[2].rank: ..."). The message is not checked: the
+// caller bounds it (search/text.h BoundedUtf8).
+absl::Status ValidateWireResult(const v1::TrialResult& result, const std::string& where,
+                                int world_size);
+
 struct RunTrial {
   TrialRecord rec;
+  // A second measurement of a near-tie (search/remeasure.h): not the strategy's, and never
+  // taken from the results cache (that would return the first measurement).
+  bool remeasure = false;
   int64_t leased_ms = 0;     // monotonic time of the current lease
   int64_t confirmed_ms = 0;  // last time the holder listed it in a heartbeat (or leased it)
 };
@@ -65,7 +76,15 @@ struct SearchRun {
                              const std::function<absl::StatusOr<bool>(RunTrial&)>& keep_lease);
 
   std::vector<search::FrontierPoint> Frontier() const;
+  // One result per policy (search::CombineRemeasured): what the frontier and the
+  // recommendation are computed from.
+  std::vector<search::TrialResult> Measured() const;
+  // The total shown in progress: the strategy's estimate when the search starts, raised (to the
+  // strategy's estimate then) only when more trials are proposed than it says, never lowered while
+  // the search runs (a finished search shows its trials). `planned_revised_from` is the total
+  // shown before the last raise (0: never raised), so progress can say it was revised.
   int PlannedTotal() const;
+  void RevisePlannedTotal();
   // Anything queued, leased, or proposed and not yet stored.
   bool Outstanding() const { return !queue.empty() || running > 0 || !unsaved.empty(); }
   // With backend replay: the table's entry for `policy` (nullptr when absent or not replay).
@@ -101,9 +120,14 @@ struct SearchRun {
   std::deque<RunTrial*> queue;                    // pending, in the order they should run
   int running = 0;
   int done = 0;
-  std::vector<search::TrialResult> results;  // finished, for the frontier and Done()
+  std::vector<search::TrialResult> results;  // finished (re-measures included), in that order
   std::vector<search::Candidate> unsaved;    // proposed, not yet written to the store
+  // The one round of near-tie re-measures (search/remeasure.h) was proposed: once the strategy
+  // is done and nothing is outstanding, before the search concludes.
+  bool remeasure_proposed = false;
   bool finalize_pending = false;             // finished, but the store write failed
+  int planned_shown = 0;                     // see PlannedTotal
+  int planned_revised_from = 0;
 };
 
 }  // namespace remat::server

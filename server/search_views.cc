@@ -1,9 +1,14 @@
 #include "server/search_views.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
+#include <string>
 
 #include "proto/convert.h"
 #include "search/frontier.h"
+#include "search/provenance.h"
+#include "search/remeasure.h"
 
 namespace remat::server {
 namespace {
@@ -67,17 +72,48 @@ v1::Search SearchView(const SearchRecord& rec, const std::vector<const TrialReco
   out.set_memory_budget_bytes(spec.search.MemoryBudgetBytes());
   out.set_memory_metric(search::Name(spec.search.memory_metric));
   for (const search::TrialResult& r : results) {
-    for (std::string& f : search::DiagnoseFragmentation(r)) out.add_fragmentation(std::move(f));
+    for (std::string& f : search::DiagnoseFragmentation(r, spec.search.MemoryBudgetBytes())) {
+      out.add_fragmentation(std::move(f));
+    }
   }
   out.set_created_unix_ms(rec.created_unix_ms);
   out.set_updated_unix_ms(rec.updated_unix_ms);
   int done = 0;
+  std::vector<search::TrialResult> final_results;  // in trial order, for the numerics check
+  std::vector<int> final_trial;                    // the index in out.trials of each
+  std::set<std::string> seen;
+  std::map<std::string, int> last_of;  // policy -> index of its last trial, when measured again
   for (const TrialRecord* t : trials) {
     *out.add_trials() = TrialView(*t);
+    if (!seen.insert(t->policy).second) {
+      out.mutable_trials(out.trials_size() - 1)->set_remeasure(true);
+      last_of[t->policy] = out.trials_size() - 1;
+    }
     if (IsFinal(t->status)) ++done;
+    if (IsFinal(t->status) && t->result) {
+      final_results.push_back(ResultToDomain(t->policy, *t->result));
+      final_trial.push_back(out.trials_size() - 1);
+    }
+  }
+  // Numerical sanity and provenance (search/provenance.h), decided here so clients only render.
+  const search::NumericsCheck numerics = search::CheckNumerics(spec, final_results);
+  out.set_numerics_compared(numerics.compared);
+  out.set_numerics_tolerance(search::NumericsTolerance(spec.train.precision));
+  out.set_numerics_reference(numerics.reference);
+  for (const auto& [index, sentence] : numerics.mismatches) {
+    out.mutable_trials(final_trial[index])->set_numerics_mismatch(sentence);
+    out.add_numerics_mismatches(sentence);
+  }
+  for (const auto& [key, value] : search::SearchVersions(final_results)) {
+    (*out.mutable_versions())[key] = value;
   }
   out.set_trials_done(done);
   out.set_trials_planned(std::max<int>(planned, static_cast<int>(trials.size())));
+  // A policy measured more than once: what its runs came to, on its last trial.
+  for (const search::TrialResult& r : results) {
+    auto it = last_of.find(r.policy.ToString());
+    if (it != last_of.end()) *out.mutable_trials(it->second)->mutable_combined() = proto::ToProto(r);
+  }
   FillRecommendationDetail(rec, spec, results, &out);
   return out;
 }
@@ -87,13 +123,15 @@ v1::Search ActiveSearchView(const SearchRun& s) {
   s.FillFrontier(&rec);
   std::vector<const TrialRecord*> trials;
   for (const auto& t : s.trials) trials.push_back(&t->rec);
-  return SearchView(rec, trials, s.PlannedTotal(), s.spec, s.results);
+  return SearchView(rec, trials, s.PlannedTotal(), s.spec, s.Measured());
 }
 
 v1::Search StoredSearchView(const SearchRecord& rec, const std::vector<TrialRecord>& trials) {
   std::vector<const TrialRecord*> ptrs;
   for (const auto& t : trials) ptrs.push_back(&t);
-  return SearchView(rec, ptrs, rec.trials_planned, StoredSpec(rec), FinalResults(trials));
+  const search::SearchSpec spec = StoredSpec(rec);
+  return SearchView(rec, ptrs, rec.trials_planned, spec,
+                    search::CombineRemeasured(spec, FinalResults(trials)));
 }
 
 v1::SearchProgress ProgressView(const SearchRun& s, const RunTrial* last, int64_t unix_now_ms) {
@@ -106,10 +144,11 @@ v1::SearchProgress ProgressView(const SearchRun& s, const RunTrial* last, int64_
           ? s.PlannedTotal()
           : static_cast<int>(s.trials.size());
   p.set_trials_planned(planned);
+  if (!IsFinished(s.rec.state)) p.set_trials_planned_revised_from(s.planned_revised_from);
   p.set_trials_running(s.running);
   std::vector<search::FrontierPoint> frontier = s.Frontier();
   for (const auto& f : frontier) p.add_frontier(f.policy.ToString());
-  if (auto rec = search::RecommendPolicy(s.spec, s.results)) {
+  if (auto rec = search::RecommendPolicy(s.spec, s.Measured())) {
     p.set_best_policy(rec->choice.policy.ToString());
     p.set_best_tokens_per_s(rec->choice.tokens_per_s);
     p.set_best_peak_bytes(rec->choice.memory_bytes);

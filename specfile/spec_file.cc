@@ -10,7 +10,9 @@
 #include <set>
 
 #include "common/read_file.h"
+#include "search/limits.h"
 #include "search/policy.h"
+#include "search/text.h"
 
 namespace remat::spec {
 namespace {
@@ -18,6 +20,102 @@ namespace {
 using search::InvalidArgument;
 using search::Status;
 using search::StatusOr;
+namespace limits = search::limits;
+
+std::string Quote(const std::string& value) {
+  return search::QuoteForError(value, limits::kMaxQuotedValueBytes);
+}
+
+// `path.key` for messages: the key as it is when it is a short plain name, quoted otherwise (a
+// key is user text: it may hold a newline or be long).
+std::string KeyPath(const std::string& path, const std::string& key) {
+  bool plain = !key.empty() && key.size() <= limits::kMaxQuotedValueBytes;
+  for (char c : key) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F || c == '"' || c == '\\') plain = false;
+  }
+  const std::string shown = plain ? key : Quote(key);
+  return path.empty() ? shown : path + "." + shown;
+}
+
+// What the spec's reader needs of the YAML tree before any field is read, since yaml-cpp accepts
+// it: keys are plain strings and appear once per mapping (yaml-cpp keeps both and `node[key]`
+// would see only the first), every scalar is UTF-8 of bounded length, nesting is shallow and the
+// tree is small once aliases are expanded (an alias bomb is a few lines of text).
+class TreeCheck {
+ public:
+  Status Check(const YAML::Node& node, const std::string& path, int depth) {
+    if (++nodes_ > limits::kMaxYamlNodes) {
+      return InvalidArgument("spec: more than " + std::to_string(limits::kMaxYamlNodes) +
+                             " values (aliases that expand?)");
+    }
+    const std::string where = path.empty() ? "spec" : path;
+    if (depth > limits::kMaxYamlDepth) return InvalidArgument(where + ": nested too deeply");
+    switch (node.Type()) {
+      case YAML::NodeType::Scalar: {
+        const std::string& v = node.Scalar();
+        if (!search::IsValidUtf8(v)) return InvalidArgument(where + ": not valid UTF-8");
+        if (v.size() > limits::kMaxStringValueBytes) {
+          return InvalidArgument(where + ": a value longer than " +
+                                 std::to_string(limits::kMaxStringValueBytes) + " bytes");
+        }
+        return search::OkStatus();
+      }
+      case YAML::NodeType::Sequence:
+        for (size_t i = 0; i < node.size(); ++i) {
+          REMAT_SEARCH_RETURN_IF_ERROR(Check(node[i], path + "[" + std::to_string(i) + "]",
+                                             depth + 1));
+        }
+        return search::OkStatus();
+      case YAML::NodeType::Map: {
+        std::set<std::string> keys;
+        for (const auto& kv : node) {
+          if (!kv.first.IsScalar()) {
+            return InvalidArgument(where + ": a key must be a plain string, got a " +
+                                   (kv.first.IsSequence() ? "list" : "mapping"));
+          }
+          const std::string& key = kv.first.Scalar();
+          if (!search::IsValidUtf8(key) || key.size() > limits::kMaxNameBytes) {
+            return InvalidArgument(where + ": a key must be UTF-8 of at most " +
+                                   std::to_string(limits::kMaxNameBytes) + " bytes, got " +
+                                   Quote(key));
+          }
+          if (!keys.insert(key).second) {
+            return InvalidArgument(KeyPath(path, key) + ": duplicate key");
+          }
+          REMAT_SEARCH_RETURN_IF_ERROR(Check(kv.second, KeyPath(path, key), depth + 1));
+        }
+        return search::OkStatus();
+      }
+      default:
+        return search::OkStatus();
+    }
+  }
+
+ private:
+  size_t nodes_ = 0;
+};
+
+// YAML text is UTF-8 unless a byte-order mark says UTF-16 or UTF-32 (which yaml-cpp reads).
+Status CheckEncoding(const std::string& text) {
+  const auto starts = [&](std::string_view bom) { return text.compare(0, bom.size(), bom) == 0; };
+  using namespace std::literals;
+  if (starts("\xFF\xFE"sv) || starts("\xFE\xFF"sv) || starts("\0\0\xFE\xFF"sv)) {
+    return search::OkStatus();
+  }
+  if (search::IsValidUtf8(text)) return search::OkStatus();
+  // Where: the first line that is not valid UTF-8.
+  size_t line_start = 0;
+  int line = 1;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    if (i == text.size() || text[i] == '\n') {
+      if (!search::IsValidUtf8(std::string_view(text).substr(line_start, i - line_start))) break;
+      line_start = i + 1;
+      ++line;
+    }
+  }
+  return InvalidArgument("spec: not valid UTF-8 at line " + std::to_string(line) +
+                         " (save the file as UTF-8)");
+}
 
 // Reads the keys of one YAML mapping, remembering which were consumed so that unknown keys can
 // be refused by name. Type errors name the full key path.
@@ -32,7 +130,7 @@ class Section {
     return search::OkStatus();
   }
 
-  std::string Key(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  std::string Key(const std::string& key) const { return KeyPath(path_, key); }
 
   // The node for `key`, or an undefined/null node when absent.
   YAML::Node Get(const std::string& key) {
@@ -63,7 +161,8 @@ class Section {
     try {
       *out = n.as<uint64_t>();
     } catch (const YAML::Exception&) {
-      return InvalidArgument(Key(key) + ": must be a non-negative integer, got '" + n.Scalar() + "'");
+      return InvalidArgument(Key(key) + ": must be a non-negative integer, got " +
+                             Quote(n.Scalar()));
     }
     return search::OkStatus();
   }
@@ -77,7 +176,7 @@ class Section {
       if (!std::isfinite(v)) throw YAML::Exception(YAML::Mark(), "not finite");
       *out = v;
     } catch (const YAML::Exception&) {
-      return InvalidArgument(Key(key) + ": must be a number, got '" + n.Scalar() + "'");
+      return InvalidArgument(Key(key) + ": must be a number, got " + Quote(n.Scalar()));
     }
     return search::OkStatus();
   }
@@ -91,7 +190,7 @@ class Section {
     } else if (s == "false" || s == "False" || s == "FALSE") {
       *out = false;
     } else {
-      return InvalidArgument(Key(key) + ": must be true or false, got '" + s + "'");
+      return InvalidArgument(Key(key) + ": must be true or false, got " + Quote(s));
     }
     return search::OkStatus();
   }
@@ -122,8 +221,8 @@ class Section {
     if (!n.IsScalar()) return InvalidArgument(Key(key) + ": must be one of " + allowed);
     auto v = parse(n.Scalar());
     if (!v) {
-      return InvalidArgument(Key(key) + ": must be one of " + allowed + ", got '" + n.Scalar() +
-                             "'");
+      return InvalidArgument(Key(key) + ": must be one of " + allowed + ", got " +
+                             Quote(n.Scalar()));
     }
     *out = *v;
     return search::OkStatus();
@@ -133,7 +232,8 @@ class Section {
   Status RejectUnknown() const {
     if (!node_ || !node_.IsMap()) return search::OkStatus();
     for (const auto& kv : node_) {
-      const std::string key = kv.first.as<std::string>();
+      // Keys are scalars: TreeCheck ran first.
+      const std::string& key = kv.first.Scalar();
       if (!seen_.count(key)) return InvalidArgument(Key(key) + ": unknown key");
     }
     return search::OkStatus();
@@ -150,7 +250,7 @@ class Section {
       used = 0;
     }
     if (used == 0 || used != s.size()) {
-      return InvalidArgument(field + ": must be an integer, got '" + s + "'");
+      return InvalidArgument(field + ": must be an integer, got " + Quote(s));
     }
     if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) {
       return InvalidArgument(field + ": " + s + " is out of range");
@@ -184,7 +284,8 @@ Status ReadModel(Section& s, search::ModelSpec* m) {
   REMAT_SEARCH_RETURN_IF_ERROR(s.Enum<search::Normalization>(
       "normalization", search::ParseNormalization, "LayerNorm, RMSNorm", &m->normalization));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Enum<search::AttentionBackend>(
-      "attention_backend", search::ParseAttentionBackend, "unfused, flash",
+      "attention_backend", search::ParseAttentionBackend,
+      "unfused, flash, or Megatron's auto, fused, local",
       &m->attention_backend));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Double("attention_dropout", &m->attention_dropout));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Double("hidden_dropout", &m->hidden_dropout));
@@ -196,7 +297,22 @@ Status ReadModel(Section& s, search::ModelSpec* m) {
   REMAT_SEARCH_RETURN_IF_ERROR(
       s.Bool("share_embeddings_and_output_weights", &m->share_embeddings_and_output_weights));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("multi_latent_attention", &m->multi_latent_attention));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.OptionalInt("q_lora_rank", &m->q_lora_rank));
+  {  // MLATransformerConfig's default normalization is RMSNorm (TransformerConfig's LayerNorm)
+    YAML::Node n = s.Get("normalization");
+    if (m->multi_latent_attention && (!n || n.IsNull())) {
+      m->normalization = search::Normalization::kRMSNorm;
+    }
+  }
+  {  // absent: MLATransformerConfig's 512; null: no q compression
+    YAML::Node q = s.Get("q_lora_rank");
+    if (q && q.IsNull()) {
+      m->q_lora_rank.reset();
+    } else if (q) {
+      int v = 0;
+      REMAT_SEARCH_RETURN_IF_ERROR(Section::ParseInt(q, s.Key("q_lora_rank"), &v));
+      m->q_lora_rank = v;
+    }
+  }
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("kv_lora_rank", &m->kv_lora_rank));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("qk_head_dim", &m->qk_head_dim));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("qk_pos_emb_head_dim", &m->qk_pos_emb_head_dim));
@@ -227,6 +343,26 @@ Status ReadModel(Section& s, search::ModelSpec* m) {
   REMAT_SEARCH_RETURN_IF_ERROR(
       s.OptionalString("experimental_attention_variant", &m->experimental_attention_variant));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("cpu_offloading", &m->cpu_offloading));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("cpu_offloading_num_layers", &m->cpu_offloading_num_layers));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.String("fp8", &m->fp8));  // null: no FP8
+  REMAT_SEARCH_RETURN_IF_ERROR(s.String("fp8_recipe", &m->fp8_recipe));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.String("cuda_graph_impl", &m->cuda_graph_impl));
+  YAML::Node scope = s.Get("cuda_graph_scope");
+  if (scope && !scope.IsNull()) {
+    if (scope.IsScalar()) {  // one module, as Megatron also accepts
+      m->cuda_graph_scope.push_back(scope.Scalar());
+    } else if (scope.IsSequence()) {
+      for (size_t i = 0; i < scope.size(); ++i) {
+        if (!scope[i].IsScalar()) {
+          return InvalidArgument(s.Key("cuda_graph_scope") + "[" + std::to_string(i) +
+                                 "]: must be a module name");
+        }
+        m->cuda_graph_scope.push_back(scope[i].Scalar());
+      }
+    } else {
+      return InvalidArgument(s.Key("cuda_graph_scope") + ": must be a list of module names");
+    }
+  }
   REMAT_SEARCH_RETURN_IF_ERROR(
       s.Bool("distribute_saved_activations", &m->distribute_saved_activations));
   return s.RejectUnknown();
@@ -262,6 +398,8 @@ Status ReadParallel(Section& s, search::ParallelSpec* p) {
                                       &p->account_for_embedding_in_pipeline_split));
   REMAT_SEARCH_RETURN_IF_ERROR(
       s.Bool("account_for_loss_in_pipeline_split", &p->account_for_loss_in_pipeline_split));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("overlap_grad_reduce", &p->overlap_grad_reduce));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("overlap_param_gather", &p->overlap_param_gather));
   return s.RejectUnknown();
 }
 
@@ -277,6 +415,9 @@ Status ReadSearch(Section& s, search::SearchOptions* o) {
   REMAT_SEARCH_RETURN_IF_ERROR(s.Double("memory_headroom_gib", &o->memory_headroom_gib));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("max_trials", &o->max_trials));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("warmup_steps", &o->warmup_steps));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("warmup_max_steps", &o->warmup_max_steps));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("steady_window", &o->steady_window));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Double("steady_tolerance", &o->steady_tolerance));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Int("measure_steps", &o->measure_steps));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Enum<search::Backend>(
       "backend", search::ParseBackend, "builtin, command, replay, megatron", &o->backend));
@@ -300,22 +441,131 @@ Status ReadSearch(Section& s, search::SearchOptions* o) {
   return s.RejectUnknown();
 }
 
-StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
-  auto text = common::ReadFile(path);
-  if (!text) return InvalidArgument(std::string(what) + " '" + path + "': cannot be read");
-  return *text;
+// An exception's text for an error line: valid UTF-8, no line breaks, cut.
+std::string OneLine(const std::string& text) {
+  std::string out = search::BoundedUtf8(text, 256);
+  for (char& c : out) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return out;
+}
+
+StatusOr<search::SearchSpec> ReadSpec(const YAML::Node& root);
+
+StatusOr<std::string> ReadFile(const std::string& path, const char* what, size_t max_bytes) {
+  common::FileText file = common::ReadRegularFile(path, max_bytes);
+  if (!file.text) {
+    return InvalidArgument(std::string(what) + " " + search::QuoteForError(path, 256) + ": " +
+                           file.error);
+  }
+  return std::move(*file.text);
+}
+
+// The fields of a replay entry, each checked for its type and range by name (a negative peak
+// must not read as 18446744073709551615).
+Status Bytes(const nlohmann::json& obj, const char* key, const std::string& where, uint64_t* out) {
+  if (!obj.contains(key) || obj[key].is_null()) return search::OkStatus();
+  if (!obj[key].is_number_unsigned()) {
+    return InvalidArgument(where + "." + key + ": must be a non-negative integer");
+  }
+  *out = obj[key].get<uint64_t>();
+  return search::OkStatus();
+}
+
+Status Seconds(const nlohmann::json& obj, const char* key, const std::string& where, double* out) {
+  if (!obj.contains(key) || obj[key].is_null()) return search::OkStatus();
+  const double v = obj[key].is_number() ? obj[key].get<double>() : -1;
+  if (!(v >= 0) || !std::isfinite(v)) {
+    return InvalidArgument(where + "." + key + ": must be a non-negative number");
+  }
+  *out = v;
+  return search::OkStatus();
+}
+
+Status Number(const nlohmann::json& obj, const char* key, const std::string& where, double* out) {
+  if (!obj.contains(key) || obj[key].is_null()) return search::OkStatus();
+  if (!obj[key].is_number()) return InvalidArgument(where + "." + key + ": must be a number");
+  *out = obj[key].get<double>();
+  return search::OkStatus();
+}
+
+Status ReadReplayEntry(const nlohmann::json& entry, const std::string& where, ReplayEntry* e) {
+  std::string status_name = "ok";
+  if (entry.contains("status")) {
+    if (!entry["status"].is_string()) return InvalidArgument(where + ".status: must be a string");
+    status_name = entry["status"].get<std::string>();
+  }
+  auto status = search::ParseTrialStatus(status_name);
+  if (!status) {
+    return InvalidArgument(where + ".status: unknown trial status " + Quote(status_name) +
+                           " (ok, oom, failed, timeout, invalid or cancelled)");
+  }
+  e->result.status = *status;
+  REMAT_SEARCH_RETURN_IF_ERROR(Seconds(entry, "step_time_s", where, &e->result.step_time_s));
+  REMAT_SEARCH_RETURN_IF_ERROR(Seconds(entry, "tokens_per_s", where, &e->result.tokens_per_s));
+  REMAT_SEARCH_RETURN_IF_ERROR(Seconds(entry, "wall_s", where, &e->wall_s));
+  REMAT_SEARCH_RETURN_IF_ERROR(Number(entry, "loss", where, &e->result.loss));
+  REMAT_SEARCH_RETURN_IF_ERROR(Number(entry, "grad_norm", where, &e->result.grad_norm));
+  if (entry.contains("message")) {
+    if (!entry["message"].is_string()) return InvalidArgument(where + ".message: must be a string");
+    e->result.message = search::BoundedUtf8(entry["message"].get<std::string>(),
+                                            limits::kMaxTrialMessageBytes);
+  }
+  if (e->result.status == search::TrialStatus::kOk && !(e->result.step_time_s > 0)) {
+    return InvalidArgument(where + ".step_time_s: must be positive for an ok trial");
+  }
+  if (!entry.contains("ranks")) return search::OkStatus();
+  const nlohmann::json& ranks = entry["ranks"];
+  if (!ranks.is_array()) return InvalidArgument(where + ".ranks: must be a list");
+  if (ranks.size() > static_cast<size_t>(limits::kMaxWorldSize)) {
+    return InvalidArgument(where + ".ranks: more than " + std::to_string(limits::kMaxWorldSize));
+  }
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const nlohmann::json& r = ranks[i];
+    const std::string at = where + ".ranks[" + std::to_string(i) + "]";
+    if (!r.is_object()) return InvalidArgument(at + ": must be an object");
+    search::RankResult rr;
+    uint64_t rank = i;
+    REMAT_SEARCH_RETURN_IF_ERROR(Bytes(r, "rank", at, &rank));
+    if (rank >= static_cast<uint64_t>(limits::kMaxWorldSize)) {
+      return InvalidArgument(at + ".rank: above remat's limit of " +
+                             std::to_string(limits::kMaxWorldSize));
+    }
+    rr.rank = static_cast<int>(rank);
+    REMAT_SEARCH_RETURN_IF_ERROR(Bytes(r, "peak_allocated_bytes", at, &rr.peak_allocated_bytes));
+    rr.peak_reserved_bytes = rr.peak_allocated_bytes;
+    REMAT_SEARCH_RETURN_IF_ERROR(Bytes(r, "peak_reserved_bytes", at, &rr.peak_reserved_bytes));
+    REMAT_SEARCH_RETURN_IF_ERROR(Bytes(r, "static_bytes", at, &rr.static_bytes));
+    REMAT_SEARCH_RETURN_IF_ERROR(Bytes(r, "alloc_retries", at, &rr.alloc_retries));
+    rr.step_time_s = e->result.step_time_s;
+    REMAT_SEARCH_RETURN_IF_ERROR(Seconds(r, "step_time_s", at, &rr.step_time_s));
+    e->result.ranks.push_back(rr);
+  }
+  return search::OkStatus();
 }
 
 }  // namespace
 
 StatusOr<search::SearchSpec> ParseSpecYaml(const std::string& yaml_text) {
+  REMAT_SEARCH_RETURN_IF_ERROR(CheckEncoding(yaml_text));
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
-    return InvalidArgument("spec: not valid YAML: " + std::string(e.what()));
+    return InvalidArgument("spec: not valid YAML: " + OneLine(e.what()));
   }
   if (!root || !root.IsMap()) return InvalidArgument("spec: must be a YAML mapping");
+  REMAT_SEARCH_RETURN_IF_ERROR(TreeCheck().Check(root, "", 0));
+  // Whatever the tree check missed, a conversion that throws is bad input, not a crash.
+  try {
+    return ReadSpec(root);
+  } catch (const std::exception& e) {
+    return InvalidArgument("spec: " + OneLine(e.what()));
+  }
+}
+
+namespace {
+StatusOr<search::SearchSpec> ReadSpec(const YAML::Node& root) {
   search::SearchSpec spec;
   Section top(root, "");
   REMAT_SEARCH_RETURN_IF_ERROR(top.String("name", &spec.name));
@@ -333,9 +583,10 @@ StatusOr<search::SearchSpec> ParseSpecYaml(const std::string& yaml_text) {
   REMAT_SEARCH_RETURN_IF_ERROR(search::ValidateSpec(spec));
   return spec;
 }
+}  // namespace
 
 StatusOr<search::SearchSpec> LoadSpecFile(const std::string& path) {
-  auto text = ReadFile(path, "spec");
+  auto text = ReadFile(path, "spec", limits::kMaxSpecFileBytes);
   if (!text.ok()) return text.status();
   auto spec = ParseSpecYaml(*text);
   if (!spec.ok()) return spec;
@@ -343,7 +594,11 @@ StatusOr<search::SearchSpec> LoadSpecFile(const std::string& path) {
   if (!table.empty() && std::filesystem::path(table).is_relative()) {
     table = (std::filesystem::path(path).parent_path() / table).lexically_normal().string();
   }
-  if (spec->name.empty()) spec->name = std::filesystem::path(path).stem().string();
+  if (spec->name.empty()) {
+    // A file name is any bytes: the name goes into protobuf and JSON, which need UTF-8.
+    spec->name = search::BoundedUtf8(std::filesystem::path(path).stem().string(),
+                                     limits::kMaxNameBytes);
+  }
   return spec;
 }
 
@@ -352,53 +607,24 @@ StatusOr<ReplayTable> ParseReplayTableJson(const std::string& json_text) {
   try {
     root = nlohmann::json::parse(json_text);
   } catch (const nlohmann::json::exception& e) {
-    return InvalidArgument("replay table: not valid JSON: " + std::string(e.what()));
+    return InvalidArgument("replay table: not valid JSON: " + OneLine(e.what()));
   }
   if (!root.is_object() || !root.contains("trials") || !root["trials"].is_object()) {
     return InvalidArgument("replay table: must be an object with a \"trials\" object");
   }
+  if (root["trials"].size() > limits::kMaxReplayTableEntries) {
+    return InvalidArgument("replay table: more than " +
+                           std::to_string(limits::kMaxReplayTableEntries) + " trials");
+  }
   ReplayTable table;
   for (const auto& [key, entry] : root["trials"].items()) {
-    const std::string where = "replay table: trials[\"" + key + "\"]";
+    const std::string where = "replay table: trials[" + Quote(key) + "]";
     auto policy = search::ParsePolicy(key);
     if (!policy.ok()) return InvalidArgument(where + ": " + policy.status().message());
     if (!entry.is_object()) return InvalidArgument(where + ": must be an object");
     ReplayEntry e;
     e.result.policy = *policy;
-    try {
-      auto status = search::ParseTrialStatus(entry.value("status", std::string("ok")));
-      if (!status) return InvalidArgument(where + ".status: unknown trial status");
-      e.result.status = *status;
-      e.result.step_time_s = entry.value("step_time_s", 0.0);
-      e.result.tokens_per_s = entry.value("tokens_per_s", 0.0);
-      e.result.loss = entry.value("loss", 0.0);
-      e.result.grad_norm = entry.value("grad_norm", 0.0);
-      e.result.message = entry.value("message", std::string());
-      e.wall_s = entry.value("wall_s", 0.0);
-      if (e.wall_s < 0 || e.result.step_time_s < 0) {
-        return InvalidArgument(where + ": wall_s and step_time_s must not be negative");
-      }
-      if (e.result.status == search::TrialStatus::kOk && !(e.result.step_time_s > 0)) {
-        return InvalidArgument(where + ".step_time_s: must be positive for an ok trial");
-      }
-      if (entry.contains("ranks")) {
-        if (!entry["ranks"].is_array()) return InvalidArgument(where + ".ranks: must be a list");
-        int i = 0;
-        for (const auto& r : entry["ranks"]) {
-          search::RankResult rr;
-          rr.rank = r.value("rank", i);
-          rr.peak_allocated_bytes = r.value("peak_allocated_bytes", uint64_t{0});
-          rr.peak_reserved_bytes = r.value("peak_reserved_bytes", rr.peak_allocated_bytes);
-          rr.static_bytes = r.value("static_bytes", uint64_t{0});
-          rr.alloc_retries = r.value("alloc_retries", uint64_t{0});
-          rr.step_time_s = r.value("step_time_s", e.result.step_time_s);
-          e.result.ranks.push_back(rr);
-          ++i;
-        }
-      }
-    } catch (const nlohmann::json::exception& ex) {
-      return InvalidArgument(where + ": wrong type: " + ex.what());
-    }
+    REMAT_SEARCH_RETURN_IF_ERROR(ReadReplayEntry(entry, where, &e));
     if (!table.emplace(policy->ToString(), std::move(e)).second) {
       return InvalidArgument(where + ": the same policy appears twice");
     }
@@ -407,10 +633,12 @@ StatusOr<ReplayTable> ParseReplayTableJson(const std::string& json_text) {
 }
 
 StatusOr<ReplayTable> LoadReplayTableFile(const std::string& path) {
-  auto text = ReadFile(path, "replay table");
-  if (!text.ok()) return text.status();
-  auto table = ParseReplayTableJson(*text);
-  if (!table.ok()) return search::InvalidArgument(path + ": " + table.status().message());
+  // The field that named the file leads every message.
+  const std::string where = "search.replay_table: " + search::QuoteForError(path, 256);
+  common::FileText file = common::ReadRegularFile(path, limits::kMaxReplayTableFileBytes);
+  if (!file.text) return InvalidArgument(where + " " + file.error);
+  auto table = ParseReplayTableJson(*file.text);
+  if (!table.ok()) return InvalidArgument(where + ": " + table.status().message());
   return table;
 }
 

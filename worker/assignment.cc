@@ -1,8 +1,13 @@
 #include "worker/assignment.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
 
 #include "proto/convert.h"
+#include "search/limits.h"
+#include "search/text.h"
 
 namespace remat::worker {
 
@@ -59,8 +64,39 @@ v1::ReportTrialRequest MakeReport(const std::string& worker_id, const Assignment
   report.set_trial_id(assignment.trial_id);
   report.set_attempt(assignment.attempt);
   *report.mutable_result() = proto::ToProto(result);
+  // What trials wrote (stderr tails, their own messages) may be any bytes: a proto3 string with
+  // invalid UTF-8 makes the coordinator refuse the whole report, and megabytes would crowd it.
+  report.mutable_result()->set_message(
+      search::BoundedUtf8(result.message, search::limits::kMaxTrialMessageBytes));
   report.mutable_result()->mutable_policy()->set_canonical(assignment.policy_name);
   return report;
+}
+
+std::string RequestPath(const std::string& dir, int rank) {
+  return (std::filesystem::path(dir) / ("request-" + std::to_string(rank) + ".pb")).string();
+}
+
+std::string WriteTrialRequests(const Assignment& a, const std::string& dir,
+                               double collective_timeout_s) {
+  namespace fs = std::filesystem;
+  const fs::path rendezvous = fs::path(dir) / "rendezvous";
+  std::error_code ec;
+  fs::create_directories(rendezvous, ec);
+  if (ec) return "cannot create " + rendezvous.string() + ": " + ec.message();
+  const v1::SearchSpec wire_spec = proto::ToProto(a.spec);
+  for (int r = 0; r < a.world_size; ++r) {
+    v1::TrialRequest request;
+    *request.mutable_spec() = wire_spec;
+    request.mutable_policy()->set_canonical(a.policy_name);
+    request.set_rank(r);
+    request.set_world_size(a.world_size);
+    request.set_rendezvous_dir(rendezvous.string());
+    request.set_collective_timeout_s(collective_timeout_s);
+    const std::string path = RequestPath(dir, r);
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out || !request.SerializeToOstream(&out)) return "cannot write " + path;
+  }
+  return "";
 }
 
 }  // namespace remat::worker

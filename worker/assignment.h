@@ -52,8 +52,16 @@ search::TrialResult StatusResult(search::TrialStatus status, std::string message
 
 // The report of `result` for the coordinator, from `worker_id`: trial id and attempt of the
 // assignment, and the result under the assignment's policy_name. The one place a result gets its
-// policy: nothing upstream sets or reads the domain result's policy.
+// policy: nothing upstream sets or reads the domain result's policy. The message is made valid
+// UTF-8 and cut to search::limits::kMaxTrialMessageBytes (search/text.h BoundedUtf8).
 v1::ReportTrialRequest MakeReport(const std::string& worker_id, const Assignment& assignment,
                                   const search::TrialResult& result);
+
+// The hand-off to remat-trial, a wire edge of its own: creates `dir`/rendezvous and writes one
+// TrialRequest per rank to RequestPath(dir, r) (the spec with every field resolved, the policy,
+// rank, world size, rendezvous folder, collective timeout). Returns "" or what failed, one line.
+std::string WriteTrialRequests(const Assignment& assignment, const std::string& dir,
+                               double collective_timeout_s);
+std::string RequestPath(const std::string& dir, int rank);
 
 }  // namespace remat::worker

@@ -29,60 +29,28 @@ class BuiltinExecutor : public TrialExecutor {
     const Assignment& a = *context.assignment;
     const int world = a.world_size;
     if (static_cast<int>(context.slots.size()) < world) {
-      return StatusResult(TrialStatus::kFailed,
-                          "worker gave the trial " + std::to_string(context.slots.size()) +
-                              " slots; it needs " + std::to_string(world));
+      return StatusResult(TrialStatus::kFailed, "worker gave the trial " +
+                                                    std::to_string(context.slots.size()) +
+                                                    " slots; it needs " + std::to_string(world));
     }
     const double timeout = a.spec.search.trial_timeout_s;
     const fs::path dir(context.trial_dir);
-    const fs::path rendezvous = dir / "rendezvous";
-    std::error_code ec;
-    fs::create_directories(rendezvous, ec);
-    if (ec) {
-      return StatusResult(TrialStatus::kFailed, "cannot create " + rendezvous.string() + ": " + ec.message());
+    if (std::string error =
+            WriteTrialRequests(a, dir.string(), std::min(options_.collective_timeout_s, timeout));
+        !error.empty()) {
+      return StatusResult(TrialStatus::kFailed, error);
     }
-
-    // The hand-off to remat-trial is a wire edge of its own: the spec with every field resolved.
-    const v1::SearchSpec wire_spec = proto::ToProto(a.spec);
     std::vector<ChildSpec> children;
     for (int r = 0; r < world; ++r) {
-      v1::TrialRequest request;
-      *request.mutable_spec() = wire_spec;
-      request.mutable_policy()->set_canonical(a.policy_name);
-      request.set_rank(r);
-      request.set_world_size(world);
-      request.set_rendezvous_dir(rendezvous.string());
-      request.set_collective_timeout_s(std::min(options_.collective_timeout_s, timeout));
-      const fs::path request_path = dir / ("request-" + std::to_string(r) + ".pb");
-      {
-        std::ofstream out(request_path, std::ios::binary | std::ios::trunc);
-        if (!out || !request.SerializeToOstream(&out)) {
-          return StatusResult(TrialStatus::kFailed, "cannot write " + request_path.string());
-        }
-      }
-      ChildSpec child;
-      child.argv = {options_.trial_binary, "--request", request_path.string(), "--result",
-                    ResultPath(dir, r)};
-      child.env.emplace_back("NCCL_NVLS_ENABLE", "0");
-      if (context.slots[r].gpu) {
-        child.env.emplace_back("CUDA_VISIBLE_DEVICES", std::to_string(context.slots[r].index));
-      }
-      child.stdout_path = (dir / ("stdout-" + std::to_string(r) + ".log")).string();
-      child.stderr_path = StderrPath(dir, r);
-      child.cwd = dir.string();
-      children.push_back(std::move(child));
+      children.push_back(
+          RankProcess(context, r,
+                      {options_.trial_binary, "--request", RequestPath(dir.string(), r), "--result",
+                       ResultPath(dir, r)}));
     }
 
-    GroupLimits limits = options_.limits;
-    limits.timeout_s = timeout;
+    const GroupLimits limits = TrialGroupLimits(options_.limits, timeout, dir.string());
     GroupOutcome outcome = RunProcessGroup(children, limits, context.cancel);
-    if (outcome.cancelled) return StatusResult(TrialStatus::kCancelled, "cancelled");
-    if (outcome.timed_out) {
-      std::string msg = "killed after search.trial_timeout_s = " + Seconds(timeout);
-      std::string tail = FileTail(StderrPath(dir, 0), 3, 600);
-      if (!tail.empty()) msg += "; rank 0 stderr: " + tail;
-      return StatusResult(TrialStatus::kTimeout, msg);
-    }
+    if (auto ended = EndedEarly(outcome, timeout, dir.string())) return *ended;
 
     std::vector<search::TrialResult> per_rank;
     for (int r = 0; r < world; ++r) {
@@ -134,7 +102,7 @@ class BuiltinExecutor : public TrialExecutor {
     return (dir / ("result-" + std::to_string(r) + ".pb")).string();
   }
   static std::string StderrPath(const fs::path& dir, int r) {
-    return (dir / ("stderr-" + std::to_string(r) + ".log")).string();
+    return RankStderrPath(dir.string(), r);
   }
   static std::string Seconds(double s) {
     char buf[32];

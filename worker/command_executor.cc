@@ -1,6 +1,7 @@
 // The command executor: an operator-configured command template, run once per trial with
 // /bin/sh -c in its own process group; the job launches its own ranks (e.g. torchrun) and writes
 // the metrics file the worker reads afterwards.
+#include <algorithm>
 #include <filesystem>
 
 #include "worker/metrics_file.h"
@@ -52,7 +53,8 @@ class CommandExecutor : public TrialExecutor {
         {"trial_id", ShellQuote(a.trial_id)},
         {"warmup_steps", std::to_string(warmup)},
         {"measure_steps", std::to_string(measure)},
-        {"train_iters", std::to_string(warmup + measure)},
+        // Room for the longest warm-up the steady-state rule may take (search/steady_state.h).
+        {"train_iters", std::to_string(std::max(warmup, so.warmup_max_steps) + measure)},
         {"micro_batch_size", std::to_string(a.spec.train.micro_batch_size)},
         {"seq_length", std::to_string(a.spec.model.seq_length)},
     };
@@ -75,8 +77,7 @@ class CommandExecutor : public TrialExecutor {
     child.stderr_path = (dir / "stderr.log").string();
     child.cwd = templ.workdir.empty() ? dir.string() : templ.workdir;
 
-    GroupLimits limits = options_.limits;
-    limits.timeout_s = so.trial_timeout_s;
+    const GroupLimits limits = TrialGroupLimits(options_.limits, so.trial_timeout_s, dir.string());
     GroupOutcome outcome = RunProcessGroup({child}, limits, context.cancel);
     const ChildExit& exit = outcome.children[0];
     if (outcome.cancelled) return StatusResult(TrialStatus::kCancelled, "cancelled");

@@ -1,6 +1,7 @@
 #include "worker/megatron_executor.h"
 
 #include <google/protobuf/util/json_util.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -17,12 +18,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using search::TrialStatus;
-
-std::string Seconds(double s) {
-  char buf[32];
-  snprintf(buf, sizeof(buf), "%.4g s", s);
-  return buf;
-}
 
 class MegatronExecutor : public TrialExecutor {
  public:
@@ -63,7 +58,8 @@ class MegatronExecutor : public TrialExecutor {
     std::error_code ec;
     fs::create_directories(dir / "rendezvous", ec);
     if (ec) {
-      return StatusResult(TrialStatus::kFailed, "cannot create " + dir.string() + ": " + ec.message());
+      return StatusResult(TrialStatus::kFailed,
+                          "cannot create " + dir.string() + ": " + ec.message());
     }
     const fs::path spec_path = dir / "spec.json";
     {
@@ -81,60 +77,50 @@ class MegatronExecutor : public TrialExecutor {
     const std::string metrics_path = (dir / "metrics.json").string();
     std::vector<ChildSpec> children;
     for (int r = 0; r < world; ++r) {
-      ChildSpec child;
-      child.argv = {options_.python,
-                    options_.driver,
-                    "--spec",
-                    spec_path.string(),
-                    "--policy",
-                    a.policy_name,
-                    "--metrics",
-                    metrics_path,
-                    "--rank",
-                    std::to_string(r),
-                    "--world-size",
-                    std::to_string(world),
-                    "--rendezvous",
-                    (dir / "rendezvous").string(),
-                    "--collective-timeout",
-                    std::to_string(std::min(options_.collective_timeout_s, timeout))};
+      std::vector<std::string> argv = {
+          options_.python,
+          options_.driver,
+          "--spec",
+          spec_path.string(),
+          "--policy",
+          a.policy_name,
+          "--metrics",
+          metrics_path,
+          "--rank",
+          std::to_string(r),
+          "--world-size",
+          std::to_string(world),
+          "--rendezvous",
+          (dir / "rendezvous").string(),
+          "--collective-timeout",
+          std::to_string(std::min(options_.collective_timeout_s, timeout))};
       if (!options_.megatron_path.empty()) {
-        child.argv.push_back("--megatron-path");
-        child.argv.push_back(options_.megatron_path);
+        argv.push_back("--megatron-path");
+        argv.push_back(options_.megatron_path);
       }
-      child.env.emplace_back("NCCL_NVLS_ENABLE", "0");
+      ChildSpec child = RankProcess(context, r, std::move(argv));
       child.env.emplace_back("PYTHONUNBUFFERED", "1");
-      if (context.slots[r].gpu) {
-        child.env.emplace_back("CUDA_VISIBLE_DEVICES", std::to_string(context.slots[r].index));
-      }
-      child.stdout_path = (dir / ("stdout-" + std::to_string(r) + ".log")).string();
-      child.stderr_path = StderrPath(dir, r);
-      child.cwd = dir.string();
       children.push_back(std::move(child));
     }
 
-    GroupLimits limits = options_.limits;
-    limits.timeout_s = timeout;
+    // Recorded like the builtin's: a restarted worker finds and kills what a killed one left.
+    const GroupLimits limits = TrialGroupLimits(options_.limits, timeout, dir.string());
     GroupOutcome outcome = RunProcessGroup(children, limits, context.cancel);
-    if (outcome.cancelled) return StatusResult(TrialStatus::kCancelled, "cancelled");
-    if (outcome.timed_out) {
-      std::string msg = "killed after search.trial_timeout_s = " + Seconds(timeout);
-      std::string tail = FileTail(StderrPath(dir, 0), 3, 600);
-      if (!tail.empty()) msg += "; rank 0 stderr: " + tail;
-      return StatusResult(TrialStatus::kTimeout, msg);
-    }
+    if (auto ended = EndedEarly(outcome, timeout, dir.string())) return *ended;
 
     auto metrics = ReadMetricsFiles(metrics_path);
     std::vector<bool> have(world, false);
+    bool any_oom = false;  // a rank out of device memory takes its peers' collectives down
     if (metrics.ok()) {
+      any_oom = metrics->status == "oom";
       for (const RankMetrics& r : metrics->ranks) {
         if (r.memory.rank >= 0 && r.memory.rank < world) have[r.memory.rank] = true;
+        any_oom = any_oom || r.status == "oom";
       }
       if (metrics->status == "invalid") return MetricsToResult(a, *metrics);
     }
     // A rank that wrote nothing: how it ended, and the end of its stderr.
     std::vector<std::string> missing;
-    bool any_oom = false;
     for (int r = 0; r < world; ++r) {
       const ChildExit& exit = outcome.children[r];
       const bool oom = LogMentionsOom(StderrPath(dir, r));
@@ -176,7 +162,7 @@ class MegatronExecutor : public TrialExecutor {
   }
 
   static std::string StderrPath(const fs::path& dir, int r) {
-    return (dir / ("stderr-" + std::to_string(r) + ".log")).string();
+    return RankStderrPath(dir.string(), r);
   }
 
   MegatronExecutorOptions options_;
@@ -186,6 +172,16 @@ class MegatronExecutor : public TrialExecutor {
 
 std::unique_ptr<TrialExecutor> MakeMegatronExecutor(MegatronExecutorOptions options) {
   return std::make_unique<MegatronExecutor>(std::move(options));
+}
+
+std::string FindMegatronDriver(const std::string& program_dir) {
+  const fs::path dir(program_dir);
+  for (const fs::path& candidate :
+       {dir / "megatron_driver" / "remat_megatron_driver.py",
+        dir / ".." / "share" / "remat" / "megatron_driver" / "remat_megatron_driver.py"}) {
+    if (access(candidate.c_str(), R_OK) == 0) return candidate.lexically_normal().string();
+  }
+  return "";
 }
 
 }  // namespace remat::worker

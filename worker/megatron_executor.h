@@ -39,4 +39,9 @@ struct MegatronExecutorOptions {
 
 std::unique_ptr<TrialExecutor> MakeMegatronExecutor(MegatronExecutorOptions options);
 
+// Where a program in `program_dir` finds the driver: megatron_driver/remat_megatron_driver.py
+// beside it (a build copies it there), else ../share/remat/megatron_driver/ (the worker package
+// installs it there). "" when neither is readable.
+std::string FindMegatronDriver(const std::string& program_dir);
+
 }  // namespace remat::worker

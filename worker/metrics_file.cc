@@ -1,6 +1,7 @@
 #include "worker/metrics_file.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -9,6 +10,8 @@
 
 #include "absl/status/status.h"
 #include "common/read_file.h"
+#include "search/steady_state.h"
+#include "search/limits.h"
 
 namespace remat::worker {
 namespace {
@@ -22,10 +25,11 @@ absl::Status ReadU64(const json& obj, const char* key, const std::string& where,
     *out = v.get<uint64_t>();
   } else if (v.is_number_integer() && v.get<int64_t>() >= 0) {
     *out = static_cast<uint64_t>(v.get<int64_t>());
-  } else if (v.is_number_float() && v.get<double>() >= 0) {
-    *out = static_cast<uint64_t>(v.get<double>());
+  } else if (v.is_number_float() && v.get<double>() >= 0 && v.get<double>() < 0x1p64) {
+    *out = static_cast<uint64_t>(v.get<double>());  // in range: the cast is defined
   } else {
-    return absl::InvalidArgumentError(where + "." + key + ": must be a non-negative number");
+    return absl::InvalidArgumentError(where + "." + key +
+                                      ": must be a non-negative number below 2^64");
   }
   return absl::OkStatus();
 }
@@ -36,9 +40,13 @@ absl::Status ReadList(const json& obj, const char* key, const std::string& where
   if (!obj[key].is_array()) {
     return absl::InvalidArgumentError(where + "." + key + ": must be a list of numbers");
   }
+  // Step times feed the throughput the coordinator checks (finite, not negative): refuse them
+  // here, naming the key, rather than have the report refused.
+  const bool times = std::string(key) == "step_times_s";
   for (const json& v : obj[key]) {
-    if (!v.is_number()) {
-      return absl::InvalidArgumentError(where + "." + key + ": must be a list of numbers");
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || (times && v.get<double>() < 0)) {
+      return absl::InvalidArgumentError(where + "." + key + ": must be a list of " +
+                                        (times ? "non-negative numbers" : "finite numbers"));
     }
     out->push_back(v.get<double>());
   }
@@ -71,10 +79,12 @@ absl::StatusOr<JobMetrics> ParseMetricsJson(const std::string& json_text) {
       if (!r.is_object()) return absl::InvalidArgumentError(where + ": must be an object");
       RankMetrics m;
       if (r.contains("rank")) {
-        if (!r["rank"].is_number_integer() || r["rank"].get<int>() < 0) {
-          return absl::InvalidArgumentError(where + ".rank: must be a non-negative integer");
+        if (!r["rank"].is_number_integer() || r["rank"].get<int64_t>() < 0 ||
+            r["rank"].get<int64_t>() >= search::limits::kMaxWorldSize) {
+          return absl::InvalidArgumentError(where + ".rank: must be a non-negative integer below " +
+                                            std::to_string(search::limits::kMaxWorldSize));
         }
-        m.memory.rank = r["rank"].get<int>();
+        m.memory.rank = static_cast<int>(r["rank"].get<int64_t>());
       }
       for (auto [key, field] :
            {std::pair<const char*, uint64_t*>{"peak_allocated_bytes",
@@ -139,8 +149,11 @@ absl::StatusOr<JobMetrics> ReadMetricsFiles(const std::string& path) {
   JobMetrics merged;
   std::map<int, RankMetrics> by_rank;
   for (const std::string& f : files) {
-    // A file that vanished since it was listed reads as empty: "not valid JSON", naming it.
-    auto m = ParseMetricsJson(common::ReadFile(f).value_or(""));
+    // The job wrote (or linked) it: read only a regular file of bounded size, so a metrics
+    // file that is /dev/zero or a FIFO cannot hang the worker or fill its memory.
+    common::FileText text = common::ReadRegularFile(f, search::limits::kMaxMetricsFileBytes);
+    if (!text.text) return absl::InvalidArgumentError(f + ": " + text.error);
+    auto m = ParseMetricsJson(*text.text);
     if (!m.ok()) {
       return absl::InvalidArgumentError(f + ": " + std::string(m.status().message()));
     }
@@ -158,8 +171,24 @@ absl::StatusOr<JobMetrics> ReadMetricsFiles(const std::string& path) {
 
 search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetrics& metrics) {
   const search::SearchSpec& spec = assignment.spec;
-  const int warmup = spec.search.warmup_steps;
-  const int measure = spec.search.measure_steps;
+  const search::SearchOptions& so = spec.search;
+  const int warmup = so.warmup_steps;
+
+  // The warm-up ends where the slowest rank's step times settle (search/steady_state.h), the
+  // same step for every rank, as in the engine.
+  std::vector<double> slowest;
+  bool first = true;
+  for (const RankMetrics& r : metrics.ranks) {
+    if (r.step_times_s.empty()) continue;
+    if (first) {
+      slowest = r.step_times_s;
+      first = false;
+      continue;
+    }
+    slowest.resize(std::min(slowest.size(), r.step_times_s.size()));
+    for (size_t i = 0; i < slowest.size(); ++i) slowest[i] = std::max(slowest[i], r.step_times_s[i]);
+  }
+  const search::SteadySplit split = search::SplitSteadyState(so, slowest);
 
   search::TrialResult out;
   if (metrics.status == "invalid") {
@@ -182,15 +211,23 @@ search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetri
     if (r.status == "failed") failed = true;
     const std::string rank = "rank " + std::to_string(r.memory.rank) + ": ";
     if (!r.message.empty()) notes.push_back(rank + r.message);
-    if (static_cast<int>(r.step_times_s.size()) <= warmup) {
+    if (static_cast<int>(r.step_times_s.size()) <= split.warmup_steps) {
       if (r.status == "ok") {
         failed = true;
         notes.push_back(rank + "metrics have " + std::to_string(r.step_times_s.size()) +
-                        " step times; warmup_steps is " + std::to_string(warmup));
+                        " step times; warmup_steps is " + std::to_string(warmup) +
+                        " and the warm-up took " + std::to_string(split.warmup_steps) +
+                        " (warmup_max_steps " + std::to_string(so.warmup_max_steps) +
+                        "), leaving none to measure");
       }
       continue;
     }
-    const std::vector<double> measured = search::MeasuredSteps(r.step_times_s, warmup, measure);
+    const std::vector<double> measured =
+        search::MeasuredSteps(r.step_times_s, split.warmup_steps, so.measure_steps);
+    rr.warmup_steps_taken = split.warmup_steps;
+    rr.warmup_step_times_s.assign(r.step_times_s.begin(),
+                                  r.step_times_s.begin() + split.warmup_steps);
+    rr.step_times_s = measured;
     const double median = search::MedianStepTime(measured);
     rr.step_time_s = median;
     step = std::max(step, median);
@@ -204,6 +241,8 @@ search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetri
       have_loss = true;
     }
   }
+  out.warmup_steps_taken = split.warmup_steps;
+  out.warmup_settled = split.settled;
   if (metrics.ranks.empty()) {
     failed = true;
     notes.push_back("metrics file lists no ranks");

@@ -42,11 +42,12 @@ absl::StatusOr<JobMetrics> ParseMetricsJson(const std::string& json_text);
 // Reads and merges `path` and every `path.rank<N>` beside it. NotFound when there is none.
 absl::StatusOr<JobMetrics> ReadMetricsFiles(const std::string& path);
 
-// The result for `assignment`: the first search.warmup_steps step times of each rank are dropped
-// and the median of the next search.measure_steps is that rank's step time
-// (search::MeasuredSteps / MedianStepTime). Status oom when any rank says oom; failed when a rank
-// failed or too few steps were measured; invalid (with the message) when the job refused the
-// trial. setup_s is the slowest rank's.
+// The result for `assignment`: each rank's first step times are its warm-up, as long as the
+// steady-state rule (search/steady_state.h, applied to the slowest rank's time of each step)
+// says, and the median of the next search.measure_steps is that rank's step time
+// (search::MeasuredSteps / MedianStepTime); the loss is step index search.warmup_steps's. Status
+// oom when any rank says oom; failed when a rank failed or too few steps were measured; invalid
+// (with the message) when the job refused the trial. setup_s is the slowest rank's.
 search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetrics& metrics);
 
 // Whether the end of a log (its last 256 KiB) says the job ran out of device memory

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -177,6 +178,9 @@ GroupOutcome RunProcessGroup(const std::vector<ChildSpec>& children, const Group
       break;
     }
     if (pgid == 0) pgid = pids[i];
+    if (!limits.group_record_path.empty()) {
+      WriteGroupRecord(limits.group_record_path, pgid, pids[i]);
+    }
   }
 
   auto all_exited = [&] {
@@ -247,6 +251,42 @@ GroupOutcome RunProcessGroup(const std::vector<ChildSpec>& children, const Group
   }
   outcome.elapsed_s = SecondsSince(t0);
   return outcome;
+}
+
+unsigned long long ProcessStartTime(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!in || !std::getline(in, stat)) return 0;
+  // The command name (field 2) is in parentheses and may hold spaces: count from its end.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  }
+  return 0;
+}
+
+bool WriteGroupRecord(const std::string& path, int pgid, int pid) {
+  const unsigned long long start = ProcessStartTime(pid);
+  if (start == 0) return false;
+  std::ofstream out(path, std::ios::app);
+  out << pgid << " " << pid << " " << start << "\n";
+  return static_cast<bool>(out.flush());
+}
+
+bool KillRecordedGroup(const std::string& path) {
+  std::ifstream in(path);
+  long long pgid = 0, pid = 0;
+  unsigned long long start = 0;
+  while (in >> pgid >> pid >> start) {
+    if (pgid <= 1 || pid <= 1 || start == 0) continue;
+    if (ProcessStartTime(static_cast<int>(pid)) != start) continue;
+    if (getpgid(static_cast<pid_t>(pid)) != static_cast<pid_t>(pgid)) continue;
+    return killpg(static_cast<pid_t>(pgid), SIGKILL) == 0;
+  }
+  return false;
 }
 
 std::string FileTail(const std::string& path, int max_lines, size_t max_bytes) {

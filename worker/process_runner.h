@@ -38,6 +38,10 @@ struct GroupLimits {
   // its peer finished is stuck (say, in a collective the peer will never join).
   double peer_exit_grace_s = 60;
   double poll_interval_s = 0.02;
+  // When set, each child's group, pid and start time are written here as it starts
+  // (WriteGroupRecord), so that a worker restarted after a crash can end a group its previous
+  // run left (KillRecordedGroup).
+  std::string group_record_path;
 };
 
 struct ChildExit {
@@ -63,6 +67,22 @@ struct GroupOutcome {
 
 GroupOutcome RunProcessGroup(const std::vector<ChildSpec>& children, const GroupLimits& limits,
                              const CancelToken* cancel);
+
+// The start time of process `pid` (field 22 of /proc/PID/stat, in clock ticks since boot);
+// 0 when it does not exist. With the pid it names one process: a pid is recycled, a pid and its
+// start time are not.
+unsigned long long ProcessStartTime(int pid);
+
+// Appends "PGID PID START" for process `pid` of group `pgid` to `path`. False on error.
+bool WriteGroupRecord(const std::string& path, int pgid, int pid);
+
+// Reads a record written by WriteGroupRecord and, when one of its processes still runs (same
+// pid, same start time) in the recorded group, SIGKILLs the whole group. Returns true when it
+// killed a group. While one member lives the group id cannot have been reused; when none does,
+// nothing is killed.
+bool KillRecordedGroup(const std::string& path);
+// The record's name inside a trial folder (the executors write it, the daemon reads it).
+inline constexpr char kGroupRecordFile[] = ".remat-group";
 
 // The last `max_lines` lines (at most `max_bytes` bytes) of a text file, trimmed, lines joined
 // with " | ". Empty when the file is missing or empty.

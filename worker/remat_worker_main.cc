@@ -11,6 +11,7 @@
 #include "common/main_util.h"
 #include "common/version.h"
 #include "absl/strings/str_join.h"
+#include "worker/megatron_executor.h"
 #include "worker/slots.h"
 #include "worker/slurm_executor.h"
 #include "worker/versions.h"
@@ -24,7 +25,7 @@ using remat::common::ReadFile;
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int RealMain(int argc, char** argv) {
   CLI::App app{"remat-worker: runs remat trials on this machine for a remat coordinator"};
   std::string coordinator, gpus, token_file, tls_ca, work_dir, trial_binary, templates_file;
   std::string log_level = "info";
@@ -169,14 +170,11 @@ int main(int argc, char** argv) {
       }
       megatron_path = fs::absolute(megatron_path).string();  // ranks start in trial folders
     }
-    if (megatron_driver.empty()) {  // beside the program (a build), else the installed copy
-      const fs::path self(remat::common::SelfDir());
-      megatron_driver = (self / "megatron_driver" / "remat_megatron_driver.py").string();
-      if (access(megatron_driver.c_str(), R_OK) != 0) {
-        megatron_driver =
-            (self / ".." / "share" / "remat" / "megatron_driver" / "remat_megatron_driver.py")
-                .lexically_normal()
-                .string();
+    if (megatron_driver.empty()) {
+      megatron_driver = remat::worker::FindMegatronDriver(remat::common::SelfDir());
+      if (megatron_driver.empty()) {
+        return Fail(2, "--megatron-driver: none beside remat-worker (megatron_driver/) or in "
+                       "../share/remat/megatron_driver/; give its path");
       }
     }
     if (access(megatron_driver.c_str(), R_OK) != 0) {
@@ -233,4 +231,8 @@ int main(int argc, char** argv) {
   stop_signals.Finish();
   if (!status.ok()) return Fail(1, "coordinator " + coordinator + ": " + status.ToString());
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return remat::common::GuardedMain([&] { return RealMain(argc, argv); });
 }

@@ -37,6 +37,7 @@ search::TrialResult CombineRankResults(const Assignment& assignment,
   bool predicted = false;
   std::string message;
   double step = 0, spread = 0, setup = 0;
+  bool settled = !per_rank.empty();
   double tflops = std::numeric_limits<double>::infinity();
   int loss_rank = std::numeric_limits<int>::max();
   for (const search::TrialResult& r : per_rank) {
@@ -61,6 +62,9 @@ search::TrialResult CombineRankResults(const Assignment& assignment,
       merged.ranks.insert(merged.ranks.end(), p.ranks.begin(), p.ranks.end());
     }
     step = std::max(step, r.step_time_s);
+    out.warmup_steps_taken = std::max(out.warmup_steps_taken, r.warmup_steps_taken);
+    settled = settled && r.warmup_settled;
+    if (out.versions.empty()) out.versions = r.versions;
     spread = std::max(spread, r.step_time_spread_s);
     setup = std::max(setup, r.setup_s);
     if (r.model_tflops > 0) tflops = std::min(tflops, r.model_tflops);
@@ -91,6 +95,7 @@ search::TrialResult CombineRankResults(const Assignment& assignment,
   if (status == TrialStatus::kOk) {
     out.step_time_s = step;
     out.step_time_spread_s = spread;
+    out.warmup_settled = settled;
     out.tokens_per_s = search::TokensPerSecond(assignment.spec, step);
     if (tflops != std::numeric_limits<double>::infinity()) out.model_tflops = tflops;
   }

@@ -202,23 +202,10 @@ class SlurmExecutor : public TrialExecutor {
  private:
   std::string WriteTrialFiles(const Assignment& a, int world, const SlurmLayout& layout,
                               double timeout, const fs::path& dir) const {
-    const fs::path rendezvous = dir / "rendezvous";
-    std::error_code ec;
-    fs::create_directories(rendezvous, ec);
-    if (ec) return "cannot create " + rendezvous.string() + ": " + ec.message();
-    // The hand-off to remat-trial is a wire edge of its own: the spec with every field resolved.
-    const v1::SearchSpec wire_spec = proto::ToProto(a.spec);
-    for (int r = 0; r < world; ++r) {
-      v1::TrialRequest request;
-      *request.mutable_spec() = wire_spec;
-      request.mutable_policy()->set_canonical(a.policy_name);
-      request.set_rank(r);
-      request.set_world_size(world);
-      request.set_rendezvous_dir(rendezvous.string());
-      request.set_collective_timeout_s(std::min(options_.collective_timeout_s, timeout));
-      const fs::path path = dir / ("request-" + std::to_string(r) + ".pb");
-      std::ofstream out(path, std::ios::binary | std::ios::trunc);
-      if (!out || !request.SerializeToOstream(&out)) return "cannot write " + path.string();
+    if (std::string error = WriteTrialRequests(
+            a, dir.string(), std::min(options_.collective_timeout_s, timeout));
+        !error.empty()) {
+      return error;
     }
     if (!WriteFile(dir / "job.sh",
                    JobScript(a.trial_id, a.attempt, layout, options_.peer_exit_grace_s),

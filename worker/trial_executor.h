@@ -8,12 +8,13 @@
 //
 // Every failure of a trial is a result (status failed / timeout / oom / cancelled with a
 // message), never an exception or an error of the worker. Executors neither set nor read the
-// result's policy: the daemon reports it under the assignment's (MakeReport). Thread-safety: Run may be called
-// concurrently from many threads, for different trials.
+// result's policy: the daemon reports it under the assignment's (MakeReport). Thread-safety: Run
+// may be called concurrently from many threads, for different trials.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,10 +29,28 @@ namespace remat::worker {
 
 struct TrialContext {
   const Assignment* assignment = nullptr;  // read without error (the daemon checked)
-  std::vector<Slot> slots;  // world_size slots, rank r runs on slots[r]
-  std::string trial_dir;    // an empty folder of this attempt's own (requests, results, logs)
+  std::vector<Slot> slots;                 // world_size slots, rank r runs on slots[r]
+  std::string trial_dir;  // an empty folder of this attempt's own (requests, results, logs)
   const CancelToken* cancel = nullptr;
 };
+
+// One rank's process of a trial started per rank (builtin, megatron): `argv`, NCCL_NVLS_ENABLE=0
+// (NVLink multicast can take a shared host's GPUs out of service), the rank's GPU as
+// CUDA_VISIBLE_DEVICES when its slot has one, stdout-R.log / RankStderrPath in the trial folder,
+// which is also its working directory.
+ChildSpec RankProcess(const TrialContext& context, int rank, std::vector<std::string> argv);
+std::string RankStderrPath(const std::string& trial_dir, int rank);
+
+// The limits of a trial's process group: `base` with the trial's timeout and the group record
+// in the trial folder (kGroupRecordFile) by which a restarted worker finds the processes a
+// killed predecessor left.
+GroupLimits TrialGroupLimits(const GroupLimits& base, double timeout_s,
+                             const std::string& trial_dir);
+
+// A per-rank trial's group that ended early: cancelled, or killed at `timeout_s` (with rank 0's
+// last stderr lines); nullopt when it ran to its end and the ranks' outputs are to be read.
+std::optional<search::TrialResult> EndedEarly(const GroupOutcome& outcome, double timeout_s,
+                                              const std::string& trial_dir);
 
 class TrialExecutor {
  public:

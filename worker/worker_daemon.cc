@@ -12,9 +12,11 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "worker/assignment.h"
 #include "worker/megatron_executor.h"
+#include "worker/process_runner.h"
 #include "worker/result_spool.h"
 
 namespace remat::worker {
@@ -106,6 +108,7 @@ class WorkerDaemon::Impl {
     absl::Status init = spool_.Init();
     if (!init.ok()) return init;
     std::error_code ec;
+    CleanUpAfterAPreviousRun();
     fs::create_directories(fs::path(options_.work_dir) / "trials", ec);
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
     absl::Status result = MainLoop();
@@ -328,6 +331,32 @@ class WorkerDaemon::Impl {
     std::thread([this, trial, exec] { RunTrial(trial, exec); }).detach();
   }
 
+  // A run of this worker that was killed (SIGKILL, OOM killer, power cut of the daemon only) may
+  // have left trial processes running beside the coordinator's re-run of their trials, and their
+  // folders behind: end each group its record names (group, pid and start time, so a recycled
+  // pid is never hit) and remove the folders, before any trial of this run starts. The work
+  // folder is this worker's alone.
+  void CleanUpAfterAPreviousRun() {
+    std::vector<fs::path> stale;
+    std::error_code ec;
+    for (fs::directory_iterator it(fs::path(options_.work_dir) / "trials", ec), end;
+         !ec && it != end; it.increment(ec)) {
+      stale.push_back(it->path());
+    }
+    for (const fs::path& dir : stale) {
+      if (KillRecordedGroup((dir / kGroupRecordFile).string())) {
+        Log()->warn("killed the trial processes a previous run left in {}", dir.string());
+      }
+      if (!options_.keep_trial_dirs) {
+        std::error_code removed;
+        fs::remove_all(dir, removed);
+      }
+    }
+    if (!stale.empty() && !options_.keep_trial_dirs) {
+      Log()->info("removed {} trial folder(s) a previous run left", stale.size());
+    }
+  }
+
   void RunTrial(std::shared_ptr<RunningTrial> trial, TrialExecutor* executor) {
     const Assignment& a = trial->assignment;
     const auto t0 = Clock::now();
@@ -384,7 +413,10 @@ class WorkerDaemon::Impl {
 
   // True when the report is settled (delivered or refused for good).
   bool Send(v1::ReportTrialRequest report) {
-    report.set_worker_id(worker_id());
+    // A report answers the lease of the id it was made under (the coordinator accepts it only
+    // from that id): a restarted worker redelivers its predecessor's spooled reports under the
+    // predecessor's id, which its token registered too.
+    if (report.worker_id().empty()) report.set_worker_id(worker_id());
     auto response = client_->ReportTrial(report);
     if (!response.ok()) {
       if (IsTransient(response.status())) {

@@ -1,6 +1,7 @@
 // remat-bench-estimate --spec FILE.yaml [--policies P1;P2;...] : the search core's memory model for a
 // spec, as one JSON object: every valid policy, each layer's activation bytes under no recompute
-// (search::EstimateLayerActivations) and, per requested policy, search::EstimateMemory.
+// (search::EstimateLayerActivations) and, per requested policy, search::EstimateMemory with its
+// per-pipeline-stage figures (`stages`).
 
 #include <iostream>
 
@@ -28,11 +29,22 @@ int main(int argc, char** argv) {
   out["estimates"] = nlohmann::json::object();
   for (const remat::search::Policy& policy : args->policies) {
     const auto e = remat::search::EstimateMemory(spec, policy);
+    nlohmann::json stages = nlohmann::json::array();
+    for (const remat::search::StageMemory& st : e.stages) {
+      stages.push_back({{"stage", st.stage},
+                        {"layers", st.layers},
+                        {"static_bytes", st.static_bytes},
+                        {"activation_bytes", st.activation_bytes},
+                        {"in_flight", st.in_flight},
+                        {"transient_bytes", st.transient_bytes},
+                        {"peak_bytes", st.peak_bytes}});
+    }
     out["estimates"][policy.ToString()] = {{"static_bytes", e.static_bytes},
                                            {"activation_bytes", e.activation_bytes},
                                            {"layer_activation_bytes", e.layer_activation_bytes},
                                            {"transient_bytes", e.transient_bytes},
-                                           {"peak_bytes", e.peak_bytes}};
+                                           {"peak_bytes", e.peak_bytes},
+                                           {"stages", stages}};
   }
   std::cout << out.dump() << std::endl;
   return 0;

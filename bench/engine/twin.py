@@ -663,10 +663,22 @@ class Optimizer:
     def zero_grad(self):
         self.grad_buffer.zero_()
 
+    @staticmethod
+    def squared_norm(g, block=4096):
+        # The engine's Optimizer::SquaredNorm: fp32 norms of 4096-element blocks added in fp64.
+        n = g.numel()
+        rows = n // block
+        sq = torch.zeros(1, dtype=torch.float64, device=g.device)
+        if rows:
+            sq += g[: rows * block].view(rows, block).norm(2, dim=1).double().pow(2).sum()
+        if n > rows * block:
+            sq += g[rows * block:].norm().double().pow(2)
+        return sq
+
     @torch.no_grad()
     def step(self):
         g = self.grad_buffer
-        norm = g.norm()
+        norm = self.squared_norm(g).sqrt().float()
         coef = (self.MAX_NORM / (norm + 1e-6)).clamp_max(1.0)
         g.mul_(coef)
         self.step_count += 1

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The Megatron Core side of the fidelity bench: every (family, policy) of a plan file in ONE
-process, so Python start-up, Megatron's imports, NCCL initialisation and the load_inline build of
+process (MoE families excepted: one process per policy, see _isolated), so Python start-up, Megatron's imports, NCCL initialisation and the load_inline build of
 CheckpointWithoutOutput's extension are paid once. Each policy gets a fresh GPTModel and
 optimizer (the driver's runner.Session.run: reset_peak_memory_stats, build, steps), so its peak
 is its own.
@@ -40,12 +40,31 @@ def main():
     with open(a.plan, encoding="utf-8") as f:
         plan = json.load(f)
     sys.path.insert(0, a.megatron_path)
-    import megatron.core  # noqa: F401,PLC0415
-    from megatron_driver import runner  # noqa: PLC0415
+    try:
+        import megatron.core  # noqa: F401,PLC0415
+        from megatron_driver import runner  # noqa: PLC0415
+    except Exception as exc:  # noqa: BLE001 - every row says why nothing ran
+        traceback.print_exc()
+        with open(a.jsonl, "a", encoding="utf-8") as out:
+            for family in plan:
+                for policy in family["policies"]:
+                    out.write(json.dumps({"family": family["family"], "policy": policy,
+                                          "status": "failed",
+                                          "message": "cannot import Megatron Core: %s" % exc})
+                              + "\n")
+        return 1
 
     session = None
     with open(a.jsonl, "a", encoding="utf-8") as out:
         for family in plan:
+            if family["spec"].get("model", {}).get("num_moe_experts") and len(plan) * len(
+                    family["policies"]) > 1:
+                # Megatron Core's MoE layers leave memory behind after their model is gone (seen
+                # on the H200, 2026-12-01: the peak grew by 4-5 GiB a policy when they shared a
+                # process), so each MoE policy runs in a process of its own.
+                out.flush()
+                _isolated(a, family)
+                continue
             for policy in family["policies"]:
                 line = {"family": family["family"], "policy": policy}
                 if a.deadline and time.time() > a.deadline:
@@ -53,7 +72,9 @@ def main():
                     out.write(json.dumps(line) + "\n")
                     continue
                 try:
-                    trial = mapping.map_trial(family["spec"], policy)
+                    trial = mapping.map_trial(family["spec"], policy,
+                                              have_te=_importable("transformer_engine"),
+                                              have_apex=_importable("apex"))
                 except (mapping.Unsupported, ValueError) as exc:
                     line.update(status="invalid", message=str(exc))
                     out.write(json.dumps(line) + "\n")
@@ -77,6 +98,28 @@ def main():
     if session is not None:
         session.close()
     return 0
+
+
+def _isolated(a, family):
+    """Runs each policy of `family` through this program in a fresh process (one-policy plans)."""
+    import subprocess  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    for policy in family["policies"]:
+        one = dict(family, policies=[policy])
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump([one], f)
+        try:
+            subprocess.run([sys.executable, os.path.abspath(__file__), "--plan", f.name,
+                            "--jsonl", a.jsonl, "--megatron-path", a.megatron_path,
+                            "--deadline", str(a.deadline)], check=False)
+        finally:
+            os.unlink(f.name)
+
+
+def _importable(name):
+    import importlib.util  # noqa: PLC0415
+    return importlib.util.find_spec(name) is not None
 
 
 def _free_port():

@@ -14,7 +14,7 @@ set -uo pipefail
 START=$(date +%s)
 BUDGET=${REMAT_FIDELITY_BUDGET_S:-470}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$ROOT"
+cd "$ROOT" || exit 1
 OUT_DIR=${1:-${OUT:-$ROOT/build-gpu/fidelity-out}}
 mkdir -p "$OUT_DIR"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast can take a shared host's GPUs out of service
@@ -35,11 +35,17 @@ echo "built in $(( $(date +%s) - START )) s"
 python3 -c 'import torch; print("pytorch=" + torch.__version__)' | tee "$OUT_DIR/versions.txt"
 cat "$MEGATRON/REMAT_COMMIT" 2>/dev/null | sed 's/^/megatron_commit=/' | tee -a "$OUT_DIR/versions.txt"
 
-export REMAT_FIDELITY_COMMAND="bench/fidelity/run.sh (remat $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+rev=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
+export REMAT_FIDELITY_COMMAND="bench/fidelity/run.sh (remat $rev)"
 python3 bench/fidelity/fidelity.py --build build-gpu --megatron "$MEGATRON" --out "$OUT_DIR" \
   --deadline $(( START + BUDGET - 10 )) \
   --families "${REMAT_FIDELITY_FAMILIES:-dense,mla,moe-seq,moe-grouped}"
 rc=$?
 echo "== done in $(( $(date +%s) - START )) s; table: $OUT_DIR/fidelity.md"
 [ -f "$OUT_DIR/fidelity.md" ] && grep -A 200 '^## ' "$OUT_DIR/fidelity.md" | grep -E '^(## |\| `)' | cut -c1-160
+# A Megatron Core side that broke: its first traceback, so one run says why.
+if grep -q '"status": "failed"' "$OUT_DIR/megatron.jsonl" 2>/dev/null; then
+  echo "== Megatron Core failures: first traceback in megatron.log"
+  grep -m1 -A25 Traceback "$OUT_DIR/megatron.log" | head -30
+fi
 exit $rc

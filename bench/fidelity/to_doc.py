@@ -90,7 +90,7 @@ def _verdict(ref, got, ctrl_value, goal, small_fraction):
 
 
 def _mib(x):
-    return "" if x is None else "%+.0f" % (x / MIB)
+    return "" if x is None else "%+.1f" % (x / MIB)
 
 
 def _ms(x):
@@ -119,8 +119,8 @@ def render(report, command=""):
     if command:
         w("- Command: `%s`" % command)
     w("- Goals: for every policy the engine's change of the allocated peak against the control "
-      "within 3%% of Megatron Core's, its extra seconds per step within 10%%. `small`: a change "
-      "under 1%% of the control's peak (2%% of its step time), judged in absolute terms.")
+      "within 3% of Megatron Core's, its extra seconds per step within 10%. `small`: a change "
+      "under 1% of the control's peak (2% of its step time), judged in absolute terms.")
     w("")
     for fam in report["families"]:
         spec = fam["spec"]["model"]

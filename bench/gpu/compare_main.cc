@@ -51,6 +51,9 @@ bool Load(const char* path, Run* run) {
       r.ranks.push_back(rr);
     }
     run->wall_s += t.value("wall_s", 0.0);
+    // A near-tie's second run (search/remeasure.h) costs time but is not another policy: the
+    // frontiers compared here are of the first runs.
+    if (t.value("remeasure", false)) continue;
     run->trials.push_back(std::move(r));
   }
   return true;

@@ -10,7 +10,7 @@
 # megatron/core), MODELS to "dense moe". Nothing is installed on the GPU node.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$ROOT"
+cd "$ROOT" || exit 1
 OUT=${1:?OUT_DIR}; SVC=${2:-$ROOT/.carry/svc}; MEGATRON=${3:-$ROOT/.carry/megatron-lm}
 MODELS=${4:-dense moe}
 mkdir -p "$OUT"

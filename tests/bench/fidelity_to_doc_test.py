@@ -56,7 +56,8 @@ class ToDocTest(unittest.TestCase):
         text = to_doc.render(to_doc.compare(report()), command="bench/fidelity/run.sh")
         self.assertIn("abc123", text)
         self.assertIn("`bench/fidelity/run.sh`", text)
-        self.assertIn("| `selective:[core_attn]` | -1000 | -990 | 0.990 | ok |", text)
+        self.assertIn("| `selective:[core_attn]` | -1000.0 | -990.0 | 0.990 | ok |", text)
+        self.assertIn("within 3% of Megatron Core", text)
         self.assertIn("- dense `selective:[moe]`: peak and time. Likely cause", text)
         self.assertIn("Megatron Core: invalid (refused / because)", text)  # no stray '|'
 

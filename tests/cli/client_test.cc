@@ -101,7 +101,7 @@ TEST(Cli, BadArgumentsExitTwo) {
   EXPECT_EQ(err.rfind("error: ", 0), 0u);
   EXPECT_EQ(Cli({"submit", "/nonexistent/spec.yaml", "--coordinator", "127.0.0.1:1"}, &out, &err),
             2);
-  EXPECT_EQ(err.rfind("error: spec '/nonexistent/spec.yaml'", 0), 0u) << err;
+  EXPECT_EQ(err.rfind("error: spec \"/nonexistent/spec.yaml\": cannot be read", 0), 0u) << err;
   EXPECT_EQ(Cli({"search", Example("replay/llama3-8b-h100.yaml"), "--gpus", "x"}, &out, &err), 2)
       << err;
   EXPECT_EQ(Cli({"get", "s-1", "--coordinator", "127.0.0.1:1", "--token-file", "/nonexistent"},

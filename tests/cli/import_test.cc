@@ -49,13 +49,6 @@ void ExpectSpec(const std::string& imported, const std::string& expected_file,
   std::string diff;
   google::protobuf::util::MessageDifferencer d;
   d.ReportDifferencesToString(&diff);
-  // Carried fields (FP8, CUDA graphs) are in the import only where the spec has them; the
-  // expected files, which this spec reader must parse, cannot name them. Tested separately.
-  for (const char* carried : {"fp8", "cuda_graph_impl"}) {
-    if (const auto* f = got_proto.model().GetDescriptor()->FindFieldByName(carried)) {
-      d.IgnoreField(f);
-    }
-  }
   EXPECT_TRUE(d.Compare(want_proto, got_proto)) << diff << "\n" << imported;
 
   char path[] = "/tmp/remat-import-XXXXXX";
@@ -90,16 +83,13 @@ TEST(ImportBridge, DeepSeekV2LiteMlaMoeCarriesFp8AndCudaGraphs) {
                            {"parallel.data_parallel_size=8"}, "bridge-deepseek-v2-lite");
   ASSERT_TRUE(spec.ok()) << spec.status().message();
   ExpectSpec(*spec, "bridge-deepseek-v2-lite.expected.yaml", "selective:[moe_act,mla_up_proj]");
-  // Memory-relevant and not modelled: fields where the spec has them, comments where it has not.
-  const bool has_fp8_field = spec::ParseSpecYaml(
-      "model: {num_layers: 1, hidden_size: 8, num_attention_heads: 1, seq_length: 8, "
-      "vocab_size: 8, fp8: hybrid}").ok();
-  if (has_fp8_field) {
-    EXPECT_THAT(*spec, HasSubstr("\n  fp8: hybrid\n"));
-  } else {
-    EXPECT_THAT(*spec, HasSubstr("# not modelled: model.fp8=hybrid (FP8 changes"));
-  }
-  EXPECT_THAT(*spec, HasSubstr("cuda_graph_impl"));
+  // FP8 and CUDA graphs flow into the spec (validation only), as does the explicit null
+  // q_lora_rank (absent would mean MLATransformerConfig's 512).
+  EXPECT_THAT(*spec, HasSubstr("\n  fp8: hybrid\n"));
+  EXPECT_THAT(*spec, HasSubstr("\n  fp8_recipe: tensorwise\n"));
+  EXPECT_THAT(*spec, HasSubstr("\n  cuda_graph_impl: transformer_engine\n"));
+  EXPECT_THAT(*spec, HasSubstr("\n  q_lora_rank: null\n"));
+  EXPECT_THAT(*spec, Not(HasSubstr("not modelled: model.fp8")));
   EXPECT_THAT(*spec, HasSubstr("# model.attention_backend=fused -> flash"));
   EXPECT_THAT(*spec, HasSubstr("selective:[moe_act,mla_up_proj]"));  // canonical order
   EXPECT_THAT(*spec, Not(HasSubstr("parallel.data_parallel_size: Bridge derives")));
@@ -199,6 +189,31 @@ TEST(ImportMegatronLm, MegatronLmDefaultsDifferFromMegatronCore) {
   EXPECT_THAT(*spec, HasSubstr("only with --group-query-attention"));
 }
 
+// FP8, CUDA graphs, offloading and the DDP overlap flags flow into the spec; MLA without
+// --q-lora-rank is Megatron-LM's None (no q compression), written as null.
+TEST(ImportMegatronLm, CarriesCompatibilityFlagsAndNullQLoraRank) {
+  auto spec = ImportMegatronLm(
+      {"--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
+       "--seq-length", "128", "--vocab-size", "512", "--multi-latent-attention",
+       "--kv-lora-rank", "64", "--bf16", "--disable-bias-linear", "--attention-dropout", "0",
+       "--hidden-dropout", "0", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise",
+       "--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "attn", "mlp",
+       "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"},
+      {}, "mla");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  auto parsed = spec::ParseSpecYaml(*spec);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message() << "\n" << *spec;
+  EXPECT_FALSE(parsed->model.q_lora_rank.has_value());
+  EXPECT_EQ(parsed->model.normalization, search::Normalization::kLayerNorm);  // Megatron-LM's
+  EXPECT_EQ(parsed->model.fp8, "e4m3");
+  EXPECT_EQ(parsed->model.fp8_recipe, "blockwise");
+  EXPECT_EQ(parsed->model.cuda_graph_impl, "transformer_engine");
+  EXPECT_EQ(parsed->model.cuda_graph_scope, (std::vector<std::string>{"attn", "mlp"}));
+  EXPECT_TRUE(parsed->parallel.overlap_grad_reduce);
+  EXPECT_TRUE(parsed->parallel.overlap_param_gather);
+  EXPECT_THAT(*spec, Not(HasSubstr("not modelled: model.fp8")));
+}
+
 TEST(ImportMegatronLm, BadInputNamesTheFlag) {
   auto args = Llama70bArgs();
   args.push_back("--num-layers-per-virtual-pipeline-stage");
@@ -271,7 +286,7 @@ TEST(ImportCli, BridgeFileAndOverrides) {
   ASSERT_TRUE(spec.ok()) << spec.status().message();
   EXPECT_EQ(spec->name, "bridge-qwen-moe");  // the file's stem
   EXPECT_EQ(Cli({"import", "bridge", "/nonexistent.yaml"}, &out, &err), 2);
-  EXPECT_EQ(err, "error: FILE: cannot read /nonexistent.yaml\n");
+  EXPECT_EQ(err, "error: FILE: \"/nonexistent.yaml\" cannot be read: No such file or directory\n");
 }
 
 }  // namespace

@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -19,6 +23,89 @@ nlohmann::json PlanJson(const std::string& spec) {
   std::ostringstream out, err;
   EXPECT_EQ(RunPlan(Example(spec), /*json=*/true, out, err), 0) << err.str();
   return nlohmann::json::parse(out.str());
+}
+
+// A spec file for the length of a test: llama3-8b-proxy's model with `extra` lines appended to
+// the model section and `tail` (other sections) after it.
+class TempSpec {
+ public:
+  TempSpec(const std::string& model_extra, const std::string& tail = "") {
+    char path[] = "/tmp/remat-plan-XXXXXX";
+    const int fd = mkstemp(path);
+    ::close(fd);
+    path_ = path;
+    std::ofstream(path_) << "name: t\nmodel:\n  num_layers: 4\n  hidden_size: 4096\n"
+                            "  num_attention_heads: 32\n  num_query_groups: 8\n"
+                            "  ffn_hidden_size: 14336\n  gated_linear_unit: true\n"
+                            "  normalization: RMSNorm\n  seq_length: 4096\n"
+                            "  vocab_size: 128256\n  attention_dropout: 0.0\n"
+                            "  hidden_dropout: 0.0\n  position_embedding_type: rope\n"
+                         << (model_extra.find("add_bias_linear") == std::string::npos
+                                 ? "  add_bias_linear: false\n"
+                                 : "")
+                         << model_extra << tail;
+  }
+  ~TempSpec() { std::remove(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Spec-wide rules are refused by plan and validate alike (exit 2, the field first), before any
+// trial: here a grouped-GEMM MoE with linear biases.
+TEST(PlanTest, SpecWideRulesExitTwoNamingTheField) {
+  TempSpec spec("  num_moe_experts: 8\n  moe_grouped_gemm: true\n  add_bias_linear: true\n");
+  std::ostringstream out, err;
+  EXPECT_EQ(RunPlan(spec.path(), false, out, err), 2);
+  EXPECT_EQ(err.str().rfind("error: model.add_bias_linear:", 0), 0u) << err.str();
+  std::ostringstream out2, err2;
+  EXPECT_EQ(RunValidate(spec.path(), "none", out2, err2), 2);
+  EXPECT_EQ(err2.str().rfind("error: model.add_bias_linear:", 0), 0u) << err2.str();
+}
+
+// Static memory over the budget: the plan says so first and names the levers, instead of a
+// table of policies that all fail to fit.
+TEST(PlanTest, StaticOverBudgetNamesTheLevers) {
+  // 4 layers of Llama-3-8B + its vocabulary: about 2.6 B parameters, 18 bytes each: ~44 GiB.
+  TempSpec spec("  attention_backend: unfused\n",
+                "parallel:\n  data_parallel_size: 4\nsearch:\n  memory_budget_gib: 30\n");
+  std::ostringstream out, err;
+  ASSERT_EQ(RunPlan(spec.path(), false, out, err), 0) << err.str();
+  const std::string text = out.str();
+  EXPECT_NE(text.find("static memory alone"), std::string::npos) << text;
+  EXPECT_NE(text.find("no recompute policy can fit"), std::string::npos) << text;
+  EXPECT_NE(text.find("train.use_distributed_optimizer: true"), std::string::npos) << text;
+  EXPECT_NE(text.find("parallel.tensor_model_parallel_size: 2"), std::string::npos) << text;
+  EXPECT_EQ(text.find("selective:[core_attn]"), std::string::npos) << text;  // no table
+  std::ostringstream jout, jerr;
+  ASSERT_EQ(RunPlan(spec.path(), true, jout, jerr), 0);
+  const auto j = nlohmann::json::parse(jout.str());
+  ASSERT_TRUE(j.contains("capacity")) << j.dump(2);
+  EXPECT_TRUE(j["capacity"]["static_exceeds_budget"].get<bool>());
+  EXPECT_GT(j["capacity"]["predicted_static_bytes"].get<double>(), 30.0 * (1ull << 30));
+  ASSERT_FALSE(j["capacity"]["levers"].empty());
+  // The distributed optimizer over DP 4: 6 + 12/4 = 9 bytes per parameter, half of 18.
+  bool dist = false;
+  for (const auto& l : j["capacity"]["levers"]) {
+    if (l["setting"] == "train.use_distributed_optimizer: true") {
+      dist = true;
+      EXPECT_TRUE(l["static_fits"].get<bool>());
+    }
+  }
+  EXPECT_TRUE(dist);
+  // Under the budget: no capacity finding.
+  EXPECT_FALSE(PlanJson("llama3-8b-proxy.yaml").contains("capacity"));
+}
+
+TEST(PlanTest, BuiltinBackendLimitsAreANote) {
+  TempSpec spec("  attention_backend: flash\n", "parallel:\n  context_parallel_size: 2\n");
+  std::ostringstream out, err;
+  ASSERT_EQ(RunPlan(spec.path(), false, out, err), 0) << err.str();
+  EXPECT_NE(out.str().find("note: the builtin backend will refuse to search this spec: "
+                           "parallel.context_parallel_size:"),
+            std::string::npos)
+      << out.str();
 }
 
 TEST(PlanTest, ControlFirstThenTheArchitecturesFirstBoundary) {
@@ -123,6 +210,23 @@ TEST(ValidateTest, InvalidPoliciesExitTwoWithTheReason) {
     EXPECT_EQ(message.rfind("error: ", 0), 0u) << message;
     EXPECT_NE(message.find(c.reason), std::string::npos) << message;
   }
+}
+
+// Valid but pointless: a warning on stderr, exit 0.
+TEST(ValidateTest, PointlessPoliciesWarn) {
+  TempSpec flash("  attention_backend: flash\n");
+  std::ostringstream out, err;
+  EXPECT_EQ(RunValidate(flash.path(), "selective:[core_attn]", out, err), 0) << err.str();
+  EXPECT_NE(out.str().find("valid: selective:[core_attn]"), std::string::npos);
+  EXPECT_EQ(err.str().rfind("warning: core_attn under flash", 0), 0u) << err.str();
+  std::ostringstream out2, err2;
+  EXPECT_EQ(RunValidate(flash.path(), "selective:[mlp]", out2, err2), 0);
+  EXPECT_EQ(err2.str(), "");
+  // Megatron's names for the backend: local is the unfused attention, no warning there.
+  TempSpec local("  attention_backend: local\n");
+  std::ostringstream out3, err3;
+  EXPECT_EQ(RunValidate(local.path(), "selective:[core_attn]", out3, err3), 0);
+  EXPECT_EQ(err3.str(), "");
 }
 
 TEST(ValidateTest, ValidPoliciesExitZeroWithTheSettings) {

@@ -105,7 +105,9 @@ v1::Search FixedSearch() {
   s.set_trials_planned(7);
   // What the coordinator finds (search::DiagnoseFragmentation over the finished trials).
   for (const auto& r : DomainResults(s)) {
-    for (const auto& f : search::DiagnoseFragmentation(r)) s.add_fragmentation(f);
+    for (const auto& f : search::DiagnoseFragmentation(r, s.memory_budget_bytes())) {
+      s.add_fragmentation(f);
+    }
   }
   return s;
 }
@@ -189,6 +191,89 @@ TEST(Render, JsonHasTheContractKeys) {
   EXPECT_FALSE(control.contains("proxies"));
 }
 
+// Issue 11: the warm-up each trial took, near-tie re-measures, the numerics check against the
+// control and the versions and spec the search ran with, as the coordinator decided them.
+v1::Search SearchWithProvenance() {
+  v1::Search s = FixedSearch();
+  s.mutable_spec()->mutable_train()->set_precision("bf16");
+  s.mutable_spec()->mutable_search()->set_steady_window(3);
+  s.mutable_spec()->mutable_search()->set_steady_tolerance(0.05);
+  for (v1::Trial& t : *s.mutable_trials()) {
+    if (t.status() != v1::TRIAL_STATUS_OK) continue;
+    t.mutable_result()->set_warmup_steps_taken(4);
+    t.mutable_result()->set_warmup_settled(true);
+    t.mutable_result()->mutable_ranks(0)->set_warmup_steps_taken(4);
+    for (double w : {0.9, 0.5, 0.41, 0.4}) t.mutable_result()->mutable_ranks(0)->add_warmup_step_times_s(w);
+    (*t.mutable_result()->mutable_versions())["remat"] = "0.9.0";
+  }
+  v1::Trial* core_attn = s.mutable_trials(1);
+  core_attn->mutable_result()->set_warmup_steps_taken(8);
+  core_attn->mutable_result()->set_warmup_settled(false);
+  const std::string off =
+      "selective:[mlp]: loss 10.6 vs the control's 10.5 (9.5e-03 relative; tolerance 1.0e-03, bf16)";
+  s.mutable_trials(2)->set_numerics_mismatch(off);
+  s.add_numerics_mismatches(off);
+  s.set_numerics_compared(3);
+  s.set_numerics_tolerance(1e-3);
+  s.set_numerics_reference("selective:[]");
+  v1::Trial* again = s.add_trials();
+  *again = s.trials(0);
+  again->set_id("t-again");
+  again->set_remeasure(true);
+  again->set_reason("re-measure: frontier point within 0.5% of selective:[core_attn] (noise band 1.0%)");
+  *again->mutable_combined() = again->result();
+  again->mutable_combined()->set_tokens_per_s(977);
+  (*s.mutable_versions())["remat"] = "0.9.0";
+  (*s.mutable_versions())["gpu"] = "NVIDIA H200";
+  (*s.mutable_versions())["driver"] = "550.54.15 | 560.1";
+  return s;
+}
+
+TEST(Render, JsonCarriesWarmupNumericsVersionsAndSpec) {
+  const nlohmann::json j = nlohmann::json::parse(ResultJson(SearchWithProvenance()));
+  const nlohmann::json& control = j["trials"][0];
+  EXPECT_EQ(control["warmup_steps_taken"], 4);
+  EXPECT_EQ(control["warmup_settled"], true);
+  EXPECT_EQ(control["ranks"][0]["warmup_step_times_s"].size(), 4u);
+  EXPECT_TRUE(control["numerics_mismatch"].is_null());
+  EXPECT_EQ(control["remeasure"], false);
+  EXPECT_EQ(control["versions"]["remat"], "0.9.0");
+  EXPECT_EQ(j["trials"][1]["warmup_settled"], false);
+  EXPECT_NE(j["trials"][2]["numerics_mismatch"].get<std::string>().find("loss 10.6"),
+            std::string::npos);
+  EXPECT_TRUE(j["trials"][4]["warmup_steps_taken"].is_null());  // the oom trial measured nothing
+  EXPECT_EQ(j["trials"].back()["remeasure"], true);
+  EXPECT_EQ(j["trials"].back()["combined"]["tokens_per_s"], 977);
+  EXPECT_TRUE(control["combined"].is_null());
+  EXPECT_EQ(j["numerics"]["ok"], false);
+  EXPECT_EQ(j["numerics"]["compared"], 3);
+  EXPECT_DOUBLE_EQ(j["numerics"]["tolerance"].get<double>(), 1e-3);
+  EXPECT_EQ(j["numerics"]["mismatches"].size(), 1u);
+  EXPECT_EQ(j["numerics"]["reference"], "selective:[]");
+  EXPECT_EQ(j["versions"]["gpu"], "NVIDIA H200");
+  EXPECT_EQ(j["spec"]["name"], "fixture");
+  EXPECT_EQ(j["spec"]["search"]["steady_window"], 3);
+}
+
+TEST(Render, ReportMarksUnsettledRemeasuredAndNumericsOff) {
+  std::ostringstream out;
+  RenderReport(SearchWithProvenance(), out);
+  const std::string text = out.str();
+  for (const std::string needle :
+       {"warm-up unsettled", "re-measure", "NUMERICS OFF", "NUMERICS OFF: selective:[mlp]: loss 10.6",
+        "warm-up: 4-8 steps before the measured ones (until the last 3 agreed within 5%)",
+        "1 trial(s) reached search.warmup_max_steps unsettled",
+        "numerics: 1 of 3 trials DO NOT match the control's loss and grad norm (see notes)",
+        "recommendation: selective:[]  (9.00 GiB reserved peak per rank, 977 tokens/s)",
+        "(tolerance 1e-03 relative, bf16)", "tokens/s  warm-up", "ran with: remat 0.9.0; driver 550.54.15 | 560.1; gpu NVIDIA H200;"}) {
+    EXPECT_NE(text.find(needle), std::string::npos) << "missing '" << needle << "' in\n" << text;
+  }
+  // The recommended policy, measured twice, is marked once: on its last trial.
+  const size_t first = text.find("<- recommended");
+  ASSERT_NE(first, std::string::npos);
+  EXPECT_EQ(text.find("<- recommended", first + 1), std::string::npos) << text;
+}
+
 TEST(Render, JsonWhenNothingFits) {
   v1::Search s = FixedSearch();
   s.clear_frontier();
@@ -232,7 +317,8 @@ TEST(Render, ReportShowsTableFrontierRecommendationAndFindings) {
   has("  after removing (with values): --recompute-granularity --recompute-method\n");
   has("fragmentation:");
   has("selective:[core_attn,mlp]: rank 0 reserved");
-  has("noisy: 1 trial(s) whose measured steps spread by more than 10% of the step time (up to 25%)");
+  has("noisy: 1 trial(s) whose measured steps spread by more than 10% of the step time (up to "
+      "25%)");
   // Only that trial carries the mark (the others' spread is 0).
   EXPECT_EQ(text.find("noisy"), text.find("noisy", text.find("selective:[core_attn,mlp]")));
   // The frontier section lists memory ascending.
@@ -288,7 +374,8 @@ TEST(Render, JsonCarriesTheRecommendationDetail) {
   EXPECT_DOUBLE_EQ(d.at("tied")[0].at("below_best").get<double>(), 0.02);
   EXPECT_DOUBLE_EQ(d.at("tied")[1].at("recompute_flops").get<double>(), 5e9);
   EXPECT_NE(d.at("reason").get<std::string>().find("measurement noise"), std::string::npos);
-  EXPECT_TRUE(nlohmann::json::parse(ResultJson(FixedSearch())).at("recommendation_detail").is_null());
+  EXPECT_TRUE(
+      nlohmann::json::parse(ResultJson(FixedSearch())).at("recommendation_detail").is_null());
 }
 
 TEST(Render, ReportSaysWhyNothingFits) {
@@ -351,8 +438,90 @@ TEST(Render, TinyModelsAreShownInMiBWithTheBudgetOffTheChart) {
   EXPECT_NE(out.str().find("budget 1.00 GiB per rank"), std::string::npos) << out.str();
   const std::string svg = ResultSvg(s);
   EXPECT_NE(svg.find("peak memory per rank (MiB, reserved"), std::string::npos);
-  EXPECT_NE(svg.find("budget 1 GiB (off the chart, to the right)"), std::string::npos);
+  // One unit on the axis, and the budget in it.
+  EXPECT_NE(svg.find("budget 1024 MiB (off the chart, to the right)"), std::string::npos);
   EXPECT_EQ(svg.find("<line class=\"budget\""), std::string::npos);
+}
+
+struct DrawnLabel {
+  double x0, y0, x1, y1;
+  std::string text;
+};
+// The trial labels of an SVG, with the boxes the renderer reserves for them (12 px font, 6.6 px a
+// character, baseline at y).
+std::vector<DrawnLabel> Labels(const std::string& svg) {
+  std::vector<DrawnLabel> out;
+  const std::string open = "<text class=\"label\" x=\"";
+  for (size_t p = svg.find(open); p != std::string::npos; p = svg.find(open, p + 1)) {
+    const double x = std::stod(svg.substr(p + open.size()));
+    const size_t yp = svg.find("y=\"", p) + 3;
+    const double y = std::stod(svg.substr(yp));
+    const size_t t0 = svg.find('>', p) + 1;
+    const std::string text = svg.substr(t0, svg.find("</text>", t0) - t0);
+    out.push_back({x, y - 11, x + 6.6 * static_cast<double>(text.size()), y + 2, text});
+  }
+  return out;
+}
+
+TEST(Render, SvgLabelsNeverOverlapAndEveryFrontierPointIsNamed) {
+  // Thirty frontier points packed within a few pixels (two far points set the axes): no free spot
+  // near most of them.
+  v1::Search s;
+  s.set_id("s-dense");
+  s.set_state(v1::SEARCH_STATE_SUCCEEDED);
+  s.mutable_spec()->mutable_model()->set_seq_length(4096);
+  s.set_memory_budget_bytes(10 * kGiB);
+  s.set_memory_metric("reserved");
+  for (int i = 0; i < 30; ++i) {
+    const std::string policy = "full:block:" + std::to_string(i + 1);
+    const uint64_t mem = 6 * kGiB - static_cast<uint64_t>(i) * (kGiB / 512);
+    AddTrial(&s, policy, v1::TRIAL_STATUS_OK, {{mem, mem}}, 4.0 + 0.001 * i);
+    s.add_frontier(policy);
+  }
+  AddTrial(&s, "selective:[]", v1::TRIAL_STATUS_OK, {{9 * kGiB, 9 * kGiB}}, 2.0);
+  AddTrial(&s, "full:uniform:1", v1::TRIAL_STATUS_OK, {{2 * kGiB, 2 * kGiB}}, 8.0);
+  s.add_frontier("selective:[]");
+  s.add_frontier("full:uniform:1");
+  s.set_recommendation("full:block:1");
+  const std::string svg = ResultSvg(s);
+  const std::vector<DrawnLabel> labels = Labels(svg);
+  ASSERT_EQ(labels.size(), 32u) << svg;
+  for (size_t i = 0; i < labels.size(); ++i) {
+    for (size_t j = i + 1; j < labels.size(); ++j) {
+      const DrawnLabel& a = labels[i];
+      const DrawnLabel& b = labels[j];
+      const bool apart = a.x1 < b.x0 || b.x1 < a.x0 || a.y1 < b.y0 || b.y1 < a.y0;
+      EXPECT_TRUE(apart) << a.text << " overlaps " << b.text;
+    }
+  }
+  // Those without a free spot sit in a column right of the plot, each with a leader line, and the
+  // picture widens to hold them.
+  EXPECT_GT(Count(svg, "class=\"leader\""), 0);
+  EXPECT_EQ(svg.find("width=\"960\" height"), std::string::npos);
+  EXPECT_EQ(Count(svg, "<text"), Count(svg, "</text>"));
+}
+
+TEST(Render, SvgDrawsEachPointsMeasuredSpread) {
+  v1::Search s = FixedSearch();
+  // selective:[] reports its steps: 4.0, 4.096, 4.5 s.
+  v1::RankResult* r = s.mutable_trials(0)->mutable_result()->mutable_ranks(0);
+  r->set_step_time_s(4.096);
+  for (double t : {4.0, 4.096, 4.5}) r->add_step_times_s(t);
+  const std::string svg = ResultSvg(s);
+  // That one from its steps, selective:[core_attn,mlp] from its step_time_spread_s.
+  EXPECT_EQ(Count(svg, "class=\"spread\""), 2) << svg;
+}
+
+TEST(Render, SvgDrawsAReMeasuredPolicyOnceWithItsPooledFigures) {
+  v1::Search s = FixedSearch();
+  const int before = Count(ResultSvg(s), "class=\"trial\"");
+  v1::Trial* again = AddTrial(&s, "selective:[core_attn]", v1::TRIAL_STATUS_OK,
+                              {{11 * kGiB / 2, 6 * kGiB}, {5 * kGiB, 5 * kGiB}}, 4.0);
+  again->set_remeasure(true);
+  *again->mutable_combined() = again->result();
+  again->mutable_combined()->set_tokens_per_s(1234.5);
+  const std::string svg = ResultSvg(s);
+  EXPECT_EQ(Count(svg, "class=\"trial\""), before);  // still one point for the policy
 }
 
 TEST(Render, SvgEscapesAndSurvivesAnEmptySearch) {
@@ -383,6 +552,11 @@ TEST(Render, ProgressLines) {
   EXPECT_EQ(ProgressLine(p, /*tty=*/true),
             "[######------------------] 3/12 trials, 2 running, 1m15s elapsed, ETA 3m20s, best "
             "selective:[core_attn] (7700 tokens/s at 61.00 GiB)");
+  p.set_trials_planned_revised_from(10);
+  EXPECT_NE(ProgressLine(p, false).find("progress: 3/12 (total revised from 10) trials done"),
+            std::string::npos);
+  EXPECT_NE(ProgressLine(p, true).find(" 3/12 (total revised from 10) trials, "),
+            std::string::npos);
   p.clear_best_policy();
   p.set_eta_s(0);
   EXPECT_NE(ProgressLine(p, false).find("ETA ?, state running; no point fits yet"),

@@ -121,5 +121,32 @@ TEST(ExpertParallelTest, ExpertParallelWithTensorParallelIsInvalid) {
       << r.dump();
 }
 
+// Expert parallelism inside pipeline stages (EP 2 x DP 2 x PP 2, one MoE layer per stage, two
+// micro-batches per step): the EP and expert-data-parallel groups stay within a stage, and the
+// run matches DP 2 without EP or PP.
+TEST(ExpertParallelTest, ExpertParallelInsidePipelineStagesMatches) {
+  const fs::path dir = TempDir();
+  auto with_batch = [](std::string yaml) {
+    yaml.replace(yaml.find("  micro_batch_size: 2\n"), 0, "  global_batch_size: 8\n");
+    return yaml;
+  };
+  const fs::path dp2 =
+      WriteSpec(dir, "dp2.yaml", with_batch(MoeYaml(true, "  data_parallel_size: 2\n")));
+  const fs::path ep_pp = WriteSpec(
+      dir, "ep2pp2.yaml",
+      with_batch(MoeYaml(true, "  data_parallel_size: 2\n  expert_model_parallel_size: 2\n"
+                               "  pipeline_model_parallel_size: 2\n")));
+  for (const std::string policy : {"selective:[]", "selective:[moe]"}) {
+    const std::vector<nlohmann::json> base = RunRanks(dp2, policy, 2);
+    ASSERT_EQ(base[0]["status"], "ok") << base[0].dump();
+    const std::vector<nlohmann::json> ranks = RunRanks(ep_pp, policy, 4);
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_EQ(ranks[r]["status"], "ok") << policy << " " << ranks[r].dump();
+      EXPECT_LT(RelDiff(ranks[r]["loss"], base[0]["loss"]), 1e-5) << policy << " rank " << r;
+      EXPECT_LT(RelDiff(ranks[r]["grad_norm"], base[0]["grad_norm"]), 1e-5) << policy << " rank " << r;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace remat::engine

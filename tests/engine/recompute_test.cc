@@ -9,6 +9,7 @@
 #include <map>
 #include <string>
 
+#include "search/memory_model.h"
 #include "search/policy.h"
 #include "search/rules.h"
 #include "search/spec.h"
@@ -96,6 +97,26 @@ TEST(RecomputeTest, MlaEveryPolicyMatchesControl) {
   ExpectUniform1Lowest(peaks);
 }
 
+// DeepSeek-V2-Lite's attention (no q compression: queries from linear_q_proj) in a spec that
+// leaves position_embedding_type at Megatron Core's learned_absolute: MLA still applies its own
+// rotary embedding (it failed every trial with "Expected a proper Tensor but got None").
+TEST(RecomputeTest, MlaWithoutQCompressionOrRopeEveryPolicyMatchesControl) {
+  search::SearchSpec spec = testing::TinyMla();
+  spec.model.q_lora_rank.reset();
+  spec.model.position_embedding_type = search::PositionEmbedding::kLearnedAbsolute;
+  const auto peaks = RunAllPolicies(spec);
+  // The memory model counts the same parameters (linear_q_proj, the learned position table);
+  // the engine's static bytes are the optimizer's (weights, gradients, Adam), without the
+  // unfused attention's persistent buffer.
+  const TrialResult control = RunOne(spec, Policy::None());
+  ASSERT_EQ(control.status, TrialStatus::kOk) << control.message;
+  const search::MemoryEstimate est = search::EstimateMemory(spec, Policy::None());
+  EXPECT_EQ(static_cast<double>(control.ranks.at(0).static_bytes),
+            est.static_bytes - est.buffer_bytes);
+  EXPECT_LT(peaks.at("selective:[mla_up_proj]"), peaks.at("selective:[]"));
+  ExpectUniform1Lowest(peaks);
+}
+
 TEST(RecomputeTest, GroupedMoeEveryPolicyMatchesControl) {
   const auto peaks = RunAllPolicies(testing::TinyMoe());
   EXPECT_LT(peaks.at("selective:[moe_act]"), peaks.at("selective:[]"));
@@ -108,9 +129,10 @@ TEST(RecomputeTest, SequentialMoeMatchesControl) {
   search::SearchSpec spec = testing::TinyMoe();
   spec.model.moe_grouped_gemm = false;
   spec.model.add_bias_linear = true;  // SequentialMLP experts take biases
+  spec.model.moe_shared_expert_intermediate_size.reset();  // shared experts do not (Megatron)
   const TrialResult control = RunOne(spec, Policy::None());
   ASSERT_EQ(control.status, TrialStatus::kOk) << control.message;
-  for (const char* text : {"selective:[moe]", "selective:[shared_experts,layernorm]", "full:uniform:2"}) {
+  for (const char* text : {"selective:[moe]", "selective:[layernorm,moe]", "full:uniform:2"}) {
     const TrialResult r = RunOne(spec, P(text));
     ASSERT_EQ(r.status, TrialStatus::kOk) << text << ": " << r.message;
     EXPECT_LT(RelDiff(r.loss, control.loss), 1e-5) << text;
@@ -178,14 +200,28 @@ TEST(RecomputeTest, RefusesWhatItCannotRun) {
   EXPECT_EQ(r.status, TrialStatus::kInvalid);
   EXPECT_NE(r.message.find("Gated DeltaNet"), std::string::npos) << r.message;
 
-  search::SearchSpec pp = testing::TinyDense();
-  pp.parallel.pipeline_model_parallel_size = 2;
-  r = RunOne(pp, Policy::None());
+  // Context parallelism is modelled and planned, not run (no ring attention in the engine).
+  search::SearchSpec cp = testing::TinyDense();
+  cp.model.attention_backend = search::AttentionBackend::kFlash;
+  cp.parallel.context_parallel_size = 2;
+  r = RunOne(cp, Policy::None());
   EXPECT_EQ(r.status, TrialStatus::kInvalid);
-  EXPECT_NE(r.message.find("pipeline_model_parallel_size"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("context_parallel_size"), std::string::npos) << r.message;
 
   r = RunOne(testing::TinyDense(), P("selective:[moe_act]"));  // no experts: Megatron refuses
   EXPECT_EQ(r.status, TrialStatus::kInvalid);
+
+  // The spec-wide rules the coordinator refuses at submit hold here too (one home each).
+  search::SearchSpec biased = testing::TinyMoe();
+  biased.model.add_bias_linear = true;  // grouped-GEMM experts take no biases
+  r = RunOne(biased, Policy::None());
+  EXPECT_EQ(r.status, TrialStatus::kInvalid);
+  EXPECT_EQ(r.message.rfind("model.add_bias_linear:", 0), 0u) << r.message;
+  search::SearchSpec fp8 = testing::TinyDense();
+  fp8.model.fp8 = "hybrid";
+  r = RunOne(fp8, Policy::None());
+  EXPECT_EQ(r.status, TrialStatus::kInvalid);
+  EXPECT_EQ(r.message.rfind("model.fp8:", 0), 0u) << r.message;
 }
 
 }  // namespace

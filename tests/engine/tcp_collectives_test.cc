@@ -171,6 +171,80 @@ TEST(TcpCollectivesTest, RankThatLeavesFailsTheOthersPromptly) {
   EXPECT_EQ(errors[1], "");
 }
 
+PeerTransfer Send(int peer, int tag, std::vector<float>& v) {
+  return PeerTransfer{true, peer, tag, v.data(), v.size(), DataType::kFloat32};
+}
+PeerTransfer Recv(int peer, int tag, std::vector<float>& v) {
+  return PeerTransfer{false, peer, tag, v.data(), v.size(), DataType::kFloat32};
+}
+
+// A pipeline's traffic on a subgroup: activations go forward, each stage answers with a
+// gradient in one exchange with its next stage (Megatron's send_forward_recv_backward), and
+// transfers with different tags between one pair match by tag whatever the posting order.
+TEST(TcpCollectivesTest, SendRecvAlongAPipeline) {
+  auto errors = RunRanks(4, 20, [](int r, Collectives& c) {
+    Group pipe = c.CreateGroup({{0, 2, 3}, {1}});
+    if (r == 1) return;
+    const int p = pipe.rank, last = pipe.size() - 1;
+    std::vector<float> act(3, 0), grad(2, 0);
+    if (p > 0) {
+      c.SendRecv(pipe, {Recv(p - 1, 0, act)});
+      for (int i = 0; i < 3; ++i) ASSERT_EQ(act[i], float(10 * (p - 1) + i));
+    }
+    std::vector<float> out = {float(10 * p), float(10 * p + 1), float(10 * p + 2)};
+    if (p < last) {
+      c.SendRecv(pipe, {Send(p + 1, 0, out), Recv(p + 1, 1, grad)});
+      EXPECT_EQ(grad[0], float(100 + p + 1));
+      EXPECT_EQ(grad[1], float(-(p + 1)));
+    }
+    if (p > 0) {
+      std::vector<float> mine = {float(100 + p), float(-p)};
+      c.SendRecv(pipe, {Send(p - 1, 1, mine)});
+    }
+    // Tags: stage 0 posts tag 5 then tag 6; stage 1 takes tag 6 first, in its own call.
+    if (p == 0) {
+      std::vector<float> five = {5}, six = {6};
+      c.SendRecv(pipe, {Send(1, 5, five), Send(1, 6, six)});
+    } else if (p == 1) {
+      std::vector<float> a(1), b(1);
+      c.SendRecv(pipe, {Recv(0, 6, a)});
+      c.SendRecv(pipe, {Recv(0, 5, b)});
+      EXPECT_EQ(a[0], 6);
+      EXPECT_EQ(b[0], 5);
+    }
+    c.Barrier(pipe);
+  });
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(errors[r], "") << r;
+}
+
+TEST(TcpCollectivesTest, SendRecvFailuresAreErrors) {
+  // A receive of the wrong size. (Separate worlds: a rank that fails leaves without saying
+  // goodbye, and the hub then fails everyone still waiting with that news instead.)
+  auto errors = RunRanks(2, 30, [](int r, Collectives& c) {
+    std::vector<float> two = {1, 2}, three(3);
+    if (r == 0) c.SendRecv(c.World(), {Send(1, 0, two)});
+    if (r == 1) c.SendRecv(c.World(), {Recv(0, 0, three)});
+  });
+  EXPECT_NE(errors[1].find("matched a send of 8"), std::string::npos) << errors[1];
+  // A receive from a rank that left without sending.
+  errors = RunRanks(2, 30, [](int r, Collectives& c) {
+    std::vector<float> v(1);
+    if (r == 1) c.SendRecv(c.World(), {Recv(0, 0, v)});
+  });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_NE(errors[1].find("left"), std::string::npos) << errors[1];
+  // A receive nobody answers times out.
+  const auto start = std::chrono::steady_clock::now();
+  errors = RunRanks(2, 1.5, [](int r, Collectives& c) {
+    std::vector<float> v(1);
+    if (r == 0) c.SendRecv(c.World(), {Recv(1, 0, v)});
+    if (r == 1) std::this_thread::sleep_for(std::chrono::seconds(4));
+  });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(took, 15.0);
+  EXPECT_NE(errors[0].find("timed out"), std::string::npos) << errors[0];
+}
+
 TEST(TcpCollectivesTest, NoHubIsAnError) {
   auto errors = RunRanks(2, 1, [](int, Collectives&) {}, /*absent=*/{0});
   EXPECT_NE(errors[1].find("no hub"), std::string::npos) << errors[1];

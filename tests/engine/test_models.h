@@ -29,6 +29,8 @@ inline search::SearchSpec TinyBase() {
   s.train.precision = search::Precision::kFp32;
   s.search.memory_budget_gib = 1;
   s.search.warmup_steps = 1;  // the measured step's loss sees one optimizer update
+  s.search.warmup_max_steps = 1;  // a fixed warm-up (a window of one settles at once): fast
+  s.search.steady_window = 1;
   s.search.measure_steps = 1;
   s.search.device = search::Device::kCpu;
   return s;

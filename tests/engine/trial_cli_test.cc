@@ -54,6 +54,8 @@ train:
 search:
   memory_budget_gib: 1
   warmup_steps: 1
+  warmup_max_steps: 1
+  steady_window: 1
   measure_steps: 1
   device: cpu
 )";
@@ -240,9 +242,68 @@ TEST(TrialCliTest, BadInputExitsTwoWithAnErrorLine) {
 TEST(TrialCliTest, VersionListsTheBuild) {
   Output o = Sh(kTrial + " --version");
   EXPECT_EQ(o.exit_code, 0);
-  for (const char* key : {"remat=", "torch=", "cuda=", "nccl=", "device="}) {
+  for (const char* key : {"remat=", "torch=", "cuda=", "nccl=", "driver=", "gpu=", "device="}) {
     EXPECT_NE(o.out.find(key), std::string::npos) << key << " missing in\n" << o.out;
   }
+}
+
+// The steady-state warm-up (search/steady_state.h) as the engine applies it: at least
+// warmup_steps, then until the last steady_window steps agree, at most warmup_max_steps; the
+// result says how many it took, lists them, and every rank of a trial takes the same number.
+TEST(TrialCliTest, WarmupLastsUntilTheStepsSettle) {
+  const fs::path dir = TempDir();
+  auto spec_with = [&](const std::string& name, const std::string& tolerance,
+                       const std::string& parallel) {
+    std::string yaml = kDenseYaml;
+    yaml.replace(yaml.find("  warmup_steps: 1\n  warmup_max_steps: 1\n  steady_window: 1\n"
+                           "  measure_steps: 1\n"),
+                 std::string("  warmup_steps: 1\n  warmup_max_steps: 1\n  steady_window: 1\n"
+                             "  measure_steps: 1\n")
+                     .size(),
+                 "  warmup_steps: 2\n  warmup_max_steps: 6\n  steady_window: 3\n"
+                 "  steady_tolerance: " + tolerance + "\n  measure_steps: 2\n");
+    yaml.replace(yaml.find("train:"), 0, parallel);
+    return testing::WriteSpec(dir, name, yaml);
+  };
+  // A loose tolerance settles as soon as the window is full or soon after; within the bounds.
+  const nlohmann::json loose = RunOne(spec_with("loose.yaml", "0.9", ""), "selective:[]");
+  ASSERT_EQ(loose["status"], "ok") << loose.dump();
+  const int taken = loose["warmup_steps_taken"];
+  EXPECT_GE(taken, 3);  // the minimum is 2, but a window of 3 needs three steps to judge
+  EXPECT_LE(taken, 6);
+  EXPECT_EQ(loose["warmup_settled"], true);
+  EXPECT_EQ(loose["ranks"][0]["warmup_steps_taken"], taken);
+  EXPECT_EQ(loose["ranks"][0]["warmup_step_times_s"].size(), static_cast<size_t>(taken));
+  EXPECT_EQ(loose["ranks"][0]["step_times_s"].size(), 2u);  // measure_steps, after the warm-up
+  // No CPU step is steady to a part in 10^12: the bound ends the warm-up, and the result says so.
+  const nlohmann::json tight = RunOne(spec_with("tight.yaml", "1e-12", ""), "selective:[]");
+  ASSERT_EQ(tight["status"], "ok") << tight.dump();
+  EXPECT_EQ(tight["warmup_steps_taken"], 6);
+  EXPECT_EQ(tight["warmup_settled"], false);
+  EXPECT_EQ(tight["ranks"][0]["step_times_s"].size(), 2u);
+  // The loss is step index warmup_steps's, whatever the warm-up took: the same in both runs.
+  EXPECT_EQ(loose["loss"], tight["loss"]);
+  EXPECT_EQ(loose["grad_norm"], tight["grad_norm"]);
+  // Two ranks agree on when to stop warming up (their collectives pair up; no hang).
+  const std::vector<nlohmann::json> ranks = RunRanks(
+      spec_with("tp2.yaml", "0.2", "parallel:\n  tensor_model_parallel_size: 2\n"),
+      "selective:[]", 2);
+  ASSERT_EQ(ranks[0]["status"], "ok") << ranks[0].dump();
+  ASSERT_EQ(ranks[1]["status"], "ok") << ranks[1].dump();
+  EXPECT_EQ(ranks[0]["warmup_steps_taken"], ranks[1]["warmup_steps_taken"]);
+  EXPECT_LE(ranks[0]["warmup_steps_taken"].get<int>(), 6);
+}
+
+// What a trial ran with, recorded by the engine at run time; on the CPU the CUDA side is "none".
+TEST(TrialCliTest, ResultRecordsTheVersionsItRanWith) {
+  const fs::path dir = TempDir();
+  const nlohmann::json r = RunOne(WriteSpec(dir, "one.yaml", ""), "selective:[]");
+  ASSERT_EQ(r["status"], "ok") << r.dump();
+  const nlohmann::json& v = r["versions"];
+  EXPECT_FALSE(v["remat"].get<std::string>().empty()) << v.dump();
+  EXPECT_FALSE(v["torch"].get<std::string>().empty()) << v.dump();
+  for (const char* key : {"cuda", "nccl", "driver", "gpu"}) EXPECT_EQ(v[key], "none") << key;
+  EXPECT_EQ(v["device"], "cpu");
 }
 
 }  // namespace

@@ -159,20 +159,25 @@ Daemon* Cluster::StartWorker(int slots, std::vector<std::string> extra_args) {
 }
 
 CommandResult Cluster::Remat(std::vector<std::string> args, bool with_coordinator) {
-  worker::ChildSpec spec;
-  spec.argv = {REMAT_BIN};
-  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  std::vector<std::string> argv = {REMAT_BIN};
+  argv.insert(argv.end(), args.begin(), args.end());
   if (with_coordinator) {
-    spec.argv.push_back("--coordinator");
-    spec.argv.push_back(address());
-    spec.argv.push_back("--timeout");
-    spec.argv.push_back("10");
+    argv.push_back("--coordinator");
+    argv.push_back(address());
+    argv.push_back("--timeout");
+    argv.push_back("10");
   }
+  return Run(std::move(argv));
+}
+
+CommandResult Cluster::Run(std::vector<std::string> argv, double timeout_s) {
+  worker::ChildSpec spec;
+  spec.argv = std::move(argv);
   const std::string id = std::to_string(next_id_++);
   spec.stdout_path = dir_ + "/remat-" + id + ".out";
   spec.stderr_path = dir_ + "/remat-" + id + ".err";
   worker::GroupLimits limits;
-  limits.timeout_s = 60;
+  limits.timeout_s = timeout_s;
   worker::GroupOutcome o = worker::RunProcessGroup({spec}, limits, nullptr);
   CommandResult r;
   r.exit_code = o.children[0].exited ? o.children[0].exit_code : 128 + o.children[0].signal;

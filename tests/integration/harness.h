@@ -59,6 +59,8 @@ class Cluster {
 
   // Runs `remat ARGS...` (with --coordinator for client commands when `with_coordinator`).
   CommandResult Remat(std::vector<std::string> args, bool with_coordinator = true);
+  // Runs any program to its end (killed after `timeout_s`: exit code 128 + 9).
+  CommandResult Run(std::vector<std::string> argv, double timeout_s = 60);
 
   // Writes a replay spec and its table; returns the spec's path.
   std::string WriteReplaySpec(const std::string& name, const nlohmann::json& table,

@@ -48,6 +48,43 @@ TEST(ConvertTest, SpecRoundTripsWithDefaultsResolved) {
   EXPECT_EQ(back->search.strategy, search::StrategyKind::kExhaustive);
 }
 
+// q_lora_rank: unset is MLATransformerConfig's 512, 0 is null (no q compression); the FP8,
+// CUDA-graph, offloading and overlap fields travel.
+TEST(ConvertTest, QLoraNullAndCompatibilityFieldsRoundTrip) {
+  search::SearchSpec s;
+  s.model.num_layers = 4;
+  s.model.hidden_size = 128;
+  s.model.num_attention_heads = 8;
+  s.model.seq_length = 32;
+  s.model.vocab_size = 100;
+  s.model.multi_latent_attention = true;
+  s.model.q_lora_rank.reset();
+  s.model.fp8 = "hybrid";
+  s.model.fp8_recipe = "tensorwise";
+  s.model.cuda_graph_impl = "local";
+  s.model.cuda_graph_scope = {"attn", "mlp"};
+  s.model.cpu_offloading_num_layers = 2;
+  s.parallel.overlap_grad_reduce = true;
+  s.parallel.overlap_param_gather = true;
+  auto back = FromProto(ToProto(s));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_FALSE(back->model.q_lora_rank.has_value());
+  EXPECT_EQ(back->model.fp8, "hybrid");
+  EXPECT_EQ(back->model.fp8_recipe, "tensorwise");
+  EXPECT_EQ(back->model.cuda_graph_impl, "local");
+  EXPECT_EQ(back->model.cuda_graph_scope, s.model.cuda_graph_scope);
+  EXPECT_EQ(back->model.cpu_offloading_num_layers, 2);
+  EXPECT_TRUE(back->parallel.overlap_grad_reduce);
+  EXPECT_TRUE(back->parallel.overlap_param_gather);
+  v1::SearchSpec unset = ToProto(s);
+  unset.mutable_model()->clear_q_lora_rank();  // a client that sends only what it changes
+  auto defaulted = FromProto(unset);
+  ASSERT_TRUE(defaulted.ok());
+  EXPECT_EQ(defaulted->model.q_lora_rank, std::optional<int>(512));
+  unset.mutable_model()->clear_normalization();  // MLATransformerConfig's RMSNorm
+  EXPECT_EQ(FromProto(unset)->model.normalization, search::Normalization::kRMSNorm);
+}
+
 TEST(ConvertTest, PipelineLayoutFieldsRoundTrip) {
   search::SearchSpec s;
   s.model.num_layers = 14;

@@ -132,12 +132,21 @@ TEST(FrontierTest, FragmentationIsFlaggedWhenReservedFarExceedsAllocated) {
   t.ranks.push_back(t.ranks[0]);
   t.ranks[1].rank = 1;
   t.ranks[1].peak_reserved_bytes = 31ull << 30;  // close to allocated: fine
-  auto findings = DiagnoseFragmentation(t);
+  auto findings = DiagnoseFragmentation(t, 80ull << 30);
   ASSERT_EQ(findings.size(), 1u);
   EXPECT_NE(findings[0].find("rank 0"), std::string::npos);
   EXPECT_NE(findings[0].find("expandable_segments:True"), std::string::npos);
   TrialResult small = Make("selective:[]", TrialStatus::kOk, 300ull << 20, 1, 100ull << 20);
-  EXPECT_TRUE(DiagnoseFragmentation(small).empty());  // gap under 256 MiB
+  EXPECT_TRUE(DiagnoseFragmentation(small, 80ull << 30).empty());  // gap under 256 MiB
+}
+
+// Allocated memory over the budget by itself is capacity: no allocator setting fixes it.
+TEST(FrontierTest, AllocatedOverTheBudgetIsCapacityNotFragmentation) {
+  TrialResult t = Make("selective:[]", TrialStatus::kOom, 40ull << 30, 1, 30ull << 30);
+  auto findings = DiagnoseFragmentation(t, 24ull << 30);
+  ASSERT_EQ(findings.size(), 1u);
+  EXPECT_NE(findings[0].find("capacity, not fragmentation"), std::string::npos) << findings[0];
+  EXPECT_EQ(findings[0].find("expandable_segments"), std::string::npos) << findings[0];
 }
 
 }  // namespace

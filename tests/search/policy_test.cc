@@ -51,6 +51,9 @@ TEST(PolicyTest, RejectsBadInputWithAReason) {
       {"full:block:-1", "positive integer"},
       {"full:block:x", "positive integer"},
       {"partial:[core_attn]", "\"full\" or \"selective\""},
+      {"selective:[core_attn,]", "missing after the last ','"},
+      {"selective:[core_attn]\nerror: x", "not a policy string"},
+      {"selective:[\xFF]", "not a policy string"},
   };
   for (const auto& c : cases) {
     auto p = ParsePolicy(c.text);
@@ -59,6 +62,13 @@ TEST(PolicyTest, RejectsBadInputWithAReason) {
     EXPECT_NE(p.status().message().find(c.fragment), std::string::npos)
         << c.text << " -> " << p.status().message();
   }
+}
+
+TEST(PolicyTest, ALongPolicyIsRefusedWithoutEchoingIt) {
+  auto p = ParsePolicy("selective:[" + std::string(50 << 20, 'x') + "]");
+  ASSERT_FALSE(p.ok());
+  EXPECT_LT(p.status().message().size(), 200u);
+  EXPECT_NE(p.status().message().find("longer than"), std::string::npos) << p.status().message();
 }
 
 TEST(PolicyTest, WithAndWithoutKeepCanonicalOrder) {

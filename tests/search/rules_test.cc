@@ -114,6 +114,60 @@ TEST(RulesTest, NoOpLabelsAreRefusedWithTheReason) {
   ExpectValid(mixed, "selective:[mlp]");
 }
 
+// The decision guide's FP8 and CUDA-graph constraints (Megatron Core's rules): refused per
+// policy, with the reason, and never proposed.
+TEST(RulesTest, Fp8DelayedScalingRefusesMoeActAndLayernorm) {
+  SearchSpec s = MoeSpec();
+  s.model.fp8 = "hybrid";  // fp8_recipe defaults to delayed
+  ExpectInvalid(s, "selective:[moe_act]", "FP8 delayed scaling");
+  ExpectInvalid(s, "selective:[layernorm]", "FP8 delayed scaling");
+  ExpectValid(s, "selective:[core_attn]");
+  s.model.fp8_recipe = "tensorwise";
+  ExpectValid(s, "selective:[layernorm,moe_act]");
+}
+
+TEST(RulesTest, CudaGraphsConstrainRecompute) {
+  SearchSpec s = DenseSpec();
+  s.model.cuda_graph_impl = "transformer_engine";
+  ExpectInvalid(s, "full:uniform:1", "full-iteration CUDA graphs");
+  ExpectValid(s, "selective:[core_attn,mlp]");  // no dropout in the graphed regions
+  s.model.attention_dropout = 0.1;
+  s.model.hidden_dropout = 0.1;
+  ExpectInvalid(s, "selective:[core_attn]", "attention dropout");
+  ExpectInvalid(s, "selective:[mlp]", "hidden dropout");
+  s.model.cuda_graph_scope = {"mlp"};  // attention runs eagerly: its checkpoint is fine
+  ExpectValid(s, "selective:[core_attn]");
+  ExpectInvalid(s, "selective:[mlp]", "hidden dropout");
+  s.model.cuda_graph_impl = "full_iteration";
+  s.model.cuda_graph_scope.clear();
+  ExpectValid(s, "full:uniform:1");
+  for (const Policy& p : EnumerateValidPolicies(s)) {
+    EXPECT_FALSE(p.Has(Label::kCoreAttn) || p.Has(Label::kMlp)) << p.ToString();
+  }
+
+  SearchSpec moe = MoeSpec();
+  moe.model.cuda_graph_impl = "transformer_engine";
+  moe.model.cuda_graph_scope = {"attn", "moe_router"};
+  ExpectInvalid(moe, "selective:[moe]", "moe_router CUDA graph");
+  ExpectValid(moe, "selective:[moe_act]");
+}
+
+TEST(RulesTest, WarningsForValidButPointlessPolicies) {
+  SearchSpec flash = DenseSpec();
+  flash.model.attention_backend = AttentionBackend::kFlash;
+  ASSERT_EQ(PolicyWarnings(flash, P("selective:[core_attn]")).size(), 1u);
+  EXPECT_NE(PolicyWarnings(flash, P("selective:[core_attn]"))[0].find("flash"), std::string::npos);
+  EXPECT_TRUE(PolicyWarnings(DenseSpec(), P("selective:[core_attn]")).empty());  // unfused
+  EXPECT_TRUE(PolicyWarnings(flash, P("selective:[mlp]")).empty());
+  const auto nested = PolicyWarnings(MoeSpec(), P("selective:[moe_act,moe,shared_experts]"));
+  EXPECT_EQ(nested.size(), 2u);
+  SearchSpec graphs = DenseSpec();
+  graphs.model.cuda_graph_impl = "local";
+  graphs.model.cuda_graph_scope = {"attn"};
+  EXPECT_EQ(PolicyWarnings(graphs, P("selective:[core_attn]")).size(), 1u);
+  EXPECT_TRUE(PolicyWarnings(graphs, P("selective:[mlp]")).empty());
+}
+
 TEST(RulesTest, ValidLabelsPerArchitecture) {
   auto names = [](const SearchSpec& s) {
     std::string out;

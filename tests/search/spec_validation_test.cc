@@ -28,6 +28,9 @@ TEST(SpecValidationTest, DefaultsAreMegatronCores) {
   EXPECT_DOUBLE_EQ(m.attention_dropout, 0.1);
   EXPECT_TRUE(m.add_bias_linear);
   EXPECT_TRUE(m.attention_softmax_in_fp32);
+  EXPECT_EQ(m.q_lora_rank, std::optional<int>(512));  // MLATransformerConfig
+  EXPECT_EQ(m.fp8_recipe, "delayed");
+  EXPECT_EQ(m.cuda_graph_impl, "none");
   EXPECT_EQ(m.normalization, Normalization::kLayerNorm);
   EXPECT_EQ(m.position_embedding_type, PositionEmbedding::kLearnedAbsolute);
   EXPECT_FALSE(m.gated_linear_unit);
@@ -106,6 +109,52 @@ TEST(SpecValidationTest, EveryBadFieldIsNamed) {
       {"search.replay_table", [](SearchSpec& s) { s.search.backend = Backend::kReplay; }},
       {"search.command_template", [](SearchSpec& s) { s.search.backend = Backend::kCommand; }},
       {"search.trial_timeout_s", [](SearchSpec& s) { s.search.trial_timeout_s = 0; }},
+      // ValidateCompatibility: Megatron's cross-feature rules, before any trial.
+      {"model.add_bias_linear",  // grouped-GEMM experts take no biases
+       [](SearchSpec& s) {
+         s = MoeSpec();
+         s.model.add_bias_linear = true;
+       }},
+      {"model.add_bias_linear",  // nor do shared experts
+       [](SearchSpec& s) {
+         s = MoeSpec();
+         s.model.moe_grouped_gemm = false;
+         s.model.add_bias_linear = true;
+       }},
+      {"model.fp8", [](SearchSpec& s) { s.model.fp8 = "e5m2"; }},
+      {"model.fp8_recipe", [](SearchSpec& s) { s.model.fp8_recipe = "linear"; }},
+      {"model.cuda_graph_impl", [](SearchSpec& s) { s.model.cuda_graph_impl = "full"; }},
+      {"model.cuda_graph_scope", [](SearchSpec& s) { s.model.cuda_graph_scope = {"attn"}; }},
+      {"model.cuda_graph_scope",
+       [](SearchSpec& s) {
+         s.model.cuda_graph_impl = "full_iteration";
+         s.model.cuda_graph_scope = {"attn"};
+       }},
+      {"model.cuda_graph_scope",
+       [](SearchSpec& s) {
+         s.model.cuda_graph_impl = "transformer_engine";
+         s.model.cuda_graph_scope = {"moe_router"};  // a dense model
+       }},
+      {"model.cpu_offloading_num_layers",
+       [](SearchSpec& s) {
+         s.model.cpu_offloading = true;
+         s.model.cpu_offloading_num_layers = s.model.num_layers;
+       }},
+      {"model.cpu_offloading",
+       [](SearchSpec& s) {
+         s.model.cpu_offloading = true;
+         s.model.cuda_graph_impl = "transformer_engine";
+       }},
+      {"parallel.overlap_param_gather",
+       [](SearchSpec& s) {
+         s.parallel.overlap_grad_reduce = true;
+         s.parallel.overlap_param_gather = true;
+       }},
+      {"parallel.overlap_param_gather",
+       [](SearchSpec& s) {
+         s.train.use_distributed_optimizer = true;
+         s.parallel.overlap_param_gather = true;
+       }},
   };
   for (const auto& c : cases) {
     SearchSpec s = DenseSpec();
@@ -116,6 +165,104 @@ TEST(SpecValidationTest, EveryBadFieldIsNamed) {
     EXPECT_EQ(st.message().rfind(std::string(c.field) + ":", 0), 0u)
         << "expected the message to start with " << c.field << ", got: " << st.message();
   }
+}
+
+TEST(SpecValidationTest, CompatibleSettingsPass) {
+  SearchSpec s = MoeSpec();
+  s.model.fp8 = "hybrid";
+  s.model.cuda_graph_impl = "transformer_engine";
+  s.model.cuda_graph_scope = {"attn", "moe_router", "moe_preprocess"};
+  s.train.use_distributed_optimizer = true;
+  s.parallel.overlap_grad_reduce = true;
+  s.parallel.overlap_param_gather = true;
+  EXPECT_TRUE(ValidateSpec(s).ok()) << ValidateSpec(s).message();
+  SearchSpec off = DenseSpec();
+  off.model.cpu_offloading = true;
+  off.model.cpu_offloading_num_layers = off.model.num_layers - 1;
+  EXPECT_TRUE(ValidateSpec(off).ok()) << ValidateSpec(off).message();
+  SearchSpec seq = MoeSpec();  // sequential experts without shared experts take biases
+  seq.model.moe_grouped_gemm = false;
+  seq.model.moe_shared_expert_intermediate_size.reset();
+  seq.model.add_bias_linear = true;
+  EXPECT_TRUE(ValidateSpec(seq).ok()) << ValidateSpec(seq).message();
+}
+
+// What the builtin engine cannot run is named before a trial is spent, field first.
+TEST(SpecValidationTest, BuiltinBackendProblemNamesTheField) {
+  EXPECT_EQ(BuiltinBackendProblem(DenseSpec()), "");
+  EXPECT_EQ(BuiltinBackendProblem(MoeSpec()), "");
+  SearchSpec pipeline = DenseSpec();  // the engine runs pipelines and gradient accumulation
+  pipeline.parallel.pipeline_model_parallel_size = 2;
+  pipeline.train.global_batch_size = 4;
+  EXPECT_EQ(BuiltinBackendProblem(pipeline), "");
+  const std::pair<const char*, std::function<void(SearchSpec&)>> cases[] = {
+      {"model.fp8:", [](SearchSpec& s) { s.model.fp8 = "e4m3"; }},
+      {"model.cuda_graph_impl:", [](SearchSpec& s) { s.model.cuda_graph_impl = "local"; }},
+      {"parallel.context_parallel_size:",
+       [](SearchSpec& s) {
+         s.model.attention_backend = AttentionBackend::kFlash;
+         s.parallel.context_parallel_size = 2;
+       }},
+      {"model.experimental_attention_variant:",
+       [](SearchSpec& s) { s.model.experimental_attention_variant = "gdn"; }},
+      {"parallel.tensor_model_parallel_size:",
+       [](SearchSpec& s) {
+         s = MoeSpec();
+         s.parallel.tensor_model_parallel_size = 2;
+       }},
+  };
+  for (const auto& [field, mutate] : cases) {
+    SearchSpec s = DenseSpec();
+    mutate(s);
+    const std::string problem = BuiltinBackendProblem(s);
+    EXPECT_EQ(problem.rfind(field, 0), 0u) << field << " -> '" << problem << "'";
+  }
+}
+
+// Issue 14: values that took minutes of CPU, gigabytes or a segfault downstream are refused
+// at once, naming the field and the limit (search/limits.h).
+TEST(SpecValidationTest, LimitsAreEnforcedNamingTheField) {
+  struct Case {
+    std::function<void(SearchSpec&)> edit;
+    std::string message_start;
+  };
+  const Case cases[] = {
+      {[](SearchSpec& s) { s.model.num_layers = 2147483647; },
+       "model.num_layers: 2147483647 is above remat's limit of 1024"},
+      {[](SearchSpec& s) { s.parallel.data_parallel_size = 100000000; },
+       "parallel.data_parallel_size: 100000000 is above remat's limit"},
+      {[](SearchSpec& s) {
+         s.parallel.tensor_model_parallel_size = 65536;
+         s.parallel.data_parallel_size = 65536;
+       },
+       "parallel: the world size"},
+      {[](SearchSpec& s) { s.search.measure_steps = 2147483647; },
+       "search.measure_steps: 2147483647 is above"},
+      {[](SearchSpec& s) { s.search.warmup_steps = 1000000; }, "search.warmup_steps:"},
+      {[](SearchSpec& s) { s.search.trial_timeout_s = 1e300; }, "search.trial_timeout_s: above"},
+      {[](SearchSpec& s) { s.model.hidden_size = 1 << 30; }, "model.hidden_size:"},
+      {[](SearchSpec& s) { s.model.seq_length = 1 << 30; }, "model.seq_length:"},
+      {[](SearchSpec& s) { s.train.micro_batch_size = 1 << 30; }, "train.micro_batch_size:"},
+      {[](SearchSpec& s) { s.name = std::string(50 << 20, 'n'); }, "name: longer than 256 bytes"},
+      {[](SearchSpec& s) { s.name = "caf\xE9"; }, "name: \"caf\\xe9\" holds control"},
+      {[](SearchSpec& s) { s.name = "two\nlines"; }, "name: \"two\\nlines\" holds control"},
+      {[](SearchSpec& s) { s.search.command_template = std::string(300, 't'); },
+       "search.command_template: longer than"},
+  };
+  for (const auto& c : cases) {
+    SearchSpec s = DenseSpec();
+    c.edit(s);
+    const Status st = ValidateSpec(s);
+    ASSERT_FALSE(st.ok()) << c.message_start;
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(st.message().rfind(c.message_start, 0), 0u) << st.message().substr(0, 300);
+    EXPECT_LT(st.message().size(), 300u);
+  }
+  // At the limits themselves: accepted as far as the limits go.
+  SearchSpec at = DenseSpec();
+  at.model.num_layers = 1024;
+  at.search.measure_steps = 100000;
+  EXPECT_TRUE(ValidateSpec(at).ok()) << ValidateSpec(at).message();
 }
 
 TEST(SpecValidationTest, WorldSizeIsTensorTimesPipelineTimesData) {

@@ -32,6 +32,7 @@ inline SearchSpec MlaSpec() {  // DeepSeek-V2-Lite shape, MoE with shared expert
   s.model.num_query_groups.reset();
   s.model.ffn_hidden_size = 10944;
   s.model.multi_latent_attention = true;
+  s.model.q_lora_rank.reset();  // DeepSeek-V2-Lite: no q compression
   s.model.kv_lora_rank = 512;
   s.model.qk_head_dim = 128;
   s.model.qk_pos_emb_head_dim = 64;

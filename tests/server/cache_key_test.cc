@@ -53,6 +53,9 @@ TEST_F(CacheKeyTest, SeparatesWhatCanChangeAMeasurement) {
   EXPECT_TRUE(differs([](search::SearchSpec& s) { s.search.memory_budget_gib = 40; }));
   EXPECT_TRUE(differs([](search::SearchSpec& s) { s.search.warmup_steps = 9; }));
   EXPECT_TRUE(differs([](search::SearchSpec& s) { s.search.measure_steps = 9; }));
+  EXPECT_TRUE(differs([](search::SearchSpec& s) { s.search.warmup_max_steps = 9; }));
+  EXPECT_TRUE(differs([](search::SearchSpec& s) { s.search.steady_window = 2; }));
+  EXPECT_TRUE(differs([](search::SearchSpec& s) { s.search.steady_tolerance = 0.1; }));
   EXPECT_TRUE(differs([](search::SearchSpec& s) { s.search.backend = search::Backend::kBuiltin; }));
   EXPECT_TRUE(differs([](search::SearchSpec& s) { s.search.device = search::Device::kCpu; }));
   EXPECT_NE(Key(base_, "full:uniform:1"), key);

@@ -286,6 +286,82 @@ TEST_F(GrpcTest, AuthRefusals) {
               grpc::StatusCode::FAILED_PRECONDITION);  // already finished, but visible to her
 }
 
+// Issue 14: the holder of one worker token could lease under another worker's id and report a
+// made-up result into any search. A worker id is bound to the token that registered it, and a
+// result is accepted only for the lease it answers.
+TEST_F(GrpcTest, AWorkerIdIsBoundToTheTokenThatRegisteredIt) {
+  TempDir dir;
+  CoordinatorOptions o;
+  o.user_tokens_file = dir.Write("users", "alice-token alice\n");
+  o.worker_tokens_file = dir.Write("workers", "token-a node-a\ntoken-b node-b\n");
+  Start(o);
+  const search::SearchSpec spec = SmallSpec("bound");
+  v1::SubmitSearchResponse submitted;
+  ASSERT_TRUE(users_->SubmitSearch(Ctx("alice-token").get(), Submit(spec, FullTable(spec)),
+                                   &submitted).ok());
+  v1::RegisterResponse reg_a, reg_b;
+  ASSERT_TRUE(workers_->Register(Ctx("token-a").get(), Worker(1), &reg_a).ok());
+  v1::LeaseTrialRequest lease;
+  lease.set_worker_id(reg_a.worker_id());
+  lease.set_free_slots(1);
+  v1::LeaseTrialResponse leased;
+  ASSERT_TRUE(workers_->LeaseTrial(Ctx("token-a").get(), lease, &leased).ok());
+  ASSERT_EQ(leased.trials_size(), 1);
+  const v1::TrialAssignment& a = leased.trials(0);
+
+  // Token b under a's id: every call is refused.
+  v1::LeaseTrialResponse stolen;
+  EXPECT_EQ(workers_->LeaseTrial(Ctx("token-b").get(), lease, &stolen).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(reg_a.worker_id());
+  v1::HeartbeatResponse hb_out;
+  EXPECT_EQ(workers_->Heartbeat(Ctx("token-b").get(), hb, &hb_out).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::RegisterRequest again = Worker(1);
+  again.set_worker_id(reg_a.worker_id());
+  EXPECT_EQ(workers_->Register(Ctx("token-b").get(), again, &reg_b).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::ReportTrialRequest forged;
+  forged.set_worker_id(reg_a.worker_id());
+  forged.set_trial_id(a.trial_id());
+  forged.set_attempt(a.attempt());
+  *forged.mutable_result() = a.replay().result();
+  forged.mutable_result()->set_tokens_per_s(1e12);
+  v1::ReportTrialResponse ack;
+  EXPECT_EQ(workers_->ReportTrial(Ctx("token-b").get(), forged, &ack).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+
+  // Token b under its own id: not the lease of a's trial, so not accepted.
+  ASSERT_TRUE(workers_->Register(Ctx("token-b").get(), Worker(1), &reg_b).ok());
+  forged.set_worker_id(reg_b.worker_id());
+  ASSERT_TRUE(workers_->ReportTrial(Ctx("token-b").get(), forged, &ack).ok());
+  EXPECT_FALSE(ack.accepted());
+
+  // An absurd id is refused as such, without echoing it.
+  v1::HeartbeatRequest huge;
+  huge.set_worker_id(std::string(20000, 'w'));
+  grpc::Status st = workers_->Heartbeat(Ctx("token-a").get(), huge, &hb_out);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_LT(st.error_message().size(), 200u);
+
+  // The real worker's report counts, and the search shows its figure, not the forged one.
+  v1::ReportTrialRequest real = forged;
+  real.set_worker_id(reg_a.worker_id());
+  *real.mutable_result() = a.replay().result();
+  ASSERT_TRUE(workers_->ReportTrial(Ctx("token-a").get(), real, &ack).ok());
+  EXPECT_TRUE(ack.accepted());
+  v1::GetSearchRequest get;
+  get.set_id(submitted.id());
+  v1::Search s;
+  ASSERT_TRUE(users_->GetSearch(Ctx("alice-token").get(), get, &s).ok());
+  for (const auto& t : s.trials()) {
+    if (t.id() != a.trial_id()) continue;
+    EXPECT_EQ(t.worker_id(), reg_a.worker_id());
+    EXPECT_LT(t.result().tokens_per_s(), 1e12);
+  }
+}
+
 TEST_F(GrpcTest, ShutdownEndsLongPollsAndWatchStreamsPromptly) {
   Start();
   v1::SubmitSearchResponse submitted;

@@ -4,10 +4,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <optional>
+#include <set>
 
 #include "search/frontier.h"
+#include "search/limits.h"
 #include "search/rules.h"
 #include "server/metrics.h"
 #include "tests/server/test_util.h"
@@ -36,7 +40,7 @@ class SchedulerTest : public ::testing::Test {
   }
 
   void StartScheduler() {
-    SchedulerOptions o;
+    SchedulerOptions o = options_;
     o.lease_timeout_s = 15;
     o.heartbeat_interval_s = 2;
     o.max_trial_attempts = 3;
@@ -120,6 +124,7 @@ class SchedulerTest : public ::testing::Test {
     return v1::Trial();
   }
 
+  SchedulerOptions options_;  // what a test changes before StartScheduler
   FakeClock clock_;
   Metrics metrics_{"test"};
   std::unique_ptr<FaultyStore> store_;
@@ -213,6 +218,113 @@ TEST_F(SchedulerTest, DuplicateReportsAreNotAcceptedTwice) {
   unknown.set_trial_id("t-unknown");
   *unknown.mutable_replay() = Entry(1, 1);
   EXPECT_FALSE(*Report(w, unknown));
+}
+
+// A client other than our worker may send a message of any size: it is kept bounded, so no
+// reply that carries the trial (GetSearch, watch, list) outgrows the transport.
+TEST_F(SchedulerTest, ReportedMessagesAreBounded) {
+  const std::string w = Register(1);
+  const std::string id = SubmitScripted("s", kTable, {"selective:[]"});
+  v1::TrialAssignment a = LeaseOne(w);
+  v1::TrialResult result = a.replay().result();
+  result.set_message(std::string(10 << 20, 'e'));
+  ASSERT_TRUE(*Report(w, a, result));
+  const std::string kept = TrialOf(Get(id), "selective:[]").result().message();
+  EXPECT_LE(kept.size(), search::limits::kMaxTrialMessageBytes);
+  EXPECT_EQ(kept.substr(0, 10), "eeeeeeeeee");
+}
+
+TEST_F(SchedulerTest, ReportsAreValidatedBeforeTheyCount) {
+  const std::string w = Register(1);
+  const std::string id = SubmitScripted("s", kTable, {"selective:[]"});
+  v1::TrialAssignment a = LeaseOne(w);
+  const v1::TrialResult good = a.replay().result();
+  const std::pair<std::function<void(v1::TrialResult&)>, std::string> bad[] = {
+      {[](v1::TrialResult& r) { r.mutable_ranks(0)->set_rank(5); }, "result.ranks[0].rank:"},
+      {[](v1::TrialResult& r) { r.add_ranks()->set_rank(0); }, "result.ranks: 2 ranks"},
+      {[](v1::TrialResult& r) { r.set_tokens_per_s(-1); }, "result.tokens_per_s:"},
+      {[](v1::TrialResult& r) { r.set_step_time_s(std::nan("")); }, "result.step_time_s:"},
+      {[](v1::TrialResult& r) { r.mutable_ranks(0)->add_step_times_s(-0.5); },
+       "result.ranks[0].step_times_s:"},
+  };
+  for (const auto& [edit, start] : bad) {
+    v1::TrialResult r = good;
+    edit(r);
+    auto st = Report(w, a, r);
+    ASSERT_FALSE(st.ok()) << start;
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(st.status().message()).rfind(start, 0), 0u) << st.status().message();
+  }
+  EXPECT_EQ(Get(id).trials_done(), 0);
+  ASSERT_TRUE(*Report(w, a, good));
+  EXPECT_EQ(Get(id).trials_done(), 1);
+}
+
+TEST_F(SchedulerTest, ReplayTablesAreValidatedAtSubmit) {
+  std::map<std::string, v1::ReplayEntry> table = kTable;
+  table["selective:[]"].mutable_result()->set_status(v1::TRIAL_STATUS_RUNNING);
+  auto r = sched_->SubmitSearch(Principal::Anonymous(), Submit(SmallSpec("t"), table));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("replay_table[selective:[]].result.status"),
+            std::string::npos) << r.status().message();
+  table = kTable;
+  table["selective:[]"].set_wall_s(-1);
+  r = sched_->SubmitSearch(Principal::Anonymous(), Submit(SmallSpec("t"), table));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("wall_s"), std::string::npos) << r.status().message();
+}
+
+// Issue 14: one user cannot fill the coordinator with searches or trials; others still submit.
+TEST_F(SchedulerTest, PerUserLimitsOnSearchesAndTrials) {
+  options_.max_searches_per_user = 2;
+  options_.max_trials_per_user = 6;
+  StartScheduler();
+  const Principal alice = Principal::User("alice");
+  const Principal bob = Principal::User("bob");
+  const std::map<std::string, v1::ReplayEntry> two = {{"selective:[]", Entry(70, 0.5)},
+                                                      {"full:uniform:1", Entry(30, 0.7)}};
+  SubmitScripted("a1", two, {}, alice);
+  SubmitScripted("a2", two, {}, alice);
+  scripts_["a3"] = {"selective:[]"};
+  auto third = sched_->SubmitSearch(alice, Submit(SmallSpec("a3"), two));
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("--max-searches-per-user"), std::string::npos)
+      << third.status().message();
+  SubmitScripted("b1", two, {}, bob);  // bob is not alice
+  scripts_["b2"] = {"selective:[]", "full:uniform:1", "full:block:1", "selective:[core_attn]",
+                    "full:uniform:2"};
+  auto many = sched_->SubmitSearch(bob, Submit(SmallSpec("b2"), kTable));
+  ASSERT_FALSE(many.ok());  // 2 + 5 trials > 6
+  EXPECT_EQ(many.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(many.status().message().find("--max-trials-per-user"), std::string::npos);
+}
+
+// A lease reply never outgrows the transport: a worker with many free slots gets the trials
+// whose assignments fit limits::kMaxLeaseReplyBytes, the rest in its next lease.
+TEST_F(SchedulerTest, LeaseRepliesStayUnderTheTransportLimit) {
+  std::map<std::string, v1::ReplayEntry> table = kTable;
+  for (auto& [policy, entry] : table) {
+    entry.mutable_result()->set_status(v1::TRIAL_STATUS_FAILED);
+    entry.mutable_result()->clear_ranks();
+    for (int r = 0; r < 40000; ++r) {  // ~8 MiB of ranks per entry
+      v1::RankResult* rank = entry.mutable_result()->add_ranks();
+      rank->set_rank(r);
+      rank->set_peak_allocated_bytes(1ull << 40);
+      rank->set_peak_reserved_bytes(1ull << 40);
+      rank->set_static_bytes(1ull << 40);
+      rank->set_step_time_s(0.5);
+      for (int k = 0; k < 20; ++k) rank->add_step_times_s(0.5);
+    }
+  }
+  const std::string w = Register(64);
+  SubmitScripted("big", table);
+  auto got = LeaseNow(w, 64);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_GE(got->trials_size(), 1);
+  EXPECT_LT(got->trials_size(), static_cast<int>(table.size()));
+  EXPECT_LE(got->ByteSizeLong(), 2 * search::limits::kMaxLeaseReplyBytes);
 }
 
 TEST_F(SchedulerTest, SilentWorkerLosesItsLeaseAndTheTrialRunsElsewhere) {
@@ -407,6 +519,136 @@ TEST_F(SchedulerTest, ResultsCacheReusesMeasurementsOnTheSameHardware) {
   auto budget = sched_->SubmitSearch(Principal::Anonymous(), Submit(spec, kTable));
   v1::TrialAssignment b = LeaseOne(h200);
   EXPECT_EQ(b.search_id(), budget->id());
+}
+
+// A measured (not replayed) result: one rank with these steps and this reserved peak.
+v1::TrialResult Measured(double reserved_gib, std::vector<double> steps, double loss = 2.0) {
+  v1::TrialResult r = Entry(reserved_gib, 1).result();
+  std::sort(steps.begin(), steps.end());
+  const double median = steps[steps.size() / 2];
+  r.set_step_time_s(median);
+  r.set_step_time_spread_s(steps.back() - steps.front());
+  r.set_tokens_per_s(128.0 / median);
+  r.set_loss(loss);
+  r.set_grad_norm(1.0);
+  r.set_warmup_steps_taken(3);
+  r.set_warmup_settled(true);
+  (*r.mutable_versions())["remat"] = "test";
+  for (double t : steps) r.mutable_ranks(0)->add_step_times_s(t);
+  r.mutable_ranks(0)->set_step_time_s(median);
+  return r;
+}
+
+// Frontier points within each other's noise are measured once more before the recommendation;
+// the second run is leased (not taken from the results cache), marked, and pooled with the first.
+TEST_F(SchedulerTest, NearTiesAreMeasuredOnceMoreBeforeTheRecommendation) {
+  const std::string w = Register(1);
+  search::SearchSpec spec = SmallSpec("ties");
+  spec.search.backend = search::Backend::kBuiltin;
+  scripts_["ties"] = {"selective:[]", "selective:[core_attn]", "full:uniform:1"};
+  auto submitted = sched_->SubmitSearch(Principal::Anonymous(), Submit(spec, {}));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string id = submitted->id();
+  // The control and core_attn are 0.4% apart: a near-tie. full:uniform:1 is far slower.
+  const std::map<std::string, v1::TrialResult> first = {
+      {"selective:[]", Measured(70, {0.500, 0.500, 0.500})},
+      {"selective:[core_attn]", Measured(50, {0.502, 0.502, 0.502})},
+      {"full:uniform:1", Measured(30, {0.700, 0.700, 0.700})},
+  };
+  std::vector<std::string> order;
+  for (int i = 0; i < 3; ++i) {
+    v1::TrialAssignment a = LeaseOne(w);
+    order.push_back(a.policy().canonical());
+    ASSERT_TRUE(*Report(w, a, first.at(a.policy().canonical())));
+  }
+  EXPECT_EQ(order, scripts_["ties"]);
+  ASSERT_EQ(Get(id).state(), v1::SEARCH_STATE_RUNNING);  // not concluded: the ties run again
+  // The second runs: core_attn comes out slower this time.
+  const std::map<std::string, v1::TrialResult> second = {
+      {"selective:[]", Measured(70, {0.500, 0.501, 0.500})},
+      {"selective:[core_attn]", Measured(50, {0.530, 0.530, 0.530})},
+  };
+  std::set<std::string> again;
+  for (int i = 0; i < 2; ++i) {
+    v1::TrialAssignment a = LeaseOne(w);
+    EXPECT_TRUE(again.insert(a.policy().canonical()).second);
+    ASSERT_TRUE(*Report(w, a, second.at(a.policy().canonical())));
+  }
+  EXPECT_EQ(again, (std::set<std::string>{"selective:[]", "selective:[core_attn]"}));
+  EXPECT_EQ(LeaseNow(w, 1)->trials_size(), 0);  // bounded: one round only
+
+  const v1::Search s = Get(id);
+  EXPECT_EQ(s.state(), v1::SEARCH_STATE_SUCCEEDED);
+  ASSERT_EQ(s.trials_size(), 5);
+  int remeasured = 0;
+  for (const v1::Trial& t : s.trials()) {
+    if (!t.remeasure()) continue;
+    ++remeasured;
+    EXPECT_FALSE(t.result().reused());
+    EXPECT_EQ(t.reason().rfind("re-measure: ", 0), 0u) << t.reason();
+  }
+  EXPECT_EQ(remeasured, 2);
+  // Pooled: core_attn's six steps have a median of (0.502 + 0.530) / 2 = 0.516 s, 3% slower
+  // than the control, and spread by 0.028 s (5.4%): the two runs disagree, so its noise band
+  // widens and it stays tied; the control replays nothing and is recommended. The figures the
+  // recommendation saw are the pooled ones.
+  EXPECT_EQ(s.recommendation(), "selective:[]");
+  ASSERT_TRUE(s.has_recommendation_detail());
+  ASSERT_EQ(s.recommendation_detail().tied_size(), 2);
+  const v1::RecommendationCandidate& pooled = s.recommendation_detail().tied(1);
+  EXPECT_EQ(pooled.policy(), "selective:[core_attn]");
+  EXPECT_DOUBLE_EQ(pooled.tokens_per_s(), search::TokensPerSecond(spec, 0.516));
+  EXPECT_NEAR(pooled.noise(), 0.028 / 0.516, 1e-9);
+  // The policy's last trial carries the combined figures; the first does not.
+  EXPECT_FALSE(s.trials(1).has_combined());
+  const v1::Trial& last = s.trials(3).policy().canonical() == "selective:[core_attn]" ? s.trials(3)
+                                                                                      : s.trials(4);
+  ASSERT_TRUE(last.has_combined());
+  EXPECT_DOUBLE_EQ(last.combined().step_time_s(), 0.516);
+  EXPECT_EQ(last.combined().ranks(0).step_times_s_size(), 6);
+  // Numerics: every trial's loss matched the control's; versions summed up.
+  EXPECT_EQ(s.numerics_mismatches_size(), 0);
+  EXPECT_EQ(s.versions().at("remat"), "test");
+}
+
+// Replay stays deterministic: a table's near-ties are not replayed twice.
+TEST_F(SchedulerTest, ReplayedNearTiesAreNotRemeasured) {
+  const std::string w = Register(1);
+  const std::map<std::string, v1::ReplayEntry> table = {
+      {"selective:[]", Entry(70, 0.500)}, {"selective:[core_attn]", Entry(50, 0.502)}};
+  const std::string id = SubmitScripted("replay-ties", table);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(*Report(w, LeaseOne(w)));
+  EXPECT_EQ(LeaseNow(w, 1)->trials_size(), 0);
+  EXPECT_EQ(Get(id).state(), v1::SEARCH_STATE_SUCCEEDED);
+  EXPECT_EQ(Get(id).trials_size(), 2);
+}
+
+// A trial whose loss is off the control's is marked, and the search says so.
+TEST_F(SchedulerTest, NumericsMismatchMarksTheTrialAndTheSearch) {
+  const std::string w = Register(1);
+  search::SearchSpec spec = SmallSpec("numerics");
+  spec.search.backend = search::Backend::kBuiltin;
+  spec.train.precision = search::Precision::kFp32;
+  scripts_["numerics"] = {"selective:[]", "selective:[core_attn]", "full:uniform:1"};
+  auto submitted = sched_->SubmitSearch(Principal::Anonymous(), Submit(spec, {}));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::map<std::string, v1::TrialResult> results = {
+      {"selective:[]", Measured(70, {0.50, 0.50, 0.50}, 2.0)},
+      {"selective:[core_attn]", Measured(50, {0.60, 0.60, 0.60}, 2.0 * (1 + 5e-6))},
+      {"full:uniform:1", Measured(30, {0.70, 0.70, 0.70}, 2.1)},
+  };
+  for (int i = 0; i < 3; ++i) {
+    v1::TrialAssignment a = LeaseOne(w);
+    ASSERT_TRUE(*Report(w, a, results.at(a.policy().canonical())));
+  }
+  const v1::Search s = Get(submitted->id());
+  EXPECT_EQ(s.numerics_compared(), 2);
+  EXPECT_DOUBLE_EQ(s.numerics_tolerance(), 1e-5);
+  ASSERT_EQ(s.numerics_mismatches_size(), 1);
+  EXPECT_EQ(s.numerics_mismatches(0).rfind("full:uniform:1: loss 2.1", 0), 0u)
+      << s.numerics_mismatches(0);
+  EXPECT_TRUE(TrialOf(s, "selective:[core_attn]").numerics_mismatch().empty());
+  EXPECT_EQ(TrialOf(s, "full:uniform:1").numerics_mismatch(), s.numerics_mismatches(0));
 }
 
 TEST_F(SchedulerTest, LongPollIsAnsweredWhenWorkArrivesOrTheWaitEnds) {
@@ -610,6 +852,35 @@ TEST_F(SchedulerRestartTest, ResumesEverySearchRecordingEachPolicyOnce) {
     EXPECT_EQ(policies.size(), 4u);
     EXPECT_EQ(s.recommendation(), "selective:[]");
   }
+}
+
+// The re-measure round survives a restart: the second trial of a policy is recognised as a
+// re-measure (not handed to the strategy, not proposed again).
+TEST_F(SchedulerRestartTest, RemeasureRoundSurvivesARestart) {
+  const std::string w = Register(1);
+  search::SearchSpec spec = SmallSpec("ties");
+  spec.search.backend = search::Backend::kBuiltin;
+  scripts_["ties"] = {"selective:[]", "selective:[core_attn]"};
+  auto submitted = sched_->SubmitSearch(Principal::Anonymous(), Submit(spec, {}));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  v1::TrialResult result = Entry(70, 0.5).result();
+  (*result.mutable_ranks(0)).add_step_times_s(0.5);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(*Report(w, LeaseOne(w), result));
+  v1::TrialAssignment again = LeaseOne(w);  // the first re-measure
+  Open(dir_ + "/remat.db");
+  ASSERT_TRUE(*Report(w, again, result));
+  int runs = 0;
+  while (true) {
+    auto r = LeaseNow(w, 1);
+    ASSERT_TRUE(r.ok());
+    if (r->trials_size() == 0) break;
+    ASSERT_TRUE(*Report(w, r->trials(0), result));
+    ASSERT_LT(++runs, 5);
+  }
+  EXPECT_EQ(runs, 1);  // the other re-measure, and nothing more
+  const v1::Search s = Get(submitted->id());
+  EXPECT_EQ(s.state(), v1::SEARCH_STATE_SUCCEEDED);
+  EXPECT_EQ(s.trials_size(), 4);
 }
 
 TEST_F(SchedulerRestartTest, RestartWithRealExhaustiveStrategy) {

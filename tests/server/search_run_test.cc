@@ -36,6 +36,47 @@ std::function<std::string()> Ids() {
   return [n] { return "t-" + std::to_string((*n)++); };
 }
 
+// A strategy whose estimate runs one ahead of what it proposed, as a guided search's can.
+class CreepingStrategy : public ListStrategy {
+ public:
+  using ListStrategy::ListStrategy;
+  std::vector<search::Candidate> Propose(int max_count) override {
+    auto out = ListStrategy::Propose(max_count);
+    proposed_ += static_cast<int>(out.size());
+    return out;
+  }
+  int PlannedTotal() const override { return std::max(estimate_floor, proposed_ + 1); }
+  int estimate_floor = 4;
+
+ private:
+  int proposed_ = 0;
+};
+
+TEST(SearchRunTest, PlannedTotalMovesOnlyWhenMoreTrialsAreProposedThanItSaid) {
+  std::vector<std::string> policies = {"selective:[]",   "selective:[core_attn]", "full:uniform:1",
+                                       "full:uniform:2", "full:block:1",          "full:block:2"};
+  auto run = NewRun(policies);
+  SearchRun& s = *run;
+  auto strategy = std::make_unique<CreepingStrategy>(policies);
+  CreepingStrategy* creeping = strategy.get();
+  s.strategy = std::move(strategy);
+  std::vector<int> shown;
+  std::vector<int> revised_from;
+  for (int i = 0; i < 6; ++i) {
+    auto queued = s.Enqueue(s.Proposals(1, Ids()));
+    ASSERT_EQ(queued.size(), 1u);
+    shown.push_back(s.PlannedTotal());
+    revised_from.push_back(s.planned_revised_from);
+    s.MarkFinal(*queued[0], Measured(10 - i, 1 + i), "");
+    // The estimate falling back does not move the total either.
+    creeping->estimate_floor = 0;
+  }
+  // 4 as first estimated; at the fifth proposal it must move: to the estimate then (6), and says
+  // from what; no trial moves it otherwise.
+  EXPECT_EQ(shown, (std::vector<int>{4, 4, 4, 4, 6, 6}));
+  EXPECT_EQ(revised_from, (std::vector<int>{0, 0, 0, 0, 4, 4}));
+}
+
 TEST(SearchRunTest, ResultsAreRecordedUnderTheTrialsOwnPolicy) {
   RunTrial t;
   t.rec.policy = "selective:[core_attn]";
@@ -70,6 +111,36 @@ TEST(SearchRunTest, RequestsAreValidatedAndReplayKeysMadeCanonical) {
   auto no_template = SearchRun::FromRequest("alice", Submit(command, {}));
   EXPECT_TRUE(absl::StrContains(no_template.status().message(), "search.command_template"))
       << no_template.status();
+}
+
+// What the builtin engine cannot run, and Megatron's spec-wide rules, are refused at submit
+// (INVALID_ARGUMENT naming the field), not found trial by trial.
+TEST(SearchRunTest, SpecWideProblemsAreRefusedAtSubmit) {
+  search::SearchSpec cp = SmallSpec();
+  cp.search.backend = search::Backend::kBuiltin;
+  cp.model.attention_backend = search::AttentionBackend::kFlash;
+  cp.parallel.context_parallel_size = 2;
+  auto refused = SearchRun::FromRequest("alice", Submit(cp, {}));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(refused.status().message(), "parallel.context_parallel_size:"))
+      << refused.status();
+  search::SearchSpec fp8 = SmallSpec();
+  fp8.search.backend = search::Backend::kBuiltin;
+  fp8.model.fp8 = "hybrid";
+  refused = SearchRun::FromRequest("alice", Submit(fp8, {}));
+  EXPECT_TRUE(absl::StartsWith(refused.status().message(), "model.fp8:")) << refused.status();
+  // Other backends run it (the command backend runs Megatron itself).
+  fp8.search.backend = search::Backend::kCommand;
+  fp8.search.command_template = "megatron";
+  EXPECT_TRUE(SearchRun::FromRequest("alice", Submit(fp8, {})).ok());
+
+  search::SearchSpec bias = SmallSpec();
+  bias.model.num_moe_experts = 4;
+  bias.model.moe_grouped_gemm = true;  // with add_bias_linear's default true
+  refused = SearchRun::FromRequest("alice", Submit(bias, {{"selective:[]", Entry(10, 1)}}));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(refused.status().message(), "model.add_bias_linear:"))
+      << refused.status();
 }
 
 TEST(SearchRunTest, TrialsMoveFromQueueToLeaseToResult) {
@@ -158,6 +229,15 @@ TEST(SearchRunTest, ConcludeSaysWhyNothingWasRecommended) {
   // The nothing-fits message (the CLI renders it and no longer computes it).
   EXPECT_TRUE(absl::StrContains(s.rec.message, "no policy fits")) << s.rec.message;
   EXPECT_TRUE(absl::StrContains(s.rec.message, "closest: selective:[]")) << s.rec.message;
+  EXPECT_FALSE(absl::StrContains(s.rec.message, "static memory alone")) << s.rec.message;
+
+  // Static memory alone over the budget: said first, with the settings that can fix it.
+  auto big = NewRun({"selective:[]"}, /*budget_gib=*/0.0001);  // SmallSpec's ~1 MiB of state
+  big->Enqueue(big->Proposals(1, Ids()));
+  big->MarkFinal(*big->queue.front(), Measured(10, 1), "");
+  big->Conclude();
+  EXPECT_TRUE(absl::StartsWith(big->rec.message, "static memory alone")) << big->rec.message;
+  EXPECT_TRUE(absl::StrContains(big->rec.message, "no policy fits")) << big->rec.message;
 
   auto failed = NewRun({"selective:[]"});
   v1::TrialResult crash;

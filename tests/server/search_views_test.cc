@@ -69,7 +69,7 @@ TEST(SearchViewsTest, AStoredSearchWithItsTrialsAndBudgetInBytes) {
 TEST(SearchViewsTest, FragmentationFindingsAndTheMetricComeWithTheSearch) {
   search::SearchSpec spec = SmallSpec();
   spec.search.memory_metric = search::MemoryMetric::kAllocated;
-  spec.search.memory_budget_gib = 1.5;
+  spec.search.memory_budget_gib = 4;
   SearchRecord rec;
   rec.id = "s-1";
   rec.spec = proto::ToProto(spec);
@@ -78,9 +78,17 @@ TEST(SearchViewsTest, FragmentationFindingsAndTheMetricComeWithTheSearch) {
   t.result->mutable_ranks(0)->set_peak_allocated_bytes(3ULL << 30);  // reserved 9: fragmented
   v1::Search view = StoredSearchView(rec, {t});
   EXPECT_EQ(view.memory_metric(), "allocated");
-  EXPECT_EQ(view.memory_budget_bytes(), 3ULL << 29);
+  EXPECT_EQ(view.memory_budget_bytes(), 4ULL << 30);
   ASSERT_EQ(view.fragmentation_size(), 1);
   EXPECT_TRUE(absl::StrContains(view.fragmentation(0), "selective:[]: rank 0 reserved"))
+      << view.fragmentation(0);
+
+  // Allocated (3 GiB) itself over the budget (1.5 GiB): capacity, not fragmentation.
+  spec.search.memory_budget_gib = 1.5;
+  rec.spec = proto::ToProto(spec);
+  view = StoredSearchView(rec, {t});
+  ASSERT_EQ(view.fragmentation_size(), 1);
+  EXPECT_TRUE(absl::StrContains(view.fragmentation(0), "capacity, not fragmentation"))
       << view.fragmentation(0);
 }
 

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include "search/limits.h"
+#include "search/text.h"
+
 namespace remat::worker {
 namespace {
 
@@ -99,6 +102,24 @@ TEST(Assignment, MakeReportStampsTheAssignmentsPolicyOnce) {
   report = MakeReport("w-9", bad, StatusResult(TrialStatus::kFailed, bad.error));
   EXPECT_EQ(report.result().policy().canonical(), "selective:[warp_drive]");
   EXPECT_EQ(report.result().status(), v1::TRIAL_STATUS_FAILED);
+}
+
+// A trial that wrote invalid UTF-8 or megabytes must still give a report the coordinator can
+// parse (a proto3 string with invalid UTF-8 fails the whole message on the receiving side).
+TEST(Assignment, MakeReportMakesTheMessageValidUtf8AndBounded) {
+  Assignment a = ToAssignment(Wire());
+  std::string junk = "rank 0: Segmentation fault \xFF\xFE";
+  junk += std::string(8 << 20, '\xC3');  // megabytes of a lead byte with nothing after it
+  junk += " the end";
+  v1::ReportTrialRequest report = MakeReport("w-9", a, StatusResult(TrialStatus::kFailed, junk));
+  std::string wire;
+  ASSERT_TRUE(report.SerializeToString(&wire));
+  v1::ReportTrialRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(wire)) << "the coordinator could not read the report";
+  EXPECT_LE(parsed.result().message().size(), search::limits::kMaxTrialMessageBytes);
+  EXPECT_TRUE(search::IsValidUtf8(parsed.result().message()));
+  EXPECT_EQ(parsed.result().message().rfind("rank 0: Segmentation fault \xEF\xBF\xBD", 0), 0u)
+      << parsed.result().message().substr(0, 80);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <thread>
 
 #include "tests/worker/test_util.h"
+#include "search/limits.h"
+#include "worker/assignment.h"
 #include "worker/command_template.h"
 #include "worker/metrics_file.h"
 #include "worker/trial_executor.h"
@@ -32,6 +34,9 @@ v1::TrialAssignment Assignment(const std::string& mode, int world, double timeou
   spec->mutable_parallel()->set_data_parallel_size(1);
   spec->mutable_search()->set_trial_timeout_s(timeout_s);
   spec->mutable_search()->set_warmup_steps(2);
+  // A fixed warm-up of 2 (a window of one settles at once), so the figures below are exact.
+  spec->mutable_search()->set_warmup_max_steps(2);
+  spec->mutable_search()->set_steady_window(1);
   spec->mutable_search()->set_measure_steps(3);
   return a;
 }
@@ -276,6 +281,9 @@ EOT
   ASSERT_EQ(r.ranks.size(), 2);
   EXPECT_EQ(r.ranks[1].peak_reserved_bytes, 250u);
   EXPECT_DOUBLE_EQ(r.ranks[0].step_time_s, 0.2);  // median of 0.3, 0.1, 0.2 (warm-up dropped)
+  // The measured steps themselves, as the builtin engine reports them (issue 17).
+  EXPECT_EQ(r.ranks[0].step_times_s, (std::vector<double>{0.3, 0.1, 0.2}));
+  EXPECT_EQ(r.ranks[1].step_times_s, (std::vector<double>{0.4, 0.4, 0.4}));
   EXPECT_DOUBLE_EQ(r.step_time_s, 0.4);
   EXPECT_DOUBLE_EQ(r.step_time_spread_s, 0.3);
   EXPECT_DOUBLE_EQ(r.loss, 4.5);
@@ -303,6 +311,36 @@ TEST_F(CommandTest, FailuresAndTimeouts) {
   EXPECT_NE(r.message.find("no metrics file"), std::string::npos) << r.message;
   r = Run("job: sleep 100\n", Assignment("cmd", 1, /*timeout_s=*/0.3));
   EXPECT_EQ(r.status, TrialStatus::kTimeout);
+}
+
+// A job whose stderr holds invalid UTF-8 and megabytes: the failure and its real error still
+// reach the coordinator in a report it can parse.
+TEST_F(CommandTest, StderrWithInvalidUtf8AndMegabytesStillMakesAParsableReport) {
+  const v1::TrialAssignment wire = Assignment("cmd", 1);
+  search::TrialResult r = Run(
+      "job: |-\n  head -c 3000000 /dev/zero | tr '\\000' x >&2; printf '\\377\\376 CUDA error: "
+      "device-side assert\\n' >&2; exit 1\n",
+      wire);
+  ASSERT_EQ(r.status, TrialStatus::kFailed) << r.message.substr(0, 200);
+  v1::TrialAssignment leased = wire;
+  leased.mutable_spec()->mutable_search()->set_backend("command");
+  leased.mutable_spec()->mutable_search()->set_command_template("job");
+  const v1::ReportTrialRequest report = MakeReport("w-1", ToAssignment(leased), r);
+  std::string bytes;
+  ASSERT_TRUE(report.SerializeToString(&bytes));
+  v1::ReportTrialRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(bytes)) << "the coordinator could not read the report";
+  EXPECT_LE(parsed.result().message().size(), search::limits::kMaxTrialMessageBytes);
+  EXPECT_NE(parsed.result().message().find("CUDA error: device-side assert"), std::string::npos)
+      << parsed.result().message().substr(0, 200);
+}
+
+// A job that links its metrics file to /dev/zero cannot make the worker read for ever.
+TEST_F(CommandTest, AMetricsFileThatIsNotARegularFileIsAFailedTrial) {
+  search::TrialResult r =
+      Run("job: ln -s /dev/zero {metrics_file}.rank0\n", Assignment("cmd", 1, /*timeout_s=*/30));
+  EXPECT_EQ(r.status, TrialStatus::kFailed);
+  EXPECT_NE(r.message.find("is not a regular file"), std::string::npos) << r.message;
 }
 
 TEST_F(CommandTest, OnlyConfiguredTemplatesRun) {
@@ -384,6 +422,44 @@ TEST(MetricsFile, RefusesMalformedDocumentsNamingTheKey) {
   bad = ParseMetricsJson(R"({"ranks": [{"peak_allocated_bytes": -1}]})");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("peak_allocated_bytes"), std::string::npos);
+  // Found by fuzz_metrics_file (UBSan): a float above 2^64 was cast to uint64_t.
+  const std::pair<const char*, const char*> out_of_range[] = {
+      {R"({"ranks": [{"peak_allocated_bytes": 1.01111e+54}]})", "ranks[0].peak_allocated_bytes"},
+      {R"({"ranks": [{"rank": 4294967296}]})", "ranks[0].rank"},
+      {R"({"ranks": [{"rank": 0, "step_times_s": [0.5, -1]}]})", "ranks[0].step_times_s"},
+  };
+  for (const auto& [json, field] : out_of_range) {
+    bad = ParseMetricsJson(json);
+    ASSERT_FALSE(bad.ok()) << json;
+    EXPECT_NE(bad.status().message().find(field), std::string::npos) << bad.status().message();
+  }
+}
+
+// The command backend applies the steady-state rule (search/steady_state.h) to the reported step
+// times, judged on the slowest rank's time of each step: every rank's warm-up ends together.
+TEST(MetricsFile, WarmupLastsUntilTheSlowestRankSettles) {
+  auto m = ParseMetricsJson(R"({"ranks": [
+      {"rank": 0, "peak_allocated_bytes": 1,
+       "step_times_s": [0.9, 0.6, 0.40, 0.41, 0.40, 0.40, 0.40, 0.39, 0.40, 0.40, 0.40],
+       "losses": [9, 8, 7, 6, 5, 4, 3, 2, 1, 1, 1]},
+      {"rank": 1, "peak_allocated_bytes": 1,
+       "step_times_s": [0.8, 0.7, 0.45, 0.40, 0.40, 0.41, 0.42, 0.42, 0.42, 0.42, 0.42]}]})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  v1::TrialAssignment a = Assignment("cmd", 2);
+  a.mutable_spec()->mutable_search()->set_warmup_max_steps(8);
+  a.mutable_spec()->mutable_search()->set_steady_window(3);
+  a.mutable_spec()->mutable_search()->set_steady_tolerance(0.05);
+  search::TrialResult r = MetricsToResult(ToAssignment(a), *m);
+  ASSERT_EQ(r.status, TrialStatus::kOk) << r.message;
+  // The slowest times: 0.9 0.7 0.45 0.41 0.40 0.41 ...: the last three agree within 5% after 6.
+  EXPECT_EQ(r.warmup_steps_taken, 6);
+  EXPECT_TRUE(r.warmup_settled);
+  ASSERT_EQ(r.ranks.size(), 2u);
+  EXPECT_EQ(r.ranks[0].warmup_steps_taken, 6);
+  EXPECT_EQ(r.ranks[0].warmup_step_times_s.size(), 6u);
+  EXPECT_EQ(r.ranks[0].step_times_s, (std::vector<double>{0.40, 0.39, 0.40}));
+  EXPECT_DOUBLE_EQ(r.step_time_s, 0.42);
+  EXPECT_DOUBLE_EQ(r.loss, 7);  // step index warmup_steps (2), whatever the warm-up took
 }
 
 TEST(MetricsFile, TooFewStepsIsFailed) {

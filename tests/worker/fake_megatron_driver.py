@@ -7,6 +7,7 @@ C++ reader is tested against the driver's own format. What it does is chosen by 
   ok      every rank writes an ok result: peak = 1000 x layers + 100 x rank + 500 bytes, step
           times 0.1 x layers (two warm-up steps slower), the plan's summary as its message
   oom     rank 0 writes status oom (with PyTorch's "Tried to allocate" figure), the others ok
+  oomhang rank 0 writes status oom and exits; the others hang (in a collective, say)
   crash   rank 0 prints a traceback ending in "CUDA out of memory" and exits 1 without a file
   fail    the last rank exits 3 without a file, after "boom" on stderr
   hang    every rank sleeps (the trial timeout ends it)
@@ -42,7 +43,7 @@ def main():
     sys.stderr.write("fake driver rank %d: %s, megatron-path %s, CUDA_VISIBLE_DEVICES=%s\n" % (
         rank, mapping.megatron_settings_line(plan), arg("--megatron-path", "-"),
         os.environ.get("CUDA_VISIBLE_DEVICES", "")))
-    if mode == "hang":
+    if mode == "hang" or (mode == "oomhang" and rank > 0):
         time.sleep(60)
     if mode == "crash" and rank == 0:
         sys.stderr.write("Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of "
@@ -51,13 +52,15 @@ def main():
     if mode == "fail" and rank == world - 1:
         sys.stderr.write("boom\n")
         return 3
-    if mode == "oom" and rank == 0:
+    if mode in ("oom", "oomhang") and rank == 0:
         metrics.write_atomic(out, metrics.document([metrics.rank_entry(
             rank, status="oom", message="CUDA out of memory. Tried to allocate 1.50 GiB",
             peak_allocated_bytes=7000, peak_reserved_bytes=8000,
             failing_request_bytes=metrics.failing_request_bytes("Tried to allocate 1.50 GiB"))]))
         return 0
-    steps = [0.5, 0.3] + [0.1 * layers] * plan["run"]["measure_steps"]
+    # As many steps as the real driver runs: the longest warm-up, then the measured ones.
+    steps = [0.5, 0.3] + [0.1 * layers] * (plan["run"]["warmup_max_steps"] - 2 +
+                                           plan["run"]["measure_steps"])
     metrics.write_atomic(out, metrics.document([metrics.rank_entry(
         rank, message="layers=%d %s" % (layers, mapping.megatron_settings_line(plan)),
         peak_allocated_bytes=1000 * layers + 100 * rank + 500,

@@ -94,17 +94,24 @@ class MappingTest(unittest.TestCase):
     def test_mla_config_and_shims(self):
         spec = dense(multi_latent_attention=True, kv_lora_rank=64, qk_head_dim=32,
                      qk_pos_emb_head_dim=16, v_head_dim=32)
+        # Absent: MLATransformerConfig's default, as remat's spec reader resolves it.
+        self.assertEqual(mapping.map_trial(spec, "selective:[]")["config"]["q_lora_rank"], 512)
+        spec["model"]["q_lora_rank"] = None
         plan = mapping.map_trial(spec, "selective:[mla_up_proj]")
         c = plan["config"]
         self.assertEqual(plan["config_class"], "MLATransformerConfig")
-        self.assertIsNone(c["q_lora_rank"])  # the spec's null, not MLATransformerConfig's 512
+        self.assertIsNone(c["q_lora_rank"])  # the spec's explicit null
         self.assertEqual(c["rope_type"], "rope")
         self.assertEqual((c["kv_lora_rank"], c["qk_head_dim"], c["v_head_dim"]), (64, 32, 32))
-        self.assertEqual(plan["shims"], ["te_fp8_stand_in", "mla_core_attention_channels"])
+        # No q compression: no q norm either (Megatron Core refuses one that nothing uses).
+        self.assertEqual(plan["shims"],
+                         ["te_fp8_stand_in", "mla_core_attention_channels", "mla_no_q_norm"])
         self.assertTrue(plan["layer_spec"]["multi_latent_attention"])
         self.assertTrue(plan["layer_spec"]["qk_layernorm"])
         self.assertTrue(c["qk_layernorm"])
-        # With Transformer Engine installed the FP8 stand-in is not needed.
+        # With Transformer Engine installed the FP8 stand-in is not needed; with q compression
+        # the q norm stays.
+        spec["model"]["q_lora_rank"] = 96
         self.assertEqual(mapping.map_trial(spec, "selective:[mla_up_proj]", have_te=True)["shims"],
                          ["mla_core_attention_channels"])
 
@@ -128,6 +135,8 @@ class MappingTest(unittest.TestCase):
             (dict(add_bias_linear=True), "selective:[mlp]", "add_bias_linear"),
             (dict(experimental_attention_variant="gdn"), "none",
              "model.experimental_attention_variant"),
+            (dict(fp8="hybrid"), "none", "model.fp8"),
+            (dict(cuda_graph_impl="local"), "none", "model.cuda_graph_impl"),
         ]
         for model, policy, field in cases:
             with self.assertRaises(mapping.Unsupported) as ctx:
@@ -137,6 +146,11 @@ class MappingTest(unittest.TestCase):
         spec["parallel"]["pipeline_model_parallel_size"] = 2
         with self.assertRaisesRegex(mapping.Unsupported, "pipeline_model_parallel_size"):
             mapping.map_trial(spec, "none")
+        spec = dense()
+        spec["parallel"]["sequence_parallel"] = True
+        with self.assertRaisesRegex(mapping.Unsupported, "parallel.sequence_parallel"):
+            mapping.map_trial(spec, "none")
+        self.assertTrue(mapping.map_trial(spec, "none", have_apex=True)["config"]["sequence_parallel"])
         spec = dense()
         spec["search"]["device"] = "cpu"
         with self.assertRaisesRegex(mapping.Unsupported, "search.device"):

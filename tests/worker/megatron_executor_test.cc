@@ -73,7 +73,7 @@ class MegatronTest : public ::testing::Test {
     options.megatron_path = megatron_path;
     options.limits.kill_grace_s = 0.3;
     options.limits.peer_failure_grace_s = 0.5;
-    options.limits.peer_exit_grace_s = 5;
+    options.limits.peer_exit_grace_s = 3;
     auto executor = MakeMegatronExecutor(options);
     assignment_ = ToAssignment(a);
     TrialContext context;
@@ -129,6 +129,12 @@ TEST_F(MegatronTest, OomInARanksFileIsOom) {
   EXPECT_EQ(r.status, TrialStatus::kOom) << r.message;
   ASSERT_EQ(r.ranks.size(), 2u);
   EXPECT_EQ(r.ranks[0].failing_request_bytes, 1610612736u);
+}
+
+TEST_F(MegatronTest, ARankOutOfMemoryWhosePeerHangsIsOomOnceThePeerIsEnded) {
+  search::TrialResult r = Run(MegatronAssignment("oomhang", 2));  // peer_exit_grace_s 3
+  EXPECT_EQ(r.status, TrialStatus::kOom) << r.message;
+  EXPECT_NE(r.message.find("rank 1: driver killed by signal"), std::string::npos) << r.message;
 }
 
 TEST_F(MegatronTest, ACrashWithOutOfMemoryInItsLogIsOom) {

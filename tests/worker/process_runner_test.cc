@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <sstream>
 #include <thread>
 
 #include "tests/worker/test_util.h"
@@ -13,6 +14,8 @@ namespace {
 using testing::ProcessEnded;
 using testing::ReadText;
 using testing::TempDir;
+using testing::WaitUntil;
+using testing::WriteText;
 
 ChildSpec Shell(const std::string& script, const std::string& dir) {
   ChildSpec c;
@@ -156,6 +159,33 @@ TEST(ProcessRunner, AllChildrenShareOneProcessGroup) {
   EXPECT_FALSE(a.empty());
   EXPECT_EQ(a, b);
   EXPECT_NE(std::stoi(a), getpgrp());
+}
+
+// The record a restarted worker reads: a live member with its start time ends the group; a
+// record whose start time does not match (a recycled pid) kills nothing.
+TEST(ProcessRunner, RecordedGroupsAreKilledOnlyWhileTheirProcessesLive) {
+  TempDir dir;
+  const std::string record = dir / "group";
+  std::thread run([&] {
+    GroupLimits limits;
+    limits.timeout_s = 60;
+    limits.group_record_path = record;
+    GroupOutcome o = RunProcessGroup({Shell("sleep 300", dir.path())}, limits, nullptr);
+    EXPECT_EQ(o.children[0].signal, SIGKILL);
+  });
+  ASSERT_TRUE(WaitUntil([&] { return !ReadText(record).empty(); }));
+  std::istringstream fields(ReadText(record));
+  long long pgid = 0, pid = 0;
+  unsigned long long start = 0;
+  ASSERT_TRUE(fields >> pgid >> pid >> start);
+  EXPECT_EQ(pgid, pid);
+  const std::string wrong = dir / "wrong";
+  WriteText(wrong, std::to_string(pgid) + " " + std::to_string(pid) + " " +
+                       std::to_string(start + 1) + "\n");
+  EXPECT_FALSE(KillRecordedGroup(wrong));
+  EXPECT_TRUE(KillRecordedGroup(record));
+  run.join();
+  EXPECT_FALSE(KillRecordedGroup(record));  // gone: nothing to kill
 }
 
 TEST(ProcessRunner, CaptureOutput) {

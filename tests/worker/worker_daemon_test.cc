@@ -3,12 +3,15 @@
 #include "worker/worker_daemon.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <deque>
 #include <mutex>
 #include <thread>
 
 #include "tests/worker/test_util.h"
+#include "worker/process_runner.h"
 #include "worker/result_spool.h"
 
 namespace remat::worker {
@@ -16,6 +19,7 @@ namespace {
 
 using testing::TempDir;
 using testing::WaitUntil;
+using testing::WriteText;
 
 // A coordinator in memory. `up` false answers every call with UNAVAILABLE.
 class FakeCoordinator {
@@ -121,8 +125,10 @@ v1::TrialAssignment Replay(const std::string& id, double wall_s, int world = 1) 
 
 class DaemonTest : public ::testing::Test {
  protected:
-  void Start(int slots = 2) {
+  void Start(int slots = 2, const std::string& megatron_driver = "") {
     WorkerDaemonOptions options;
+    options.megatron_driver = megatron_driver;
+    options.megatron_python = "/usr/bin/python3";
     options.slots = PlainSlots(slots);
     options.work_dir = dir_.path();
     options.lease_wait_s = 0.01;
@@ -208,6 +214,38 @@ TEST_F(DaemonTest, UnknownBackendIsAFailedResultNotACrash) {
   EXPECT_EQ(coordinator_.reports[0].result().message(), "this worker has no builtin backend");
 }
 
+TEST_F(DaemonTest, OffersAndRunsTheMegatronBackendWhenADriverIsConfigured) {
+  if (access("/usr/bin/python3", X_OK) != 0) GTEST_SKIP() << "python3 not installed";
+  setenv("REMAT_SOURCE_DIR", REMAT_SOURCE_DIR, 1);
+  Start(1, std::string(REMAT_SOURCE_DIR) + "/tests/worker/fake_megatron_driver.py");
+  ASSERT_TRUE(WaitUntil([&] { return daemon_->stats().registered; }));
+  {
+    std::lock_guard<std::mutex> lock(coordinator_.mu);
+    std::vector<std::string> backends(coordinator_.last_register.backends().begin(),
+                                      coordinator_.last_register.backends().end());
+    EXPECT_EQ(backends, std::vector<std::string>({"megatron", "replay"}));
+  }
+  v1::TrialAssignment a = Replay("t-9", 0);
+  a.mutable_policy()->set_canonical("full:uniform:1");
+  a.clear_replay();
+  a.set_replay_found(false);
+  v1::SearchSpec* spec = a.mutable_spec();
+  spec->set_name("ok");  // the fake driver's mode
+  spec->mutable_model()->set_num_layers(2);
+  spec->mutable_model()->set_hidden_size(64);
+  spec->mutable_model()->set_num_attention_heads(4);
+  spec->mutable_model()->set_vocab_size(1000);
+  spec->mutable_search()->set_backend("megatron");
+  coordinator_.Push(a);
+  ASSERT_TRUE(WaitUntil([&] { return coordinator_.NumReports() == 1; }, 20));
+  std::lock_guard<std::mutex> lock(coordinator_.mu);
+  const v1::TrialResult& r = coordinator_.reports[0].result();
+  EXPECT_EQ(r.status(), v1::TRIAL_STATUS_OK) << r.message();
+  EXPECT_EQ(r.policy().canonical(), "full:uniform:1");
+  ASSERT_EQ(r.ranks_size(), 1);
+  EXPECT_EQ(r.ranks(0).peak_allocated_bytes(), 2500u);  // the fake's 1000 per layer + 500
+}
+
 TEST_F(DaemonTest, AnUnreadableAssignmentIsAFailedReportUnderItsPolicy) {
   Start(1);
   v1::TrialAssignment a = Replay("t-2", 0);
@@ -261,6 +299,7 @@ TEST_F(DaemonTest, ARestartedWorkerSendsWhatItsPredecessorSpooled) {
   ResultSpool spool(dir_ / "spool");
   ASSERT_TRUE(spool.Init().ok());
   v1::ReportTrialRequest old;
+  old.set_worker_id("w-0");  // the predecessor's id: the lease the report answers
   old.set_trial_id("t-old");
   old.set_attempt(2);
   old.mutable_result()->set_status(v1::TRIAL_STATUS_OK);
@@ -272,7 +311,35 @@ TEST_F(DaemonTest, ARestartedWorkerSendsWhatItsPredecessorSpooled) {
   std::lock_guard<std::mutex> lock(coordinator_.mu);
   EXPECT_EQ(coordinator_.reports[0].trial_id(), "t-old");
   EXPECT_EQ(coordinator_.reports[0].attempt(), 2);
-  EXPECT_EQ(coordinator_.reports[0].worker_id(), "w-1");
+  EXPECT_EQ(coordinator_.reports[0].worker_id(), "w-0");
+}
+
+// Issue 14: a SIGKILLed worker's trial ran on beside its re-run and its folder stayed for ever.
+// A restarted worker ends the group its predecessor recorded and removes the stale folders.
+TEST_F(DaemonTest, ARestartedWorkerEndsTheTrialProcessesItsPredecessorLeft) {
+  const std::string orphan_dir = dir_ / "trials/t-old.1";
+  const std::string stale_dir = dir_ / "trials/t-older.2";
+  std::filesystem::create_directories(orphan_dir);
+  std::filesystem::create_directories(stale_dir);
+  WriteText(stale_dir + "/stderr-0.log", "left behind");
+  const pid_t orphan = fork();
+  ASSERT_GE(orphan, 0);
+  if (orphan == 0) {
+    setpgid(0, 0);
+    execl("/bin/sleep", "sleep", "300", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(orphan, orphan);  // either side may win the race; both ask for the same group
+  ASSERT_TRUE(WaitUntil([&] { return ProcessStartTime(orphan) != 0; }));
+  ASSERT_TRUE(WriteGroupRecord(orphan_dir + "/" + kGroupRecordFile, orphan, orphan));
+
+  Start(1);
+  int status = 0;
+  ASSERT_TRUE(WaitUntil([&] { return waitpid(orphan, &status, WNOHANG) == orphan; }));
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  EXPECT_TRUE(WaitUntil([&] {
+    return !std::filesystem::exists(orphan_dir) && !std::filesystem::exists(stale_dir);
+  }));
 }
 
 TEST_F(DaemonTest, RefusedCredentialsEndRunWithTheError) {

@@ -82,7 +82,7 @@ def is_moe_layer(model, i):
     return freq > 0 and i % freq == 0
 
 
-def map_trial(spec, policy_text, have_te=False):
+def map_trial(spec, policy_text, have_te=False, have_apex=False):
     """The driver's plan for one trial: a dict with
       config_class  "TransformerConfig" | "MLATransformerConfig"
       config        TransformerConfig keyword arguments (plain values; "activation_func" and
@@ -91,7 +91,8 @@ def map_trial(spec, policy_text, have_te=False):
       model         GPTModel keyword arguments
       train         micro_batch_size, num_microbatches, precision, seed, use_distributed_optimizer
       parallel      tp, pp, cp, ep, dp, world_size
-      run           warmup_steps, measure_steps, budget_bytes, proxy (True at a proxy depth)
+      run           warmup_steps, warmup_max_steps (the run lasts warmup_max_steps +
+                    measure_steps), measure_steps, budget_bytes, proxy (True at a proxy depth)
       shims         the shims.py stand-ins this trial needs
     Raises Unsupported (field: reason) or ValueError (a malformed policy)."""
     model = spec.get("model", {})
@@ -117,6 +118,10 @@ def map_trial(spec, policy_text, have_te=False):
         raise Unsupported("parallel.context_parallel_size: Megatron Core's local "
                           "DotProductAttention refuses context parallelism (it needs Transformer "
                           "Engine's attention)")
+    if sp and not have_apex:
+        raise Unsupported("parallel.sequence_parallel: without Apex the local layer spec's norm is "
+                          "WrappedTorchNorm (torch's LayerNorm/RMSNorm), which refuses sequence "
+                          "parallelism")
     if search.get("device") == "cpu":
         raise Unsupported("search.device: the megatron backend runs on CUDA only")
     if _get(model, "attention_backend", "unfused") != "unfused":
@@ -126,6 +131,12 @@ def map_trial(spec, policy_text, have_te=False):
     if model.get("experimental_attention_variant"):
         raise Unsupported("model.experimental_attention_variant: Gated DeltaNet layers are not "
                           "built by the driver")
+    if _get(model, "fp8", ""):
+        raise Unsupported("model.fp8: the driver builds Megatron Core's local (non-TE) layer spec, "
+                          "which has no FP8; refused rather than measured in 16 bits")
+    if _get(model, "cuda_graph_impl", "none") != "none":
+        raise Unsupported("model.cuda_graph_impl: the driver does not capture CUDA graphs; "
+                          "refused rather than measured eagerly")
     if _get(model, "cpu_offloading", False):
         raise Unsupported("model.cpu_offloading: not run by the driver (it conflicts with "
                           "recompute, which is what a trial measures)")
@@ -207,8 +218,9 @@ def map_trial(spec, policy_text, have_te=False):
     if mla:
         config.update({
             "multi_latent_attention": True,
-            "q_lora_rank": model.get("q_lora_rank"),  # null: no q compression (MLA config's
-            "kv_lora_rank": _get(model, "kv_lora_rank", 512),  # own default is 512)
+            # Absent: MLATransformerConfig's (and remat's) default of 512; null: no q compression.
+            "q_lora_rank": model.get("q_lora_rank", 512),
+            "kv_lora_rank": _get(model, "kv_lora_rank", 512),
             "qk_head_dim": _get(model, "qk_head_dim", 128),
             "qk_pos_emb_head_dim": _get(model, "qk_pos_emb_head_dim", 64),
             "v_head_dim": _get(model, "v_head_dim", 128),
@@ -243,6 +255,10 @@ def map_trial(spec, policy_text, have_te=False):
         shims.append("te_fp8_stand_in")
     if mla:
         shims.append("mla_core_attention_channels")
+        if model.get("q_lora_rank") is None:
+            # Without q compression there is no compressed q to normalise, and Megatron Core
+            # refuses a q_layernorm it would not use; the local spec has one flag for both norms.
+            shims.append("mla_no_q_norm")
 
     mb = _get(train, "micro_batch_size", 1)
     gbs = train.get("global_batch_size") or mb * dp
@@ -280,6 +296,11 @@ def map_trial(spec, policy_text, have_te=False):
         "parallel": {"tp": tp, "pp": 1, "cp": 1, "ep": ep, "dp": dp, "world_size": tp * dp},
         "run": {
             "warmup_steps": int(_get(search, "warmup_steps", 2)),
+            # The worker finds where the warm-up ended with the steady-state rule
+            # (search/steady_state.h) on the reported step times, so the run lasts for the
+            # longest warm-up the rule allows, as the command backend's does.
+            "warmup_max_steps": max(int(_get(search, "warmup_steps", 2)),
+                                    int(_get(search, "warmup_max_steps", 8))),
             "measure_steps": int(_get(search, "measure_steps", 5)),
             "budget_bytes": int(budget_gib * (1 << 30)),
         },

@@ -74,12 +74,17 @@ def load_spec(path):
     return spec
 
 
-def have_transformer_engine():
+def _importable(name):
     try:
         import importlib.util  # noqa: PLC0415
-        return importlib.util.find_spec("transformer_engine") is not None
+        return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+def installed():
+    """What map_trial needs to know about this Python: Transformer Engine, Apex."""
+    return {"have_te": _importable("transformer_engine"), "have_apex": _importable("apex")}
 
 
 def import_megatron(path):
@@ -104,7 +109,7 @@ def init_method(args):
 def run_one(args, spec):
     out = metrics.rank_file(args.metrics, args.rank)
     try:
-        plan = mapping.map_trial(spec, args.policy, have_te=have_transformer_engine())
+        plan = mapping.map_trial(spec, args.policy, **installed())
     except (mapping.Unsupported, ValueError) as exc:
         metrics.write_atomic(out, metrics.document(
             [metrics.rank_entry(args.rank, status="failed", message=str(exc))],
@@ -142,7 +147,7 @@ def run_many(args, spec):
     plans = {}
     for p in policies:
         try:
-            plans[p] = mapping.map_trial(spec, p, have_te=have_transformer_engine())
+            plans[p] = mapping.map_trial(spec, p, **installed())
         except (mapping.Unsupported, ValueError) as exc:
             plans[p] = exc
     session = None
@@ -189,7 +194,7 @@ def main(argv):
         return 2
     if args.check:
         try:
-            plan = mapping.map_trial(spec, args.policy, have_te=have_transformer_engine())
+            plan = mapping.map_trial(spec, args.policy, **installed())
         except (mapping.Unsupported, ValueError) as exc:
             print(json.dumps({"policy": args.policy, "refused": str(exc)}))
             return 3

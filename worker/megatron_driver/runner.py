@@ -99,6 +99,8 @@ class Session:
         layer_spec = get_gpt_layer_local_spec(**plan["layer_spec"])
         if "mla_core_attention_channels" in plan["shims"]:
             notes.append(shims.patch_mla_layer_spec(layer_spec))
+        if "mla_no_q_norm" in plan["shims"]:
+            notes.append(shims.drop_mla_q_norm(layer_spec))
 
         torch.manual_seed(train["seed"])
         tensor_parallel.model_parallel_cuda_manual_seed(train["seed"])
@@ -167,7 +169,7 @@ class Session:
 
         if setup_start is not None:
             rec["setup_s"] = time.monotonic() - setup_start
-        steps = plan["run"]["warmup_steps"] + plan["run"]["measure_steps"]
+        steps = plan["run"]["warmup_max_steps"] + plan["run"]["measure_steps"]
         for i in range(steps):
             torch.cuda.synchronize()
             t0 = time.perf_counter()

@@ -83,3 +83,13 @@ def patch_mla_layer_spec(layer_spec):
     attention.core_attention = mla_core_attention_class()
     return ("mla_core_attention_channels: MLA core attention = DotProductAttention taking "
             "k_channels/v_channels")
+
+
+def drop_mla_q_norm(layer_spec):
+    """An MLA layer spec without q compression: its q_layernorm becomes IdentityOp (the local
+    spec's qk_layernorm flag builds both norms, and Megatron Core refuses a q norm that no
+    q_lora_rank consumes). Returns a note."""
+    from megatron.core.transformer.identity_op import IdentityOp  # noqa: PLC0415
+
+    layer_spec.submodules.self_attention.submodules.q_layernorm = IdentityOp
+    return "mla_no_q_norm: q_lora_rank null, so no q norm (kv norm kept)"

@@ -100,6 +100,9 @@ def to_proto(spec):
             if key == "model" and field == "moe_layer_freq" and isinstance(v, (list, tuple)):
                 # The spec's list form is the proto's explicit per-layer pattern.
                 _set_field(section, "moe_layer_pattern", v, where)
+            elif key == "model" and field == "q_lora_rank" and v is None:
+                # null: no q compression, which the proto spells 0 (unset means the default 512).
+                section.q_lora_rank = 0
             elif key == "search" and field == "backend" and v == "replay":
                 raise SpecError("search.backend: replay specs are submitted with `remat submit` "
                                 "(the Python client does not read replay tables)")

@@ -1,0 +1,175 @@
+// ValidateCompatibility and BuiltinBackendProblem (search/spec.h): the spec-wide rules that would
+// otherwise surface as an `invalid` status on every trial.
+
+#include <algorithm>
+#include <string>
+
+#include "search/spec.h"
+
+namespace remat::search {
+namespace {
+
+bool OneOf(const std::string& v, std::initializer_list<const char*> names) {
+  return std::any_of(names.begin(), names.end(), [&](const char* n) { return v == n; });
+}
+
+Status ValidateMoe(const ModelSpec& m) {
+  if (!m.IsMoe() || !m.add_bias_linear) return OkStatus();
+  if (m.moe_grouped_gemm) {
+    // The local spec's GroupedMLP asserted add_bias_linear false; TEGroupedMLP takes biases only
+    // without bias_dropout_fusion, which Megatron-LM turns on by default.
+    return InvalidArgument(
+        "model.add_bias_linear: Megatron Core's grouped-GEMM experts (moe_grouped_gemm: true) take "
+        "no linear biases; set add_bias_linear: false (or moe_grouped_gemm: false)");
+  }
+  if (m.HasSharedExperts()) {
+    return InvalidArgument(
+        "model.add_bias_linear: Megatron Core's shared experts do not support biases "
+        "(SharedExpertMLP asserts add_bias_linear is false); set add_bias_linear: false");
+  }
+  return OkStatus();
+}
+
+Status ValidateFp8(const ModelSpec& m) {
+  if (!m.fp8.empty() && !OneOf(m.fp8, {"e4m3", "hybrid"})) {
+    return InvalidArgument("model.fp8: must be null, e4m3 or hybrid, got '" + m.fp8 + "'");
+  }
+  if (!OneOf(m.fp8_recipe, {"tensorwise", "delayed", "mxfp8", "blockwise", "custom"})) {
+    return InvalidArgument(
+        "model.fp8_recipe: must be one of tensorwise, delayed, mxfp8, blockwise, custom, got '" +
+        m.fp8_recipe + "'");
+  }
+  return OkStatus();
+}
+
+Status ValidateCudaGraphs(const ModelSpec& m) {
+  if (!OneOf(m.cuda_graph_impl, {"none", "local", "transformer_engine", "full_iteration"})) {
+    return InvalidArgument(
+        "model.cuda_graph_impl: must be one of none, local, transformer_engine, full_iteration, "
+        "got '" + m.cuda_graph_impl + "'");
+  }
+  for (const std::string& s : m.cuda_graph_scope) {
+    if (!OneOf(s, {"attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba"})) {
+      return InvalidArgument(
+          "model.cuda_graph_scope: unknown module '" + s +
+          "' (attn, mlp, moe, moe_router, moe_preprocess, mamba; empty: the whole layer)");
+    }
+  }
+  const auto& scope = m.cuda_graph_scope;
+  auto has = [&](const char* s) { return std::find(scope.begin(), scope.end(), s) != scope.end(); };
+  if (!scope.empty() && !m.HasCudaGraphs()) {
+    return InvalidArgument(
+        "model.cuda_graph_scope: has no effect without CUDA graphs (set model.cuda_graph_impl "
+        "local or transformer_engine, or leave the scope empty)");
+  }
+  if (!scope.empty() && m.cuda_graph_impl == "full_iteration") {
+    return InvalidArgument(
+        "model.cuda_graph_scope: must be empty with cuda_graph_impl full_iteration (the whole "
+        "forward-backward is one graph)");
+  }
+  if (has("moe_preprocess") && !has("moe_router")) {
+    return InvalidArgument("model.cuda_graph_scope: moe_preprocess must be used together with "
+                           "moe_router");
+  }
+  if ((has("moe") || has("moe_router")) && !m.IsMoe()) {
+    return InvalidArgument("model.cuda_graph_scope: moe and moe_router need a mixture-of-experts "
+                           "model (model.num_moe_experts)");
+  }
+  if (has("mamba")) {
+    return InvalidArgument("model.cuda_graph_scope: mamba needs a hybrid Mamba model, which remat "
+                           "does not describe");
+  }
+  return OkStatus();
+}
+
+Status ValidateOffloading(const SearchSpec& spec) {
+  const ModelSpec& m = spec.model;
+  if (m.cpu_offloading_num_layers < 0) {
+    return InvalidArgument("model.cpu_offloading_num_layers: must be 0 or more");
+  }
+  if (!m.cpu_offloading) return OkStatus();
+  if (m.cpu_offloading_num_layers >= m.num_layers) {
+    return InvalidArgument("model.cpu_offloading_num_layers: CPU offloading can be done only for "
+                           "layers less than num_layers (" + std::to_string(m.num_layers) +
+                           "), got " + std::to_string(m.cpu_offloading_num_layers));
+  }
+  if (m.HasCudaGraphs() && m.cuda_graph_impl != "full_iteration") {
+    return InvalidArgument("model.cpu_offloading: CUDA graphs are not supported with CPU "
+                           "offloading (unless cuda_graph_impl is full_iteration)");
+  }
+  return OkStatus();
+}
+
+Status ValidateOverlap(const SearchSpec& spec) {
+  const ParallelSpec& p = spec.parallel;
+  if (p.overlap_param_gather) {
+    if (!spec.train.use_distributed_optimizer) {
+      return InvalidArgument("parallel.overlap_param_gather: only supported with the distributed "
+                             "optimizer (set train.use_distributed_optimizer: true)");
+    }
+    if (!p.overlap_grad_reduce) {
+      return InvalidArgument("parallel.overlap_param_gather: needs parallel.overlap_grad_reduce "
+                             "(Megatron overlaps the parameter all-gather only with it)");
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status ValidateCompatibility(const SearchSpec& spec) {
+  REMAT_SEARCH_RETURN_IF_ERROR(ValidateMoe(spec.model));
+  REMAT_SEARCH_RETURN_IF_ERROR(ValidateFp8(spec.model));
+  REMAT_SEARCH_RETURN_IF_ERROR(ValidateCudaGraphs(spec.model));
+  REMAT_SEARCH_RETURN_IF_ERROR(ValidateOffloading(spec));
+  return ValidateOverlap(spec);
+}
+
+std::string BuiltinBackendProblem(const SearchSpec& spec) {
+  const ModelSpec& m = spec.model;
+  const ParallelSpec& par = spec.parallel;
+  const int tp = par.tensor_model_parallel_size;
+  const std::string engine = " (the builtin engine";
+  if (m.IsGdn()) {
+    return "model.experimental_attention_variant: the builtin engine has no Gated DeltaNet "
+           "layer; GDN models are validated and planned only";
+  }
+  if (!m.fp8.empty()) {
+    return "model.fp8: the builtin engine cannot run FP8 (it has no Transformer Engine); use the "
+           "megatron or command backend, or plan and validate only";
+  }
+  if (m.HasCudaGraphs()) {
+    return "model.cuda_graph_impl: the builtin engine cannot capture CUDA graphs (their static "
+           "pools would not be measured); use the megatron or command backend, or plan and "
+           "validate only";
+  }
+  // Modelled and planned (search/memory_model.h), not run: the engine has no ring attention.
+  if (par.context_parallel_size > 1) {
+    return "parallel.context_parallel_size: > 1 is not supported by the builtin engine (no ring "
+           "attention; planned, not run)";
+  }
+  const int ep = par.expert_model_parallel_size;
+  if (ep > 1 && tp > 1) {
+    return "parallel.expert_model_parallel_size: > 1 with tensor_model_parallel_size > 1 is not "
+           "supported by the builtin engine (it carves expert parallelism out of data "
+           "parallelism with TP 1 only)";
+  }
+  if (ep > 1 && par.data_parallel_size % ep != 0) {
+    return "parallel.expert_model_parallel_size: must divide data_parallel_size" + engine +
+           " carves expert parallelism out of data parallelism)";
+  }
+  if (m.IsMoe() && tp > 1) {
+    return "parallel.tensor_model_parallel_size: mixture-of-experts layers with TP > 1 are not "
+           "supported by the builtin engine";
+  }
+  if (m.multi_latent_attention && par.sequence_parallel && tp > 1) {
+    return "parallel.sequence_parallel: multi_latent_attention with sequence parallelism is not "
+           "supported by the builtin engine";
+  }
+  if (m.distribute_saved_activations && tp > 1) {
+    return "model.distribute_saved_activations: not supported by the builtin engine";
+  }
+  return "";
+}
+
+}  // namespace remat::search
