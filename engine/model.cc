@@ -12,6 +12,9 @@ using search::ModelSpec;
 
 namespace {
 
+// TransformerConfig.glu_linear_offset's default (the spec has no field for it).
+constexpr double kGluLinearOffset = 0.0;
+
 constexpr double kNormEps = 1e-5;  // Megatron's layernorm_epsilon
 
 struct Recompute {
@@ -452,10 +455,14 @@ struct GptModel::Impl {
     return Linear(rt, context, P(lp.proj_w), at::Tensor(), LinearMode::kRow);
   }
 
+  // Megatron's unfused GLU (transformer/mlp.py and TEGroupedMLP, bias-activation fusion off):
+  // act(x_glu) * (x_linear + glu_linear_offset). The offset is 0 (TransformerConfig's default),
+  // but the add still makes a new F-wide tensor, and the product keeps it for backward: 5 F-wide
+  // tensors per token in a dense MLP, not 4 (shared/reference/megatron-moe-saved.md; issue 13).
   at::Tensor Activation(const at::Tensor& x) const {
     if (m.gated_linear_unit) {
       std::vector<at::Tensor> c = x.chunk(2, -1);
-      return at::silu(c[0]) * c[1];
+      return at::silu(c[0]) * (c[1] + kGluLinearOffset);
     }
     return at::gelu(x);
   }

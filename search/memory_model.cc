@@ -529,14 +529,16 @@ LayerActivations EstimateLayerActivations(const SearchSpec& spec, int layer) {
     a.moe_router = moe.routed_tokens * moe.experts * (4 + 2) + moe.routed_tokens * moe.topk * 12 +
                    x.e * n * x.h + 4 * n;
     a.moe_expert_fc1 = x.e * n * moe.ffn * (x.glu ? 2 : 1);
-    // SwiGLU: silu output, gated product, product * probs; GELU: activation, product * probs.
-    a.moe_act = x.e * n * moe.ffn * (x.glu ? 3 : 2);
+    // SwiGLU: silu output, x_linear + glu_linear_offset (a new tensor even at offset 0), gated
+    // product, product * probs; GELU: activation, product * probs.
+    a.moe_act = x.e * n * moe.ffn * (x.glu ? 4 : 2);
     a.moe_other = 8 * n;  // sorted token indices for unpermute
     // Shared experts: an MLP of width shared_ffn on every token.
-    a.shared_experts = full * moe.shared_ffn * (x.glu ? 4 : 2);
+    a.shared_experts = full * moe.shared_ffn * (x.glu ? 5 : 2);
   } else {
-    // GELU: its input and output; SwiGLU (unfused): fc1 output [2F], silu output, product.
-    a.mlp = full * x.ffn * (x.glu ? 4 : 2);
+    // GELU: its input and output; SwiGLU (unfused, as Megatron's glu): fc1 output [2F], silu
+    // output, x_linear + glu_linear_offset, product.
+    a.mlp = full * x.ffn * (x.glu ? 5 : 2);
   }
   return a;
 }

@@ -449,7 +449,7 @@ class Gpt:
     def activation(self, x):
         if self.m["gated_linear_unit"]:
             a, b = torch.chunk(x, 2, dim=-1)
-            return F.silu(a) * b
+            return F.silu(a) * (b + 0.0)  # Megatron: x_linear + glu_linear_offset
         return F.gelu(x)
 
     def mlp_core(self, x, fc1_w, fc1_b, fc2_w, probs=None):

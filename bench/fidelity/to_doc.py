@@ -23,9 +23,10 @@ TIME_GOAL = 0.10
 # What is known to separate the engine from Megatron Core under a label (shared reference notes,
 # megatron-moe-saved.md); a miss under that label is listed with it as the likely cause, to be
 # confirmed. Keys: (family prefix, label).
-GLU_GAP = ("Megatron's glu multiplies by x_linear + glu_linear_offset, a new f-wide tensor "
-           "even at offset 0 that its product keeps for backward; the engine's SwiGLU multiplies "
-           "by the x_linear view and keeps one f-wide tensor less per token")
+# The engine mirrors Megatron's glu (x_linear + glu_linear_offset kept by the product) since
+# the fix this bench found; a miss under these labels means something else differs.
+GLU_GAP = ("the engine now keeps Megatron's x_linear + glu_linear_offset too: look at the "
+           "router and dispatcher tensors (fp32 logits and probabilities, permutation maps)")
 KNOWN_CAUSES = {
     ("moe", "moe"): "Megatron Core's MoE layer keeps T·k·6f in the experts and T·5fs in the "
                     "shared experts (megatron-moe-saved.md); " + GLU_GAP,
