@@ -27,6 +27,13 @@ struct Run {
   uint64_t budget = 0;
 };
 
+// A figure the result JSON may give as null (not measured: issue 17), read as 0.
+template <typename T>
+T Figure(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return it == j.end() || it->is_null() ? T{} : it->get<T>();
+}
+
 bool Load(const char* path, Run* run) {
   std::ifstream in(path);
   if (!in) return false;
@@ -42,15 +49,15 @@ bool Load(const char* path, Run* run) {
     TrialResult r;
     r.policy = *policy;
     r.status = *status;
-    r.tokens_per_s = t.value("tokens_per_s", 0.0);
+    r.tokens_per_s = Figure<double>(t, "tokens_per_s");
     for (const auto& rk : t.at("ranks")) {
       remat::search::RankResult rr;
       rr.rank = rk.value("rank", 0);
-      rr.peak_allocated_bytes = rk.value("peak_allocated_bytes", uint64_t{0});
-      rr.peak_reserved_bytes = rk.value("peak_reserved_bytes", uint64_t{0});
+      rr.peak_allocated_bytes = Figure<uint64_t>(rk, "peak_allocated_bytes");
+      rr.peak_reserved_bytes = Figure<uint64_t>(rk, "peak_reserved_bytes");
       r.ranks.push_back(rr);
     }
-    run->wall_s += t.value("wall_s", 0.0);
+    run->wall_s += Figure<double>(t, "wall_s");
     // A near-tie's second run (search/remeasure.h) costs time but is not another policy: the
     // frontiers compared here are of the first runs.
     if (t.value("remeasure", false)) continue;

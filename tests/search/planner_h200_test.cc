@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <string>
 
 #include "specfile/spec_file.h"
 #include "tests/search/replay_surfaces.h"
@@ -50,10 +51,16 @@ TEST(PlannerOnH200Measurements, DenseSecondRun) {
 }
 // In the first MoE run selective:[core_attn,layernorm,shared_experts] measured 4% faster than
 // selective:[core_attn] while replaying more: noise the model cannot predict, which costs 0.06 of
-// the hypervolume.
-TEST(PlannerOnH200Measurements, Moe) { ExpectEfficient(Evaluate("moe", ""), 0.40, 0.93); }
+// the hypervolume. The first two MoE runs were measured with the engine before its SwiGLU kept
+// Megatron's extra F-wide tensor (issue 13); the memory model now counts that tensor, so its
+// predictions sit further from those tables' peaks (run 1: 0.940 -> 0.920). The third run was
+// measured after the fix (2026-12-02, docs/results.md) and holds the high bar.
+TEST(PlannerOnH200Measurements, Moe) { ExpectEfficient(Evaluate("moe", ""), 0.40, 0.91); }
 TEST(PlannerOnH200Measurements, MoeSecondRun) {
   ExpectEfficient(Evaluate("moe", "-r2"), 0.40, 0.97);
+}
+TEST(PlannerOnH200Measurements, MoeThirdRunAfterTheSwigluFix) {
+  ExpectEfficient(Evaluate("moe", "-r3"), 0.40, 0.97);
 }
 // Likewise selective:[core_attn,layernorm] in the first MLA run: 5% faster than [core_attn].
 TEST(PlannerOnH200Measurements, Mla) { ExpectEfficient(Evaluate("mla", ""), 0.25, 0.93); }
@@ -68,7 +75,8 @@ TEST(PlannerOnH200Measurements, MlaSecondRun) {
 // unless it is predicted to beat the recommendation by more than the noise.
 TEST(PlannerOnH200Measurements, RecommendObjective) {
   for (const char* name : {"dense", "moe", "mla"}) {
-    for (const char* run : {"", "-r2"}) {
+    for (const char* run : {"", "-r2", "-r3"}) {
+      if (std::string(run) == "-r3" && std::string(name) != "moe") continue;  // MoE only
       const replay::Outcome o = Evaluate(name, run, Objective::kRecommend);
       EXPECT_LE(o.guided_trials, 3u) << name << run;
       ASSERT_TRUE(o.guided.has_value()) << name << run;
