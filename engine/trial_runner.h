@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "search/layout_proxy.h"
 #include "search/policy.h"
 #include "search/spec.h"
 #include "search/trial.h"
@@ -39,6 +40,17 @@ struct TrialOptions {
 // anything else is failed with a message. `ranks` holds this rank only; step_time_s is this rank's
 // median (the caller takes the max over ranks).
 search::TrialResult RunTrial(const TrialOptions& options);
+
+// Runs rank o.rank of the spec's layout (o.world_size = the layout's world size) ALONE, with
+// the stand-in collectives (engine/collectives.h, StandInCollectives) in place of the other
+// ranks: no rendezvous. That rank's shapes, layers, schedule and share of the state are those of
+// the real job, so its peaks are too (a layout proxy's role, search/layout_proxy.h). Never
+// throws. Fills `result` (ranks[0]: this rank's peaks and step times; loss and gradient norm
+// come from stand-in data and mean nothing), `comm` (the calls of one step: summed over the
+// measured steps, divided by their number), `schedule_s` and `optimizer_s` (medians over the
+// measured steps of the forward/backward part and of the optimizer part: gradient reduction,
+// norm, Adam). `role` holds the rank, its pipeline rank and the name "rank <r>".
+search::RoleMeasurement RunStandInRank(const TrialOptions& options);
 
 // What this engine is built from, for `remat-trial --version`: remat, torch, cuda, nccl, driver,
 // gpu (the first GPU's model) and device (cuda or cpu); "none" for what a CPU-only engine lacks.
