@@ -16,6 +16,7 @@
 #include "common/main_util.h"
 #include "common/version.h"
 #include "proto/convert.h"
+#include "search/layout_proxy.h"
 #include "server/coordinator.h"
 #include "worker/megatron_executor.h"
 #include "worker/slots.h"
@@ -66,7 +67,7 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
   if (!request.ok()) return fail(2, std::string(request.status().message()));
   auto spec = proto::FromProto(request->spec());
   if (!spec.ok()) return fail(2, spec.status().message());
-  const int world = spec->parallel.WorldSize();
+  const int world = search::TrialSlots(*spec);
 
   // The slots of the embedded worker.
   std::vector<worker::Slot> slots;

@@ -102,6 +102,10 @@ std::string ResultJson(const v1::Search& s) {
       for (const v1::ProxyMeasurement& p : r.proxies()) {
         ordered_json pj;
         pj["num_layers"] = p.num_layers();
+        if (!p.role().empty()) {  // a layout proxy: the stage this rank stood for
+          pj["role"] = p.role();
+          pj["rank"] = p.rank();
+        }
         pj["step_time_s"] = p.step_time_s();
         ordered_json pranks = ordered_json::array();
         for (const auto& rr : p.ranks()) {

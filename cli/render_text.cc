@@ -23,6 +23,44 @@ using render::StepTime;
 using render::Tokens;
 using render::UnitFor;
 
+namespace {
+
+// Layout proxies: each pipeline stage's peak per trial (the ranks of one stage share it), the
+// measured stages marked with '*', the others interpolated between them.
+void RenderStagePeaks(const v1::Search& s, const std::string& metric, const MemUnit& unit,
+                      size_t policy_width, std::ostream& out) {
+  const auto& par = s.spec().parallel();
+  const int pp = std::max(1, par.pipeline_model_parallel_size());
+  out << "\nper pipeline stage (" << metric << " peak " << unit.name
+      << "; * measured by a stage proxy, the others interpolated):\n  "
+      << Pad("policy", policy_width);
+  for (int p = 0; p < pp; ++p) out << Pad("s" + std::to_string(p), 8, true);
+  out << "\n";
+  for (const auto& t : s.trials()) {
+    const v1::TrialResult& r = t.result();
+    if (StatusOf(t) != v1::TRIAL_STATUS_OK || r.proxies_size() == 0 ||
+        r.proxies(0).role().empty() || r.ranks_size() == 0) {
+      continue;
+    }
+    const int per_stage = std::max(1, r.ranks_size() / pp);
+    std::vector<uint64_t> peak(pp, 0);
+    for (const auto& rr : r.ranks()) {
+      const int stage = std::min(pp - 1, rr.rank() / per_stage);
+      peak[stage] = std::max(peak[stage], metric == "allocated" ? rr.peak_allocated_bytes()
+                                                                : rr.peak_reserved_bytes());
+    }
+    std::set<int> measured;
+    for (const auto& pm : r.proxies()) measured.insert(pm.rank() / per_stage);
+    out << "  " << Pad(t.policy().canonical(), policy_width);
+    for (int p = 0; p < pp; ++p) {
+      out << Pad(unit.Of(peak[p]) + (measured.count(p) ? "*" : " "), 8, true);
+    }
+    out << "\n";
+  }
+}
+
+}  // namespace
+
 void RenderReport(const v1::Search& s, std::ostream& out) {
   const std::string& metric = s.memory_metric();
   const uint64_t budget = s.memory_budget_bytes();
@@ -46,7 +84,7 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
       << Pad(std::string("alloc ") + unit.name, 10, true)
       << Pad(std::string("resv ") + unit.name, 10, true) << Pad("step s", 10, true)
       << Pad("tokens/s", 12, true) << Pad("warm-up", 9, true) << "\n";
-  bool any_reused = false, any_predicted = false;
+  bool any_reused = false, any_predicted = false, any_layout_proxy = false;
   int noisy = 0, unsettled = 0;
   int warmup_lo = 0, warmup_hi = 0;
   double worst_spread = 0;
@@ -78,10 +116,16 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
     }
     if (r.predicted()) {
       std::string mark = "predicted";
-      for (int i = 0; i < r.proxies_size(); ++i) {
-        mark += (i == 0 ? " from " : " and ") + std::to_string(r.proxies(i).num_layers());
+      if (r.proxies_size() > 0 && !r.proxies(0).role().empty()) {
+        mark += " from " + std::to_string(r.proxies_size()) + " stage prox" +
+                (r.proxies_size() == 1 ? "y" : "ies");
+        any_layout_proxy = true;
+      } else {
+        for (int i = 0; i < r.proxies_size(); ++i) {
+          mark += (i == 0 ? " from " : " and ") + std::to_string(r.proxies(i).num_layers());
+        }
+        if (r.proxies_size() > 0) mark += " layers";
       }
-      if (r.proxies_size() > 0) mark += " layers";
       marks.push_back(mark);
       any_predicted = true;
     }
@@ -112,7 +156,9 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
   }
   out << "  * on the frontier";
   if (any_reused) out << "; reused: taken from the results cache";
-  if (any_predicted) out << "; predicted: a depth-proxy prediction, not a measurement";
+  if (any_predicted) {
+    out << "; predicted: a " << (any_layout_proxy ? "layout" : "depth") << "-proxy prediction, not a measurement";
+  }
   out << "\n";
   if (noisy > 0) {
     notes.push_back("noisy: " + std::to_string(noisy) +
@@ -160,6 +206,8 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
       out << "\n";
     }
   }
+
+  if (any_layout_proxy) RenderStagePeaks(s, metric, unit, policy_width, out);
 
   out << "\n";
   if (s.state() == v1::SEARCH_STATE_FAILED) {

@@ -35,7 +35,11 @@ if(TARGET remat-worker)
           RENAME remat-worker.conf COMPONENT worker)
   install(FILES deploy/debian/remat-worker.default DESTINATION /etc/default RENAME remat-worker
           COMPONENT worker)
+  # The Megatron Bridge callback, the recipe script and the example templates
+  # (docs/megatron-bridge.md; the templates name these installed paths).
   install(FILES worker/megatron_bridge/remat_metrics_callback.py
+          worker/megatron_bridge/pretrain_with_remat.py
+          worker/megatron_bridge/command-templates.yaml
           DESTINATION ${CMAKE_INSTALL_DATADIR}/remat/megatron_bridge COMPONENT worker)
   # The megatron backend's driver (remat-worker --megatron-path finds it here by default).
   install(DIRECTORY worker/megatron_driver DESTINATION ${CMAKE_INSTALL_DATADIR}/remat

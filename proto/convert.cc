@@ -244,6 +244,10 @@ StatusOr<search::SearchSpec> FromProto(const v1::SearchSpec& msg) {
                                         search::ParseDevice, &so.device));
   if (s.has_trial_timeout_s()) so.trial_timeout_s = s.trial_timeout_s();
   so.proxy_layers.assign(s.proxy_layers().begin(), s.proxy_layers().end());
+  if (s.has_layout_proxy()) so.layout_proxy = s.layout_proxy();
+  if (s.has_gpus_per_node()) so.gpus_per_node = s.gpus_per_node();
+  if (s.has_nvlink_gb_s()) so.nvlink_gb_s = s.nvlink_gb_s();
+  if (s.has_network_gb_s()) so.network_gb_s = s.network_gb_s();
   return spec;
 }
 
@@ -297,6 +301,10 @@ v1::SearchSpec ToProto(const search::SearchSpec& spec) {
   s->set_device(search::Name(so.device));
   s->set_trial_timeout_s(so.trial_timeout_s);
   for (int d : so.proxy_layers) s->add_proxy_layers(d);
+  if (so.layout_proxy) s->set_layout_proxy(true);
+  s->set_gpus_per_node(so.gpus_per_node);
+  s->set_nvlink_gb_s(so.nvlink_gb_s);
+  s->set_network_gb_s(so.network_gb_s);
   return msg;
 }
 
@@ -345,6 +353,8 @@ StatusOr<search::TrialResult> FromProto(const v1::TrialResult& msg) {
     search::ProxyMeasurement m;
     m.num_layers = pm.num_layers();
     m.step_time_s = pm.step_time_s();
+    m.role = pm.role();
+    if (!m.role.empty()) m.rank = pm.rank();
     for (const auto& pr : pm.ranks()) m.ranks.push_back(RankFromProto(pr));
     r.proxies.push_back(std::move(m));
   }
@@ -374,6 +384,10 @@ v1::TrialResult ToProto(const search::TrialResult& r) {
     auto* pm = msg.add_proxies();
     pm->set_num_layers(m.num_layers);
     pm->set_step_time_s(m.step_time_s);
+    if (!m.role.empty()) {
+      pm->set_role(m.role);
+      pm->set_rank(m.rank);
+    }
     for (const auto& rr : m.ranks) RankToProto(rr, pm->add_ranks());
   }
   msg.set_step_time_s(r.step_time_s);

@@ -268,6 +268,26 @@ Status ValidateSearch(const SearchOptions& s) {
   if (!(s.trial_timeout_s > 0) || !std::isfinite(s.trial_timeout_s)) {
     return InvalidArgument("search.trial_timeout_s: must be a positive number");
   }
+  REMAT_SEARCH_RETURN_IF_ERROR(Positive("search.gpus_per_node", s.gpus_per_node));
+  for (const auto& [field, value] : {std::pair<const char*, double>{"search.nvlink_gb_s", s.nvlink_gb_s},
+                                     {"search.network_gb_s", s.network_gb_s}}) {
+    if (!(value > 0) || !std::isfinite(value) || value > 1e6) {
+      return InvalidArgument(std::string(field) +
+                             ": must be a positive bandwidth in GB/s (at most 1e6)");
+    }
+  }
+  if (s.layout_proxy) {
+    // Stand-in collectives exist in the builtin engine only (search/layout_proxy.h).
+    if (s.backend != Backend::kBuiltin) {
+      return InvalidArgument(std::string("search.layout_proxy: needs backend builtin (backend ") +
+                             Name(s.backend) + " runs the real ranks)");
+    }
+    if (!s.proxy_layers.empty()) {
+      return InvalidArgument(
+          "search.layout_proxy: cannot be combined with search.proxy_layers yet (each stage "
+          "proxy runs at its full depth)");
+    }
+  }
   return OkStatus();
 }
 
@@ -433,6 +453,7 @@ Status ValidateLimits(const SearchSpec& spec) {
   REMAT_SEARCH_RETURN_IF_ERROR(Text("search.replay_table", o.replay_table, l::kMaxPathBytes));
   REMAT_SEARCH_RETURN_IF_ERROR(
       Text("search.command_template", o.command_template, l::kMaxNameBytes));
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("search.gpus_per_node", o.gpus_per_node, l::kMaxParallelSize));
   for (int d : o.proxy_layers) {
     REMAT_SEARCH_RETURN_IF_ERROR(AtMost("search.proxy_layers", d, l::kMaxLayers));
   }

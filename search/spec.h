@@ -192,6 +192,15 @@ struct SearchOptions {
   // Depth proxies (search/depth_proxy.h): when set, each trial runs the model cut to these two
   // depths and predicts the full depth's figures. Empty: trials run the model as specified.
   std::vector<int> proxy_layers;
+  // Layout proxies (search/layout_proxy.h): each trial runs one rank per pipeline stage alone
+  // on one device with stand-in collectives and predicts every rank of the layout.
+  bool layout_proxy = false;
+  // The simulated cluster of a layout proxy's communication model (H100/H200 HGX nodes: NVLink 4
+  // at 450 GB/s per direction of which rings reach about 360; 8 x 400 Gb/s InfiniBand NDR, one
+  // NIC per GPU, about 45 GB/s per direction reached).
+  int gpus_per_node = 8;
+  double nvlink_gb_s = 360;   // GB/s (1e9 bytes) per GPU, one direction, as a ring reaches it
+  double network_gb_s = 45;   // GB/s per GPU between nodes
 
   uint64_t MemoryBudgetBytes() const {
     return GibToBytes(memory_budget_gib);

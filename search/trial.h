@@ -33,7 +33,9 @@ struct RankResult {
 
 // What one proxy depth measured (depth proxies, search/depth_proxy.h).
 struct ProxyMeasurement {
-  int num_layers = 0;
+  int num_layers = 0;  // depth proxies: the cut depth; layout proxies: the stage's layers
+  std::string role;    // layout proxies: the stage the rank stands for, e.g. "stage 0 (first)"
+  int rank = -1;       // layout proxies: the global rank measured
   std::vector<RankResult> ranks;
   double step_time_s = 0;
 };

@@ -393,7 +393,8 @@ absl::StatusOr<v1::ReportTrialResponse> Scheduler::ReportTrial(
     out.set_accepted(false);
     return out;
   }
-  REMAT_RETURN_IF_ERROR(ValidateWireResult(request.result(), "result", s->world_size));
+  REMAT_RETURN_IF_ERROR(ValidateWireResult(request.result(), "result",
+                                           std::max(1, s->spec.parallel.WorldSize())));
   v1::TrialResult result = ResultOfTrial(*t, request.result());
   result.set_reused(false);
   // Our workers bound it already (worker/assignment.h MakeReport); another client may not.

@@ -10,6 +10,7 @@
 #include "proto/convert.h"
 #include "search/limits.h"
 #include "search/capacity.h"
+#include "search/layout_proxy.h"
 #include "search/memory_model.h"
 #include "search/policy.h"
 #include "search/remeasure.h"
@@ -158,7 +159,7 @@ absl::StatusOr<std::unique_ptr<SearchRun>> SearchRun::FromRequest(
   s->rec.owner = owner;
   s->rec.spec = proto::ToProto(s->spec);
   s->rec.state = v1::SEARCH_STATE_QUEUED;
-  s->world_size = std::max(1, s->spec.parallel.WorldSize());
+  s->world_size = search::TrialSlots(s->spec);
   s->backend = search::Name(s->spec.search.backend);
   return s;
 }
@@ -169,7 +170,7 @@ absl::StatusOr<std::unique_ptr<SearchRun>> SearchRun::FromRecord(SearchRecord re
   auto s = std::make_unique<SearchRun>();
   s->rec = std::move(rec);
   s->spec = *std::move(spec);
-  s->world_size = std::max(1, s->spec.parallel.WorldSize());
+  s->world_size = search::TrialSlots(s->spec);
   s->backend = search::Name(s->spec.search.backend);
   return s;
 }

@@ -38,7 +38,8 @@ search::TrialResult ResultToDomain(const std::string& policy, const v1::TrialRes
 
 // Checks a result that came over the wire (a worker's report, a replay entry sent with a
 // search): a final status, figures that are finite and not negative, at most `world_size` ranks
-// numbered below it (limits::kMaxWorldSize for a replay table), bounded lists. InvalidArgument
+// numbered below it (the layout's world size: a layout proxy's result lists every rank of the
+// layout though its trial leased one slot; limits::kMaxWorldSize for a replay table), bounded lists. InvalidArgument
 // naming `where` and the field ("result.ranks[2].rank: ..."). The message is not checked: the
 // caller bounds it (search/text.h BoundedUtf8).
 absl::Status ValidateWireResult(const v1::TrialResult& result, const std::string& where,
@@ -114,7 +115,7 @@ struct SearchRun {
   SearchRecord rec;
   search::SearchSpec spec;
   std::unique_ptr<search::Strategy> strategy;
-  int world_size = 1;
+  int world_size = 1;  // slots a trial leases (search::TrialSlots: 1 for a layout proxy)
   std::string backend;                            // search::Name of the spec's backend
   std::vector<std::unique_ptr<RunTrial>> trials;  // proposal order
   std::deque<RunTrial*> queue;                    // pending, in the order they should run

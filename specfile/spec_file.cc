@@ -426,6 +426,10 @@ Status ReadSearch(Section& s, search::SearchOptions* o) {
   REMAT_SEARCH_RETURN_IF_ERROR(
       s.Enum<search::Device>("device", search::ParseDevice, "auto, cuda, cpu", &o->device));
   REMAT_SEARCH_RETURN_IF_ERROR(s.Double("trial_timeout_s", &o->trial_timeout_s));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("layout_proxy", &o->layout_proxy));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("gpus_per_node", &o->gpus_per_node));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Double("nvlink_gb_s", &o->nvlink_gb_s));
+  REMAT_SEARCH_RETURN_IF_ERROR(s.Double("network_gb_s", &o->network_gb_s));
   YAML::Node proxy = s.Get("proxy_layers");
   if (proxy && !proxy.IsNull()) {
     if (!proxy.IsSequence()) {

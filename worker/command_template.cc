@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <sstream>
 
 #include "absl/status/status.h"
@@ -37,9 +38,12 @@ bool Known(const std::string& name) {
 
 const std::vector<std::string>& CommandPlaceholders() {
   static const std::vector<std::string> kAll = {
-      "overrides",        "megatron_lm_flags", "metrics_file", "nproc",         "gpus",
-      "policy",           "trial_id",          "warmup_steps", "measure_steps", "train_iters",
-      "micro_batch_size", "seq_length"};
+      "overrides", "megatron_lm_flags", "metrics_file", "nproc", "gpus", "policy", "trial_id",
+      "warmup_steps", "measure_steps", "train_iters", "micro_batch_size", "global_batch_size",
+      "seq_length",
+      // Budget and depth: what a real job needs to run a trial as the builtin engine would.
+      "memory_budget_bytes", "memory_budget_gib", "memory_fraction", "num_layers",
+      "num_layers_overrides", "num_layers_flags"};
   return kAll;
 }
 
@@ -151,6 +155,70 @@ absl::StatusOr<std::string> ExpandCommand(const std::string& command,
   if (!status.ok()) return status;
   out += command.substr(last);
   return out;
+}
+
+std::string ShortestDecimal(double v) {
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  return ec == std::errc() ? std::string(buf, end) : std::to_string(v);
+}
+
+std::map<std::string, std::string> CommandValues(const CommandRun& run) {
+  const Assignment& a = *run.assignment;
+  const search::SearchSpec& spec = *run.spec;
+  const search::SearchOptions& so = spec.search;
+  const int world = a.world_size;
+  std::string gpus;
+  uint64_t smallest_gpu = 0;
+  for (int r = 0; r < world && r < static_cast<int>(run.slots.size()); ++r) {
+    const Slot& slot = run.slots[r];
+    gpus += (r ? "," : "") + std::to_string(slot.index);
+    if (slot.gpu && slot.memory_bytes > 0) {
+      smallest_gpu = smallest_gpu ? std::min(smallest_gpu, slot.memory_bytes) : slot.memory_bytes;
+    }
+  }
+  const uint64_t budget = run.capped ? so.MemoryBudgetBytes() : 0;
+  // The fraction caps what each rank's allocator may hold; the smallest GPU bounds a trial whose
+  // slots differ (a cap over the device's memory is no cap: 1).
+  const double fraction =
+      budget > 0 && smallest_gpu > 0
+          ? std::min(1.0, static_cast<double>(budget) / static_cast<double>(smallest_gpu))
+          : 1.0;
+  const int layers = spec.model.num_layers;
+  std::string pattern;  // an explicit MoE pattern has one entry per layer: it is cut with them
+  for (size_t i = 0; i < spec.model.moe_layer_pattern.size(); ++i) {
+    pattern += (i ? "," : "") + std::to_string(spec.model.moe_layer_pattern[i]);
+  }
+  std::string depth_overrides = "model.num_layers=" + std::to_string(layers);
+  std::string depth_flags = "--num-layers " + std::to_string(layers);
+  if (!pattern.empty()) {
+    depth_overrides += " model.moe_layer_freq=[" + pattern + "]";
+    depth_flags += " --moe-layer-freq [" + pattern + "]";
+  }
+  return {
+      {"overrides", ShellQuoteWords(a.policy.MegatronBridgeOverrides())},
+      {"megatron_lm_flags", ShellQuoteWords(a.policy.MegatronLmFlags())},
+      {"metrics_file", ShellQuote(run.metrics_path)},
+      {"nproc", std::to_string(world)},
+      {"gpus", gpus},
+      {"policy", ShellQuote(a.policy_name)},
+      {"trial_id", ShellQuote(a.trial_id)},
+      {"warmup_steps", std::to_string(so.warmup_steps)},
+      {"measure_steps", std::to_string(so.measure_steps)},
+      // Room for the longest warm-up the steady-state rule may take (search/steady_state.h).
+      {"train_iters",
+       std::to_string(std::max(so.warmup_steps, so.warmup_max_steps) + so.measure_steps)},
+      {"micro_batch_size", std::to_string(spec.train.micro_batch_size)},
+      // The worker's tokens/s count the spec's global batch: the job must run that one.
+      {"global_batch_size", std::to_string(spec.EffectiveGlobalBatchSize())},
+      {"seq_length", std::to_string(spec.model.seq_length)},
+      {"memory_budget_bytes", std::to_string(budget)},
+      {"memory_budget_gib", run.capped ? ShortestDecimal(so.memory_budget_gib) : "0"},
+      {"memory_fraction", ShortestDecimal(fraction)},
+      {"num_layers", std::to_string(layers)},
+      {"num_layers_overrides", ShellQuoteWords(depth_overrides)},
+      {"num_layers_flags", ShellQuoteWords(depth_flags)},
+  };
 }
 
 }  // namespace remat::worker

@@ -18,7 +18,19 @@
 //   {nproc}              number of ranks (the trial's world size)
 //   {gpus}               comma-separated GPU indices of the trial's slots
 //   {policy} {trial_id} {warmup_steps} {measure_steps} {train_iters} {micro_batch_size}
-//   {seq_length}
+//   {global_batch_size} {seq_length}
+// The run's memory budget, which the job enforces on each device (the Megatron Bridge callback
+// does, worker/megatron_bridge/); 0 / 1 when the run has no cap (a depth-proxy run, below):
+//   {memory_budget_bytes}  search.memory_budget_gib in bytes (also $REMAT_MEMORY_BUDGET_BYTES)
+//   {memory_budget_gib}    the same as the spec writes it (shortest decimal, e.g. 70.5)
+//   {memory_fraction}      the budget over the smallest GPU of the trial's slots, at most 1, for
+//                          torch.cuda.set_per_process_memory_fraction; 1 on plain slots
+// The run's layer count (with search.proxy_layers each trial runs the template once per proxy
+// depth, in depth-<N>/, and predicts the full depth: search/depth_proxy.h):
+//   {num_layers}            the layer count of this run (also $REMAT_NUM_LAYERS)
+//   {num_layers_overrides}  Megatron Bridge overrides: model.num_layers=N, and with an explicit
+//                           MoE layer pattern model.moe_layer_freq=[...] cut to N entries
+//   {num_layers_flags}      the Megatron-LM flags: --num-layers N [--moe-layer-freq [...]]
 // `${VAR}` is left to the shell. An unknown `{name}` is refused when the file is loaded.
 // Thread-safety: pure functions.
 #pragma once
@@ -29,6 +41,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "search/spec.h"
+#include "worker/assignment.h"
+#include "worker/slots.h"
 
 namespace remat::worker {
 
@@ -56,5 +71,21 @@ std::string ShellQuoteWords(const std::string& words);
 // InvalidArgument for an unknown placeholder or one missing from `values`.
 absl::StatusOr<std::string> ExpandCommand(const std::string& command,
                                           const std::map<std::string, std::string>& values);
+
+// One run of a command trial's template: the whole trial, or one of its depth proxies.
+struct CommandRun {
+  const Assignment* assignment = nullptr;
+  // The spec this run trains: the assignment's, or it cut to a proxy depth (search::AtDepth).
+  const search::SearchSpec* spec = nullptr;
+  bool capped = true;       // false at a proxy depth: it measures, the prediction decides what fits
+  std::vector<Slot> slots;  // the trial's, rank r on slots[r]
+  std::string metrics_path;
+};
+
+// The value of every placeholder for `run`, each already quoted for the shell.
+std::map<std::string, std::string> CommandValues(const CommandRun& run);
+
+// Shortest decimal that reads back as `v` (70.5 -> "70.5", 80 -> "80").
+std::string ShortestDecimal(double v);
 
 }  // namespace remat::worker

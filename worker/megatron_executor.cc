@@ -103,8 +103,10 @@ class MegatronExecutor : public TrialExecutor {
       children.push_back(std::move(child));
     }
 
-    // Recorded like the builtin's: a restarted worker finds and kills what a killed one left.
-    const GroupLimits limits = TrialGroupLimits(options_.limits, timeout, dir.string());
+    // Recorded like the builtin's: a restarted worker finds and kills what a killed one left. The
+    // record stays in the trial folder (not a proxy's depth-<N>/), where the restarted worker
+    // looks.
+    const GroupLimits limits = TrialGroupLimits(options_.limits, timeout, context.trial_dir);
     GroupOutcome outcome = RunProcessGroup(children, limits, context.cancel);
     if (auto ended = EndedEarly(outcome, timeout, dir.string())) return *ended;
 

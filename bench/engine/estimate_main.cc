@@ -1,7 +1,7 @@
-// remat-bench-estimate --spec FILE.yaml [--policies P1;P2;...] : the search core's memory model for a
-// spec, as one JSON object: every valid policy, each layer's activation bytes under no recompute
-// (search::EstimateLayerActivations) and, per requested policy, search::EstimateMemory with its
-// per-pipeline-stage figures (`stages`).
+// remat-bench-estimate --spec FILE.yaml [--policies P1;P2;...] : the search core's memory model for
+// a spec, as one JSON object: every valid policy (with its apply strings), each layer's activation
+// bytes under no recompute (search::EstimateLayerActivations) and, per requested policy,
+// search::EstimateMemory with its per-pipeline-stage figures (`stages`).
 
 #include <iostream>
 
@@ -19,8 +19,15 @@ int main(int argc, char** argv) {
   const remat::search::SearchSpec& spec = args->spec;
   nlohmann::json out;
   out["valid_policies"] = nlohmann::json::array();
+  // The settings `remat validate` and a search's recommendation print for each valid policy
+  // (search/policy.cc, their one home): bench/gpu/check_apply_strings.py applies them to Megatron
+  // Core's TransformerConfig.
+  out["apply"] = nlohmann::json::object();
   for (const auto& p : remat::search::EnumerateValidPolicies(spec)) {
     out["valid_policies"].push_back(p.ToString());
+    out["apply"][p.ToString()] = {{"megatron_bridge", p.MegatronBridgeOverrides()},
+                                  {"megatron_lm", p.MegatronLmFlags()},
+                                  {"megatron_lm_remove", p.MegatronLmFlagsToRemove()}};
   }
   out["layers"] = nlohmann::json::array();
   for (int i = 0; i < spec.model.num_layers; ++i) {

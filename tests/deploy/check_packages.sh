@@ -23,6 +23,8 @@ expect rematd /usr/bin/rematd /usr/lib/systemd/system/rematd.service /usr/lib/sy
   /etc/default/rematd
 expect remat-worker /usr/bin/remat-worker /usr/lib/systemd/system/remat-worker.service \
   /etc/default/remat-worker /usr/share/remat/megatron_bridge/remat_metrics_callback.py \
+  /usr/share/remat/megatron_bridge/pretrain_with_remat.py \
+  /usr/share/remat/megatron_bridge/command-templates.yaml \
   /usr/share/remat/megatron_driver/remat_megatron_driver.py
 if [ -x "$build/bin/remat-trial" ]; then expect remat-engine /usr/bin/remat-trial; fi
 

@@ -1,10 +1,14 @@
 // The three trial backends: builtin (with a fake remat-trial), replay and command.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <thread>
 
 #include "tests/worker/test_util.h"
+#include "search/depth_proxy.h"
 #include "search/limits.h"
+#include "specfile/spec_file.h"
 #include "worker/assignment.h"
 #include "worker/command_template.h"
 #include "worker/metrics_file.h"
@@ -299,6 +303,13 @@ TEST_F(CommandTest, OomInTheMetricsOrTheLogIsOom) {
   r = Run("job: |-\n  echo 'torch.OutOfMemoryError: CUDA out of memory.' >&2; exit 1\n",
           Assignment("cmd", 1));
   EXPECT_EQ(r.status, TrialStatus::kOom) << r.message;
+  // Figures of the steps so far, then a death the metrics did not record: the log decides.
+  r = Run("job: >-\n  echo '{\"ranks\": [{\"rank\": 0, \"peak_allocated_bytes\": 5,"
+          " \"step_times_s\": [1, 1, 1, 1, 1]}]}' > {metrics_file};"
+          " echo 'CUDA out of memory' >&2; exit 1\n",
+          Assignment("cmd", 1));
+  EXPECT_EQ(r.status, TrialStatus::kOom) << r.message;
+  EXPECT_EQ(r.message, "command exited with status 1: CUDA out of memory");
 }
 
 TEST_F(CommandTest, FailuresAndTimeouts) {
@@ -387,6 +398,151 @@ TEST_F(CommandTest, MegatronBridgeCallbackWritesWhatTheWorkerReads) {
   r = Run("job: python3 " + script + " 3 oom\n", Assignment("cmd", 1));
   EXPECT_EQ(r.status, TrialStatus::kOom) << r.message;
   EXPECT_NE(r.message.find("CUDA out of memory"), std::string::npos) << r.message;
+}
+
+// With search.proxy_layers the command backend runs the job once per proxy depth, each told its
+// layer count and no memory cap, and predicts the full depth from the two, as the engine does.
+TEST_F(CommandTest, DepthProxiesRunTheJobAtBothDepthsAndPredictTheFullDepth) {
+  // A fake job whose peak and step time are affine in the layer count it is given.
+  const std::string script = dir_ / "job.sh";
+  WriteText(script, R"(#!/bin/sh
+printf '%s\n' "$@" > args.txt
+echo "$REMAT_NUM_LAYERS $REMAT_MEMORY_BUDGET_BYTES" > env.txt
+L=$1
+cat > "$REMAT_METRICS_FILE.rank0" <<EOT
+{"ranks": [{"rank": 0, "peak_allocated_bytes": $((1000 + 100 * L)),
+            "peak_reserved_bytes": $((2000 + 100 * L)),
+            "step_times_s": [9, 9, 0.$L, 0.$L, 0.$L]}]}
+EOT
+)");
+  v1::TrialAssignment a = Assignment("cmd", 1);
+  a.mutable_spec()->mutable_model()->set_num_layers(8);
+  a.mutable_spec()->mutable_search()->add_proxy_layers(2);
+  a.mutable_spec()->mutable_search()->add_proxy_layers(4);
+  a.mutable_spec()->mutable_search()->set_memory_budget_gib(70);
+  const std::string yaml = "job: sh " + script +
+                           " {num_layers} {num_layers_overrides} -- {num_layers_flags} --"
+                           " {memory_budget_bytes} {memory_budget_gib} {memory_fraction}\n";
+  search::TrialResult r = Run(yaml, a);
+  ASSERT_EQ(r.status, TrialStatus::kOk) << r.message;
+  EXPECT_TRUE(r.predicted);
+  ASSERT_EQ(r.proxies.size(), 2u);
+  EXPECT_EQ(r.proxies[0].num_layers, 2);
+  EXPECT_EQ(r.proxies[1].ranks[0].peak_allocated_bytes, 1400u);
+  ASSERT_EQ(r.ranks.size(), 1u);
+  EXPECT_EQ(r.ranks[0].peak_allocated_bytes, 1800u);  // 1000 + 100 x 8 layers
+  EXPECT_EQ(r.ranks[0].peak_reserved_bytes, 2800u);
+  EXPECT_NEAR(r.step_time_s, 0.8, 1e-9);  // 0.1 s a layer
+  EXPECT_EQ(ReadText(dir_ / "depth-2/args.txt"),
+            "2\nmodel.num_layers=2\n--\n--num-layers\n2\n--\n0\n0\n1\n");
+  EXPECT_EQ(ReadText(dir_ / "depth-4/env.txt"), "4 0\n");
+  EXPECT_EQ(ReadText(dir_ / "depth-4/args.txt").substr(0, 2), "4\n");
+  // Both runs are recorded where a restarted worker looks for what to kill: the trial folder.
+  const std::string record = ReadText(dir_ / ".remat-group");
+  EXPECT_EQ(std::count(record.begin(), record.end(), '\n'), 2) << record;
+
+  // A proxy that runs out of memory is the trial's status; the deeper one does not run.
+  std::filesystem::remove_all(dir_ / "depth-2");
+  std::filesystem::remove_all(dir_ / "depth-4");
+  WriteText(script, "#!/bin/sh\necho 'torch.OutOfMemoryError: CUDA out of memory' >&2\nexit 1\n");
+  r = Run(yaml, a);
+  EXPECT_EQ(r.status, TrialStatus::kOom);
+  EXPECT_EQ(r.message.rfind("proxy at 2 layers: oom: command exited with status 1", 0), 0u)
+      << r.message;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "depth-4"));
+
+  // A full:block policy that recomputes as many layers as the shallow proxy has cannot be
+  // extrapolated: invalid, and nothing runs.
+  WriteText(script, "#!/bin/sh\ntouch ran\n");
+  a.mutable_policy()->set_canonical("full:block:2");
+  r = Run(yaml, a);
+  EXPECT_EQ(r.status, TrialStatus::kInvalid);
+  EXPECT_NE(r.message.find("search.proxy_layers"), std::string::npos) << r.message;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "depth-2/ran"));
+}
+
+// What each budget and depth placeholder becomes, capped (the whole model) and not (a proxy).
+TEST(CommandTemplate, BudgetAndDepthValues) {
+  v1::TrialAssignment wire = Assignment("cmd", 2);
+  wire.mutable_spec()->mutable_model()->set_num_layers(4);
+  wire.mutable_spec()->mutable_search()->set_memory_budget_gib(70.5);
+  worker::Assignment a = ToAssignment(wire);
+  a.spec.model.moe_layer_pattern = {0, 1, 1, 1};
+  CommandRun run;
+  run.assignment = &a;
+  run.spec = &a.spec;
+  run.slots = Slots(2, /*gpu=*/true);
+  run.slots[0].memory_bytes = 282ull << 30;
+  run.slots[1].memory_bytes = 141ull << 30;  // the smallest GPU bounds the fraction
+  run.metrics_path = "/w/m.json";
+  auto v = CommandValues(run);
+  EXPECT_EQ(v.at("memory_budget_bytes"), std::to_string(uint64_t{141} << 29));
+  EXPECT_EQ(v.at("memory_budget_gib"), "70.5");
+  EXPECT_EQ(v.at("memory_fraction"), "0.5");
+  EXPECT_EQ(v.at("num_layers"), "4");
+  EXPECT_EQ(v.at("num_layers_overrides"), "'model.num_layers=4' 'model.moe_layer_freq=[0,1,1,1]'");
+  EXPECT_EQ(v.at("num_layers_flags"), "'--num-layers' '4' '--moe-layer-freq' '[0,1,1,1]'");
+  EXPECT_EQ(v.at("gpus"), "4,5");
+  EXPECT_EQ(v.at("global_batch_size"), "2");  // micro_batch_size 2 x data_parallel_size 1
+  // Every placeholder has a value: a template may use any of them.
+  for (const std::string& name : CommandPlaceholders()) EXPECT_EQ(v.count(name), 1u) << name;
+  EXPECT_EQ(v.size(), CommandPlaceholders().size());
+
+  run.slots[1].memory_bytes = 40ull << 30;  // a budget over the device's memory is no cap
+  EXPECT_EQ(CommandValues(run).at("memory_fraction"), "1");
+  run.capped = false;  // a proxy depth measures: no cap
+  v = CommandValues(run);
+  EXPECT_EQ(v.at("memory_budget_bytes"), "0");
+  EXPECT_EQ(v.at("memory_budget_gib"), "0");
+  EXPECT_EQ(v.at("memory_fraction"), "1");
+  run.capped = true;
+  run.slots = Slots(2);  // plain slots: nothing to take a fraction of
+  EXPECT_EQ(CommandValues(run).at("memory_fraction"), "1");
+
+  auto loaded = ParseCommandTemplatesYaml(
+      "j: run {memory_budget_bytes} {memory_budget_gib} {memory_fraction} {num_layers} "
+      "{num_layers_overrides} {num_layers_flags}\n");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  auto bad = ParseCommandTemplatesYaml("j: run {num_layer}\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(),
+            "command templates: j.command: unknown placeholder {num_layer}");
+}
+
+// The shipped Megatron Bridge templates load, and the example spec's shallow proxy run expands to
+// the command docs/megatron-bridge.md shows.
+TEST(CommandTemplate, ShippedMegatronBridgeTemplateExpandsForTheExampleSpec) {
+  auto templates = LoadCommandTemplatesFile(REMAT_SOURCE_DIR
+                                            "/worker/megatron_bridge/command-templates.yaml");
+  ASSERT_TRUE(templates.ok()) << templates.status();
+  auto spec = spec::LoadSpecFile(REMAT_SOURCE_DIR "/examples/megatron-bridge-llama3-8b.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  worker::Assignment a;
+  a.spec = *spec;
+  a.world_size = 8;
+  a.trial_id = "t-1";
+  a.policy_name = "selective:[core_attn,mlp]";
+  a.policy = *search::ParsePolicy(a.policy_name);
+  const search::SearchSpec cut = search::AtDepth(a.spec, a.spec.search.proxy_layers[0]);
+  CommandRun run;
+  run.assignment = &a;
+  run.spec = &cut;
+  run.capped = false;
+  run.slots = Slots(8, /*gpu=*/true);
+  run.metrics_path = "/w/t-1.1/depth-2/metrics.json";
+  ASSERT_EQ(templates->count(a.spec.search.command_template), 1u);
+  auto command =
+      ExpandCommand(templates->at(a.spec.search.command_template).command, CommandValues(run));
+  ASSERT_TRUE(command.ok()) << command.status();
+  EXPECT_EQ(*command,
+            "torchrun --standalone --nproc-per-node 8 "
+            "/usr/share/remat/megatron_bridge/pretrain_with_remat.py "
+            "--recipe megatron.bridge.recipes.llama:llama3_8b_pretrain_config "
+            "'model.recompute_granularity=selective' 'model.recompute_method=null' "
+            "'model.recompute_num_layers=null' 'model.recompute_modules=[core_attn,mlp]' "
+            "'model.num_layers=2' train.train_iters=13 train.micro_batch_size=1 "
+            "train.global_batch_size=8 model.seq_length=8192 dataset.sequence_length=8192 "
+            "checkpoint.save=null");
 }
 
 TEST(CommandTemplate, ParsesBothFormsAndRefusesUnknownPlaceholders) {

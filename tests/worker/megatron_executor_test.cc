@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "tests/worker/test_util.h"
@@ -122,6 +123,9 @@ TEST_F(MegatronTest, DepthProxiesRunTheCutSpecAndPredictTheFullDepth) {
   EXPECT_EQ(r.ranks[0].peak_allocated_bytes, 8500u);  // 1000 per layer + 500
   EXPECT_NEAR(r.step_time_s, 0.8, 1e-9);
   EXPECT_NE(ReadText(dir_ / "depth-2/spec.json").find("\"num_layers\":2"), std::string::npos);
+  // Both depths' processes are recorded where a restarted worker looks: the trial folder.
+  const std::string record = ReadText(dir_ / ".remat-group");
+  EXPECT_EQ(std::count(record.begin(), record.end(), '\n'), 2) << record;
 }
 
 TEST_F(MegatronTest, OomInARanksFileIsOom) {

@@ -8,17 +8,30 @@ reserved bytes and the step times. This callback collects them inside a Megatron
     pretrain(config, forward_step, callbacks=[RematMetricsCallback()])
 
 It writes ``$REMAT_METRICS_FILE.rank<N>`` (JSON, format in worker/README.md) after every step and
-when the job ends, also when it dies of an out-of-memory error, so a crash still leaves figures.
+when the job ends, also when it dies of an out-of-memory error (status ``oom``, with the size of
+the allocation that failed), so a crash still leaves figures.
 Outside Megatron Bridge, call ``step_end(loss=...)`` after each training step yourself.
 
-Only the standard library and torch are needed; without CUDA the peaks are 0.
+It enforces the trial's memory budget on the device: ``$REMAT_MEMORY_BUDGET_BYTES`` (set by the
+worker; the template's ``{memory_budget_bytes}``), or the ``memory_budget_bytes`` argument, becomes
+``torch.cuda.set_per_process_memory_fraction(budget / device memory)`` when training starts (the
+device is chosen by then), so a policy whose peak is over the budget fails an allocation, as
+it would on a device of that size, and is reported ``oom``. 0 or unset: no cap (a depth-proxy run
+measures without one). Call ``enforce_memory_budget()`` yourself right after
+``torch.cuda.set_device`` to cap the set-up too.
+
+Only the standard library and torch are needed; without CUDA the peaks are 0 and nothing is
+capped. docs/megatron-bridge.md wires a Megatron Bridge recipe end to end.
 """
 
 import atexit
 import json
 import os
+import re
 import sys
 import time
+
+BUDGET_ENV = "REMAT_MEMORY_BUDGET_BYTES"
 
 try:  # Megatron Bridge's callback base class, when it is installed.
     from megatron.bridge.training.callbacks import Callback as _BridgeCallback
@@ -38,9 +51,47 @@ def _torch():
 def _is_oom(exc):
     torch = _torch()
     oom_type = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None) if torch else None
-    if oom_type is not None and isinstance(exc, oom_type):
+    if oom_type is not None and isinstance(oom_type, type) and isinstance(exc, oom_type):
         return True
     return "out of memory" in str(exc).lower()
+
+
+# ---- pure helpers (no torch; tested on CPU by tests/worker/remat_metrics_callback_test.py) ----
+
+def parse_budget_bytes(text, name=BUDGET_ENV):
+    """The budget in bytes from its text (an environment variable's value): 0 (no cap) for None,
+    "" or "0"; ValueError naming `name` for anything but a whole number of bytes >= 0."""
+    if text is None or text.strip() == "":
+        return 0
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError("%s: expected a whole number of bytes, got %r" % (name, text)) from None
+    if value < 0:
+        raise ValueError("%s: must be >= 0, got %d" % (name, value))
+    return value
+
+
+def memory_fraction(budget_bytes, device_total_bytes):
+    """The fraction of the device the budget allows, at most 1; None when there is no cap (no
+    budget, or a device whose size is unknown)."""
+    if budget_bytes <= 0 or device_total_bytes <= 0:
+        return None
+    return min(1.0, float(budget_bytes) / float(device_total_bytes))
+
+
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def failing_request_bytes(message):
+    """The failed allocation's size from PyTorch's out-of-memory message ('Tried to allocate
+    1.50 GiB'); 0 when it does not say. The megatron driver reads the same message
+    (worker/megatron_driver/metrics.py); this file stays self-contained, so the rule is here too
+    and a test holds the two to the same answers."""
+    m = re.search(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)", message or "")
+    if not m:
+        return 0
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
 def _as_float(value):
@@ -55,10 +106,16 @@ def _as_float(value):
 class RematMetricsCallback(_BridgeCallback):
     """Records per-rank peak memory and step times for remat's command backend."""
 
-    def __init__(self, metrics_file=None, rank=None):
+    def __init__(self, metrics_file=None, rank=None, memory_budget_bytes=None):
         super().__init__()
         self.metrics_file = metrics_file or os.environ.get("REMAT_METRICS_FILE")
         self._rank = rank
+        # A malformed budget must stop the job before it trains uncapped and reports a peak the
+        # budget would not have allowed.
+        self.memory_budget_bytes = (int(memory_budget_bytes) if memory_budget_bytes is not None
+                                    else parse_budget_bytes(os.environ.get(BUDGET_ENV)))
+        self.memory_fraction = None  # what was enforced (None: nothing yet, or no cap)
+        self._budget_enforced = False
         self.step_times_s = []
         self.losses = []
         self.grad_norms = []
@@ -81,9 +138,11 @@ class RematMetricsCallback(_BridgeCallback):
     # ---- Megatron Bridge events ---------------------------------------------------------
 
     def on_train_start(self, context=None):  # pylint: disable=unused-argument
+        self.enforce_memory_budget()
         self._last_end = self._now()
 
     def on_train_step_start(self, context=None):  # pylint: disable=unused-argument
+        self.enforce_memory_budget()
         self._step_start = self._now()
 
     def on_train_step_end(self, context=None):
@@ -99,8 +158,27 @@ class RematMetricsCallback(_BridgeCallback):
 
     # ---- framework-agnostic API ---------------------------------------------------------
 
+    def enforce_memory_budget(self):
+        """Caps this process's CUDA allocator at the budget on its current device (once; later
+        calls do nothing). Returns the fraction set, or None when there is nothing to cap."""
+        if self._budget_enforced:
+            return self.memory_fraction
+        torch = _torch()
+        if self.memory_budget_bytes <= 0 or torch is None or not torch.cuda.is_available():
+            self._budget_enforced = True
+            return None
+        device = torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(device).total_memory
+        fraction = memory_fraction(self.memory_budget_bytes, total)
+        if fraction is not None:
+            torch.cuda.set_per_process_memory_fraction(fraction, device)
+        self.memory_fraction = fraction
+        self._budget_enforced = True
+        return fraction
+
     def step_end(self, loss=None, grad_norm=None):
         """Call after each training step (when not driven by Megatron Bridge)."""
+        self.enforce_memory_budget()
         now = self._now()
         start = self._step_start if self._step_start is not None else self._last_end
         if start is not None:
@@ -116,9 +194,19 @@ class RematMetricsCallback(_BridgeCallback):
         self.write()
 
     def mark_failure(self, exc):
-        """Records why the job failed: status oom for an out-of-memory error."""
+        """Records why the job failed: status oom for an out-of-memory error (with the size of
+        the allocation that failed), else failed."""
         self.status = "oom" if _is_oom(exc) else "failed"
-        self.message = f"{type(exc).__name__}: {exc}"[:500]
+        text = f"{type(exc).__name__}: {exc}"
+        self.message = text.splitlines()[0][:500] if text else ""
+        if self.status == "oom":
+            self.failing_request_bytes = failing_request_bytes(str(exc))
+
+    def record_failure(self, exc):
+        """mark_failure, then write: for a job that catches its training's exception itself
+        (`except BaseException as e: cb.record_failure(e); raise`)."""
+        self.mark_failure(exc)
+        self.write()
 
     def write(self):
         """Writes this rank's metrics atomically; never raises."""

@@ -19,6 +19,33 @@ from . import metrics
 from . import shims
 
 
+def params_dtype(plan):
+    import torch  # noqa: PLC0415
+    return torch.bfloat16 if plan["train"]["precision"] == "bf16" else torch.float32
+
+
+def transformer_config(plan, **overrides):
+    """Megatron Core's TransformerConfig (MLATransformerConfig for MLA) of a plan: the mapping's
+    keyword arguments, `overrides` over them, and the names the mapping leaves to the runner
+    (activation, dtype, attention backend) resolved. Its __post_init__ applies Megatron Core's
+    own rules (bench/gpu/check_apply_strings.py builds one per policy and recipe with it)."""
+    import torch  # noqa: PLC0415
+    from megatron.core.transformer.enums import AttnBackend  # noqa: PLC0415
+    from megatron.core.transformer.transformer_config import (  # noqa: PLC0415
+        MLATransformerConfig,
+        TransformerConfig,
+    )
+    kwargs = dict(plan["config"])
+    kwargs.update(overrides)
+    kwargs["params_dtype"] = params_dtype(plan)
+    kwargs["activation_func"] = {"silu": torch.nn.functional.silu,
+                                 "gelu": torch.nn.functional.gelu}[kwargs["activation_func"]]
+    kwargs["attention_backend"] = AttnBackend[kwargs["attention_backend"]]
+    config_class = (MLATransformerConfig if plan["config_class"] == "MLATransformerConfig"
+                    else TransformerConfig)
+    return config_class(**kwargs)
+
+
 class Session:
     """One process's Megatron Core state: torch.distributed (NCCL) and Megatron's parallel
     groups, set up once; then any number of trials, each with a fresh model and optimizer."""
@@ -77,24 +104,12 @@ class Session:
             get_gpt_layer_local_spec,
         )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa
-        from megatron.core.transformer.enums import AttnBackend  # noqa: PLC0415
         from megatron.core.transformer.module import Float16Module  # noqa: PLC0415
-        from megatron.core.transformer.transformer_config import (  # noqa: PLC0415
-            MLATransformerConfig,
-            TransformerConfig,
-        )
 
         notes = []
         train = plan["train"]
-        dtype = torch.bfloat16 if train["precision"] == "bf16" else torch.float32
-        kwargs = dict(plan["config"])
-        kwargs["params_dtype"] = dtype
-        kwargs["activation_func"] = {"silu": torch.nn.functional.silu,
-                                     "gelu": torch.nn.functional.gelu}[kwargs["activation_func"]]
-        kwargs["attention_backend"] = AttnBackend[kwargs["attention_backend"]]
-        config_class = (MLATransformerConfig if plan["config_class"] == "MLATransformerConfig"
-                        else TransformerConfig)
-        config = config_class(**kwargs)
+        dtype = params_dtype(plan)
+        config = transformer_config(plan)
 
         layer_spec = get_gpt_layer_local_spec(**plan["layer_spec"])
         if "mla_core_attention_channels" in plan["shims"]:
