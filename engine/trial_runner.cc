@@ -22,6 +22,7 @@
 #include <stdexcept>
 
 #include "search/depth_proxy.h"
+#include "search/layout_proxy.h"
 #include "search/pipeline.h"
 #include "search/rules.h"
 #include "search/steady_state.h"
@@ -33,6 +34,7 @@
 #include "engine/ops.h"
 
 #ifdef REMAT_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -945,7 +947,50 @@ search::RoleMeasurement RunStandInRank(const TrialOptions& o) {
   return m;
 }
 
+// Layout proxies: each role of search::ProxyRoles runs alone in this process with the stand-in
+// collectives, one after the other (each RunRank starts its own peak tracking; on CUDA the
+// cache is emptied between roles so a role's reserved peak is its own), on ProxyRunSpec's
+// micro-batches; search::CombineLayoutProxies predicts every rank of the layout from them.
+search::TrialResult RunLayoutProxies(const TrialOptions& o) {
+  const auto start = Clock::now();
+  auto refuse = [&](const std::string& message) {
+    search::TrialResult r;
+    r.policy = o.policy;
+    r.status = TrialStatus::kInvalid;
+    r.message = message;
+    return r;
+  };
+  // search::ValidateSpec has refused what cannot be proxied (another backend, depth proxies).
+  const search::Status spec_ok = search::ValidateSpec(o.spec);
+  if (!spec_ok.ok()) return refuse(spec_ok.message());
+  const search::Status valid = search::ValidatePolicy(o.spec, o.policy);
+  if (!valid.ok()) return refuse(valid.message());
+  const search::SearchSpec run = search::ProxyRunSpec(o.spec);
+  std::vector<search::RoleMeasurement> measured;
+  for (const search::ProxyRole& role : search::ProxyRoles(o.spec)) {
+    TrialOptions one = o;
+    one.spec = run;
+    one.rank = role.rank;
+    one.world_size = run.parallel.WorldSize();
+    one.rendezvous_dir.clear();
+    search::RoleMeasurement m = RunStandInRank(one);
+    m.role = role;
+    measured.push_back(std::move(m));
+#ifdef REMAT_WITH_CUDA
+    if (o.spec.search.device != search::Device::kCpu && c10::cuda::device_count() > 0) {
+      c10::cuda::CUDACachingAllocator::emptyCache();
+    }
+#endif
+    if (measured.back().result.status != TrialStatus::kOk) break;
+  }
+  search::TrialResult r = search::CombineLayoutProxies(o.spec, measured);
+  r.policy = o.policy;
+  r.wall_s = Seconds(start, Clock::now());
+  return r;
+}
+
 search::TrialResult RunTrial(const TrialOptions& o) {
+  if (o.spec.search.layout_proxy) return RunLayoutProxies(o);
   if (!o.spec.search.proxy_layers.empty()) return RunDepthProxies(o);
   return RunRank(o, /*stand_in=*/false, nullptr);
 }

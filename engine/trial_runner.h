@@ -35,7 +35,11 @@ struct TrialOptions {
   bool nccl_point_to_point = false;
 };
 
-// Runs one rank of one trial. Never throws: an OOM is status oom (with the failing request size in
+// Runs one rank of one trial. With spec.search.layout_proxy the trial is a layout proxy instead
+// (search/layout_proxy.h; one worker slot, options.rank and world_size are ignored): every role of
+// search::ProxyRoles runs alone in this process, one after the other, on search::ProxyRunSpec,
+// and the result (search::CombineLayoutProxies) lists every rank of the layout, predicted.
+// Never throws: an OOM is status oom (with the failing request size in
 // ranks[0].failing_request_bytes), a policy or model this engine cannot run is status invalid, and
 // anything else is failed with a message. `ranks` holds this rank only; step_time_s is this rank's
 // median (the caller takes the max over ranks).
