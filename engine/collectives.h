@@ -4,6 +4,7 @@
 // (README.md, "Rendezvous"), then run collectives on groups of ranks. Two implementations:
 //   - TCP over loopback with rank 0 as the hub (CPU tensors; what CI runs), tcp_collectives.cc;
 //   - NCCL (CUDA tensors), nccl_collectives.cc, built only with REMAT_WITH_CUDA.
+//   - stand-ins for one rank run alone (layout proxies), stand_in_collectives.cc.
 // Buffers are raw pointers (host memory for TCP, device memory for NCCL) so this header stays free
 // of Torch. Every call takes a deadline (Options::timeout_s): a collective that does not complete
 // in time is aborted, never waited on forever.
@@ -15,10 +16,13 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "search/layout_proxy.h"  // CommRecord
 
 namespace remat::engine {
 
@@ -110,6 +114,33 @@ std::unique_ptr<Collectives> NewSingleRankCollectives();
 // TCP over loopback (tcp_collectives.cc). Blocks until every rank has joined or the deadline has
 // passed (then throws CollectiveError naming the ranks that did not show up).
 std::unique_ptr<Collectives> NewTcpCollectives(const CollectivesOptions& options);
+
+// One rank of a world of `world_size` run alone, as a layout proxy (search/layout_proxy.h): no
+// peer exists, but every call allocates nothing more and fills its output buffers as the real
+// collective would fill them in shape, so the rank holds what it would hold in the real job
+// (PyTorch's fake process group has the same idea). CreateGroup returns the real membership;
+// AllReduce keeps this rank's data; AllGather copies `in` into every chunk; ReduceScatter writes
+// this member's chunk of `in`; AllToAll of kInt64 (the token-count exchange of the MoE dispatcher)
+// answers "every peer routes like me" (out[src * per + i] = in[my_index * per + i]), AllToAll of
+// data fills `out` with `in` cycled; SendRecv drops sends and fills receives with N(0, 1) values
+// of their type (zeros would route every MoE token to the same experts); Barrier and Synchronize
+// do nothing. Every call on a group of more than one rank is recorded (search::CommRecord) under
+// the group's name, set by NameGroup. Never throws CollectiveError.
+class StandInCollectives : public Collectives {
+ public:
+  // Names the group `g` ("tp", "dp", "pp", "ep", "expert_dp", "embedding"; the world is "world")
+  // in the records; a group left unnamed is recorded as "group <id>".
+  virtual void NameGroup(const Group& g, const std::string& name) = 0;
+  // The calls since the last ResetRecords (or construction), one record per group and kind.
+  virtual std::vector<search::CommRecord> Records() const = 0;
+  virtual void ResetRecords() = 0;
+};
+
+// `cuda_device`: the CUDA device whose buffers the calls fill, or -1 for host memory. `seed`
+// seeds the values received by SendRecv (their own generator: the rank's RNG streams are not
+// touched).
+std::unique_ptr<StandInCollectives> NewStandInCollectives(int rank, int world_size,
+                                                          int cuda_device, uint64_t seed);
 
 #ifdef REMAT_WITH_CUDA
 // NCCL on the current CUDA device and stream (nccl_collectives.cc). The unique id travels through

@@ -3,6 +3,9 @@
 //   remat-trial --request FILE --result FILE     binary remat.v1.TrialRequest in, TrialResult out
 //   remat-trial --spec FILE.yaml --policy STR [--rank R --world-size W --rendezvous DIR]
 //               [--collective-timeout S] [--json]   developer mode: prints the result
+//   remat-trial --spec FILE.yaml --policy STR --stand-in --rank R [--world-size W] [--json]
+//               rank R of the spec's layout alone, with stand-in collectives (a layout proxy's
+//               role): prints its result, and without --json its collectives per step
 //   remat-trial --version                        versions, one key=value per line
 //
 // Exit codes: 0 whenever a result was produced (an OOM or an invalid policy included), 2 bad input
@@ -80,6 +83,8 @@ constexpr const char* kUsage =
     "usage: remat-trial --request FILE --result FILE\n"
     "       remat-trial --spec FILE.yaml --policy POLICY [--rank R --world-size W --rendezvous DIR]\n"
     "                   [--collective-timeout SECONDS] [--json]\n"
+    "       remat-trial --spec FILE.yaml --policy POLICY --stand-in --rank R [--world-size W]\n"
+    "                   [--json]\n"
     "       remat-trial --version\n";
 
 std::optional<int> ParseInt(const std::string& s) {
@@ -98,13 +103,15 @@ static int RealMain(int argc, char** argv) {
   const auto process_start = Clock::now();
   InstallCrashReporter();
   std::map<std::string, std::string> args;
-  bool json = false, version = false;
+  bool json = false, version = false, stand_in = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json") {
       json = true;
     } else if (a == "--version") {
       version = true;
+    } else if (a == "--stand-in") {
+      stand_in = true;
     } else if (a == "--help" || a == "-h") {
       std::cout << kUsage;
       return 0;
@@ -187,8 +194,20 @@ static int RealMain(int argc, char** argv) {
       g_left_marker[marker.size()] = '\0';
     }
   }
+  if (stand_in) {
+    if (request_mode) return Fail(2, "--stand-in: a developer flag, not for --request");
+    if (args.count("--rendezvous")) return Fail(2, "--stand-in: runs alone, without --rendezvous");
+    if (!args.count("--rank")) return Fail(2, "--stand-in: needs --rank");
+    if (options.world_size != options.spec.parallel.WorldSize() ||
+        options.rank >= options.world_size) {
+      return Fail(2, "--world-size: the spec's layout has " +
+                         std::to_string(options.spec.parallel.WorldSize()) + " ranks");
+    }
+  }
   const double before_trial_s = std::chrono::duration<double>(Clock::now() - process_start).count();
-  remat::search::TrialResult result = remat::engine::RunTrial(options);
+  remat::search::RoleMeasurement role;
+  if (stand_in) role = remat::engine::RunStandInRank(options);
+  remat::search::TrialResult result = stand_in ? role.result : remat::engine::RunTrial(options);
   result.setup_s += before_trial_s;  // process start and argument handling count as set-up
   result.wall_s = std::chrono::duration<double>(Clock::now() - process_start).count();
 
@@ -220,6 +239,19 @@ static int RealMain(int argc, char** argv) {
     }
     if (!result.message.empty()) std::cout << "  (" << result.message << ")";
     std::cout << std::endl;
+    if (stand_in && result.status == remat::search::TrialStatus::kOk) {
+      std::cout << "stand-in rank " << role.role.rank << " (pipeline rank " << role.role.pp_rank
+                << "): forward/backward " << role.schedule_s << " s, optimizer "
+                << role.optimizer_s << " s per step\n";
+      static const char* kKinds[] = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                                     "send/recv"};
+      for (const remat::search::CommRecord& r : role.comm) {
+        std::cout << "  " << r.group << " " << kKinds[static_cast<int>(r.kind)] << ": " << r.calls
+                  << " calls, " << r.bytes << " bytes per step, ranks";
+        for (int k : r.ranks) std::cout << " " << k;
+        std::cout << "\n";
+      }
+    }
   }
   return 0;
 }

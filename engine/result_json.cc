@@ -28,8 +28,13 @@ nlohmann::json RanksJson(const std::vector<search::RankResult>& in) {
 std::string TrialResultJson(const search::TrialResult& r) {
   nlohmann::json proxies = nlohmann::json::array();
   for (const auto& m : r.proxies) {
-    proxies.push_back(
-        {{"num_layers", m.num_layers}, {"step_time_s", m.step_time_s}, {"ranks", RanksJson(m.ranks)}});
+    nlohmann::json one = {
+        {"num_layers", m.num_layers}, {"step_time_s", m.step_time_s}, {"ranks", RanksJson(m.ranks)}};
+    if (!m.role.empty()) {  // a layout proxy's stage role and the rank it measured
+      one["role"] = m.role;
+      one["rank"] = m.rank;
+    }
+    proxies.push_back(std::move(one));
   }
   uint64_t static_bytes = 0, alloc_retries = 0;
   for (const auto& k : r.ranks) {

@@ -16,11 +16,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <sstream>
 #include <memory>
 #include <stdexcept>
 
 #include "search/depth_proxy.h"
+#include "search/layout_proxy.h"
 #include "search/pipeline.h"
 #include "search/rules.h"
 #include "search/steady_state.h"
@@ -32,6 +34,7 @@
 #include "engine/ops.h"
 
 #ifdef REMAT_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -108,41 +111,78 @@ double ModelFlopsPerStep(const search::SearchSpec& spec, int64_t vocab_padded) {
 
 // Flat buffers, as Megatron's DDP grad buffer and Float16Optimizer: the bf16 (or fp32) parameters,
 // fp32 main gradients, fp32 master weights and the two Adam moments.
+//
+// With the distributed optimizer (train.use_distributed_optimizer, Megatron's
+// DistributedOptimizer) the parameter and main-gradient buffers stay whole, but every
+// data-parallel rank keeps master weights and Adam moments for its 1/DP shard of each bucket
+// only: after the backward each bucket's gradients are reduce-scattered over its group (dense:
+// DP, expert: expert-DP), each rank clips and updates its shard, and the parameters are
+// all-gathered back. Static bytes are then 2 + 4 + 12/DP per parameter (fp32: 4 + 4 + 8/DP), as
+// search/memory_model.cc's BytesPerParameter counts them.
 class Optimizer {
  public:
   Optimizer(const Runtime& rt, std::vector<ParamInfo>& params, at::ScalarType dtype,
-            uint64_t seed)
-      : rt_(rt), params_(params), dtype_(dtype) {
+            uint64_t seed, bool distributed)
+      : rt_(rt), params_(params), dtype_(dtype), distributed_(distributed) {
     // TP-split parameters first, then TP-duplicated ones (the gradient norm counts those on TP
     // rank 0 only), then shared copies (the last stage's tied embedding: not in the norm), then
     // expert weights (reduced over the expert-data-parallel group). Another EP rank's experts and
     // another pipeline stage's parameters get no storage.
     auto region = [](const ParamInfo& p) {
-      if (p.expert) return 3;
-      if (p.shared) return 2;
-      return p.tp_duplicate() ? 1 : 0;
+      if (p.expert) return kExpert;
+      if (p.shared) return kShared;
+      return p.tp_duplicate() ? kDuplicated : kSplit;
     };
-    std::vector<size_t> order;
-    for (int r = 0; r < 4; ++r) {
+    // Buckets, as Megatron's DDP builds them: dense and expert parameters in separate buffers
+    // (reduced over different groups). The distributed optimizer gives the word embedding tied
+    // across pipeline stages a bucket of its own, so that the first and the last stage shard it
+    // alike and its all-reduce over the embedding group can follow the reduce-scatter; it pads
+    // each parameter's start to 64 elements and each bucket's end to a multiple of
+    // lcm(group size, 128), so every rank's shard has the same size.
+    const Group& edp = rt.expert_dp.size() > 0 ? rt.expert_dp : rt.dp;
+    std::vector<std::vector<size_t>> members(3);  // dense, tied, expert
+    for (int r = kSplit; r <= kExpert; ++r) {
       for (size_t i = 0; i < params.size(); ++i) {
-        if (!params[i].absent && region(params[i]) == r) order.push_back(i);
+        if (params[i].absent || region(params[i]) != r) continue;
+        if (r == kExpert) {
+          members[2].push_back(i);
+        } else if (distributed && params[i].pipeline_tied && rt.embedding.size() > 1) {
+          members[1].push_back(i);
+        } else {
+          members[0].push_back(i);
+        }
       }
     }
     std::vector<int64_t> offset(params.size(), -1);
-    for (size_t i : order) {
-      offset[i] = numel_;
-      int64_t n = 1;
-      for (int64_t d : params[i].shape) n *= d;
-      numel_ += n;
-      const int r = region(params[i]);
-      if (r == 0) split_numel_ = numel_;
-      if (r <= 1) unshared_end_ = numel_;
-      if (r <= 2) expert_begin_ = numel_;
+    for (int k = 0; k < 3; ++k) {
+      if (members[k].empty()) continue;
+      Bucket b;
+      b.group = k == 2 ? &edp : &rt.dp;
+      b.begin = numel_;
+      for (size_t i : members[k]) {
+        if (distributed) numel_ = RoundUp(numel_, 64);
+        offset[i] = numel_;
+        const int64_t n = Numel(params[i]);
+        const int r = region(params[i]);
+        // Consecutive parameters of one region form one range of the norm (padding is zero).
+        if (!b.ranges.empty() && b.ranges.back().region == r) {
+          b.ranges.back().end = numel_ + n;
+        } else {
+          b.ranges.push_back(Range{numel_, numel_ + n, r});
+        }
+        numel_ += n;
+      }
+      const int64_t members_n = b.group->size();
+      if (distributed) numel_ = b.begin + RoundUp(numel_ - b.begin, std::lcm<int64_t>(members_n, 128));
+      b.end = numel_;
+      b.shard_len = distributed ? (b.end - b.begin) / members_n : b.end - b.begin;
+      b.shard_begin = b.begin + (distributed ? b.group->rank * b.shard_len : 0);
+      b.state_offset = state_numel_;
+      state_numel_ += b.shard_len;
+      buckets_.push_back(std::move(b));
     }
-    unshared_end_ = std::max(unshared_end_, split_numel_);
-    expert_begin_ = std::max(expert_begin_, unshared_end_);
     auto opts = at::TensorOptions().device(rt.device);
-    param_buffer_ = at::empty({numel_}, opts.dtype(dtype));
+    param_buffer_ = at::zeros({numel_}, opts.dtype(dtype));  // padding stays zero
     {
       at::NoGradGuard no_grad;
       // Initialise every parameter in declaration order from the full (unsharded) tensor, so a
@@ -189,11 +229,13 @@ class Optimizer {
       if (p.sequence_parallel_grad) sp_grads_.push_back(main_grad);
       if (p.pipeline_tied) tied_grads_.push_back(main_grad);
     }
-    // Float16Optimizer: fp32 master weights (fp32 runs update the parameters directly).
+    // Float16Optimizer: fp32 master weights of this rank's shards (fp32 runs update the
+    // parameters directly).
     if (dtype != at::kFloat) {
-      master_ = param_buffer_.to(at::kFloat);
-    } else {
-      master_ = param_buffer_;
+      master_ = at::empty({state_numel_}, opts.dtype(at::kFloat));
+      for (const Bucket& b : buckets_) {
+        MasterOf(b).copy_(param_buffer_.narrow(0, b.shard_begin, b.shard_len));
+      }
     }
   }
 
@@ -208,7 +250,8 @@ class Optimizer {
   uint64_t StaticBytes() const {
     const uint64_t elem = dtype_ == at::kFloat ? 4 : 2;
     const uint64_t master = dtype_ == at::kFloat ? 0 : 4;
-    return static_cast<uint64_t>(numel_) * (elem + 4 + master + 8);
+    return static_cast<uint64_t>(numel_) * (elem + 4) +
+           static_cast<uint64_t>(state_numel_) * (master + 8);
   }
 
   void ZeroGrad() { grad_buffer_.zero_(); }  // also clears Step()'s scratch use of it
@@ -230,29 +273,51 @@ class Optimizer {
     }
     // Megatron's DDP: every gradient is scaled by 1 / DP; dense ones are summed over DP, expert
     // ones over the expert-data-parallel group (their tokens came from every EP rank already).
-    const int64_t experts = numel_ - expert_begin_;
-    const Group& edp = rt_.expert_dp.size() > 0 ? rt_.expert_dp : rt_.dp;
+    // The distributed optimizer reduce-scatters instead: only this rank's shard is summed.
     if (rt_.dp.size() > 1) grad_buffer_.mul_(1.0 / rt_.dp.size());
-    if (edp.ranks == rt_.dp.ranks) {
-      AllReduceTensor(rt_, rt_.dp, grad_buffer_, ReduceOp::kSum);
-    } else {
-      at::Tensor dense = grad_buffer_.narrow(0, 0, expert_begin_);
-      at::Tensor expert = grad_buffer_.narrow(0, expert_begin_, experts);
-      if (expert_begin_ > 0) AllReduceTensor(rt_, rt_.dp, dense, ReduceOp::kSum);
-      if (experts > 0) AllReduceTensor(rt_, edp, expert, ReduceOp::kSum);
+    for (const Bucket& b : buckets_) {
+      if (b.group->size() == 1) continue;
+      if (distributed_) {
+        rt_.comm->ReduceScatter(*b.group, grad_buffer_.data_ptr<float>() + b.begin,
+                                grad_buffer_.data_ptr<float>() + b.shard_begin,
+                                static_cast<size_t>(b.shard_len), DataType::kFloat32);
+      } else {
+        at::Tensor all = grad_buffer_.narrow(0, b.begin, b.end - b.begin);
+        AllReduceTensor(rt_, *b.group, all, ReduceOp::kSum);
+      }
     }
     // Megatron's _allreduce_word_embedding_grads: the first stage's word embedding and the last
-    // stage's copy get the sum of both gradients, so both take the same step.
+    // stage's copy get the sum of both gradients, so both take the same step (with the
+    // distributed optimizer both sit at the same place of a bucket of their own, so the
+    // reduced shards line up).
     if (rt_.embedding.size() > 1) {
       for (at::Tensor& g : tied_grads_) AllReduceTensor(rt_, rt_.embedding, g, ReduceOp::kSum);
     }
-    at::Tensor sq = SquaredNorm(grad_buffer_.narrow(0, 0, split_numel_));
-    if (rt_.tp_rank() == 0 && unshared_end_ > split_numel_) {
-      sq = sq + SquaredNorm(grad_buffer_.narrow(0, split_numel_, unshared_end_ - split_numel_));
+    // The norm over this rank's shards: TP-split gradients, TP-duplicated ones on TP rank 0 only,
+    // never the shared copy; summed over DP (the shards) and TP, expert ones over expert-DP and EP.
+    at::Tensor sq = at::zeros({1}, grad_buffer_.options().dtype(at::kDouble));
+    at::Tensor esq = at::zeros({1}, grad_buffer_.options().dtype(at::kDouble));
+    bool experts = false;
+    for (const Bucket& b : buckets_) {
+      for (const Range& r : b.ranges) {
+        const int64_t lo = std::max(r.begin, b.shard_begin);
+        const int64_t hi = std::min(r.end, b.shard_begin + b.shard_len);
+        if (r.region == kExpert) experts = true;
+        if (hi <= lo || r.region == kShared) continue;
+        if (r.region == kDuplicated && rt_.tp_rank() != 0) continue;
+        at::Tensor part = SquaredNorm(grad_buffer_.narrow(0, lo, hi - lo));
+        if (r.region == kExpert) {
+          esq += part;
+        } else {
+          sq += part;
+        }
+      }
     }
+    if (distributed_) AllReduceTensor(rt_, rt_.dp, sq, ReduceOp::kSum);
     AllReduceTensor(rt_, rt_.tp, sq, ReduceOp::kSum);
-    if (experts > 0) {  // each EP rank holds a share of the experts: sum the shares
-      at::Tensor esq = SquaredNorm(grad_buffer_.narrow(0, expert_begin_, experts));
+    if (experts) {  // each EP rank holds a share of the experts: sum the shares
+      const Group& edp = rt_.expert_dp.size() > 0 ? rt_.expert_dp : rt_.dp;
+      if (distributed_) AllReduceTensor(rt_, edp, esq, ReduceOp::kSum);
       if (rt_.ep.size() > 1) AllReduceTensor(rt_, rt_.ep, esq, ReduceOp::kSum);
       sq = sq + esq;
     }
@@ -261,30 +326,68 @@ class Optimizer {
     if (rt_.pp.size() > 1) AllReduceTensor(rt_, rt_.pp, sq, ReduceOp::kSum);
     at::Tensor norm = sq.sqrt().to(at::kFloat);
     at::Tensor coef = (kMaxGradNorm / (norm + 1e-6)).clamp_max(1.0);
-    grad_buffer_.mul_(coef);
 
     ++step_;
     if (!exp_avg_.defined()) {  // optimizer state, created at the first step as Adam does
-      exp_avg_ = at::zeros_like(master_);
-      exp_avg_sq_ = at::zeros_like(master_);
+      exp_avg_ = at::zeros({state_numel_}, grad_buffer_.options());
+      exp_avg_sq_ = at::zeros({state_numel_}, grad_buffer_.options());
     }
     const double bc1 = 1.0 - std::pow(kBeta1, step_);
     const double bc2 = 1.0 - std::pow(kBeta2, step_);
-    // AdamW without temporaries (as a fused Adam): once the moments are updated the gradient is
-    // spent, so its buffer holds the denominator.
-    at::Tensor& g = grad_buffer_;
-    master_.mul_(1.0 - kLr * kWeightDecay);
-    exp_avg_.mul_(kBeta1).add_(g, 1.0 - kBeta1);
-    exp_avg_sq_.mul_(kBeta2).addcmul_(g, g, 1.0 - kBeta2);
-    g.copy_(exp_avg_sq_).sqrt_().div_(std::sqrt(bc2)).add_(kEps);
-    master_.addcdiv_(exp_avg_, g, -kLr / bc1);
-    if (dtype_ != at::kFloat) param_buffer_.copy_(master_);
+    for (const Bucket& b : buckets_) {
+      // AdamW without temporaries (as a fused Adam): once the moments are updated the gradient
+      // is spent, so its buffer holds the denominator.
+      at::Tensor g = grad_buffer_.narrow(0, b.shard_begin, b.shard_len);
+      at::Tensor master = MasterOf(b);
+      at::Tensor m = exp_avg_.narrow(0, b.state_offset, b.shard_len);
+      at::Tensor v = exp_avg_sq_.narrow(0, b.state_offset, b.shard_len);
+      g.mul_(coef);
+      master.mul_(1.0 - kLr * kWeightDecay);
+      m.mul_(kBeta1).add_(g, 1.0 - kBeta1);
+      v.mul_(kBeta2).addcmul_(g, g, 1.0 - kBeta2);
+      g.copy_(v).sqrt_().div_(std::sqrt(bc2)).add_(kEps);
+      master.addcdiv_(m, g, -kLr / bc1);
+      if (dtype_ != at::kFloat) param_buffer_.narrow(0, b.shard_begin, b.shard_len).copy_(master);
+      // The distributed optimizer's parameter all-gather: every rank's updated shard, in place.
+      if (distributed_ && b.group->size() > 1) {
+        char* base = static_cast<char*>(param_buffer_.data_ptr());
+        const size_t elem = param_buffer_.element_size();
+        rt_.comm->AllGather(*b.group, base + b.shard_begin * elem, base + b.begin * elem,
+                            static_cast<size_t>(b.shard_len),
+                            dtype_ == at::kFloat ? DataType::kFloat32 : DataType::kBFloat16);
+      }
+    }
     return norm;
   }
 
  private:
   static constexpr double kLr = 1e-4, kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8,
                           kWeightDecay = 0.01, kMaxGradNorm = 1.0;
+  // Where a parameter sits in the buffer, in this order.
+  static constexpr int kSplit = 0, kDuplicated = 1, kShared = 2, kExpert = 3;
+
+  // Consecutive parameters of one region within a bucket.
+  struct Range {
+    int64_t begin = 0, end = 0;
+    int region = kSplit;
+  };
+  // One bucket of the buffers and this rank's shard of it (the whole bucket without the
+  // distributed optimizer); its master weights and Adam moments sit at state_offset.
+  struct Bucket {
+    const Group* group = nullptr;  // reduced over (rt_.dp or the expert-DP group)
+    int64_t begin = 0, end = 0;
+    int64_t shard_begin = 0, shard_len = 0;
+    int64_t state_offset = 0;
+    std::vector<Range> ranges;
+  };
+
+  static int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+  // The master weights of bucket `b`'s shard: the parameters themselves in fp32 runs.
+  at::Tensor MasterOf(const Bucket& b) {
+    if (dtype_ == at::kFloat) return param_buffer_.narrow(0, b.shard_begin, b.shard_len);
+    return master_.narrow(0, b.state_offset, b.shard_len);
+  }
 
   // The sum of squares of a flat gradient range as a [1] fp64 tensor: fp32 norms of blocks of
   // 4096 elements (as a fused multi-tensor norm works block by block), added in fp64. One fp32
@@ -328,7 +431,10 @@ class Optimizer {
   const Runtime& rt_;
   std::vector<ParamInfo>& params_;
   at::ScalarType dtype_;
-  int64_t numel_ = 0, split_numel_ = 0, unshared_end_ = 0, expert_begin_ = 0;
+  bool distributed_ = false;
+  int64_t numel_ = 0;        // the buffers' elements, padding included
+  int64_t state_numel_ = 0;  // elements of master weights and each Adam moment (the shards)
+  std::vector<Bucket> buckets_;
   at::Tensor param_buffer_, grad_buffer_, master_, exp_avg_, exp_avg_sq_;
   std::vector<at::Tensor> sp_grads_;
   std::vector<at::Tensor> tied_grads_;  // the word embedding or its last-stage copy
@@ -518,8 +624,11 @@ search::TrialResult RunDepthProxies(const TrialOptions& o) {
   return r;
 }
 
-search::TrialResult RunTrial(const TrialOptions& o) {
-  if (!o.spec.search.proxy_layers.empty()) return RunDepthProxies(o);
+namespace {
+
+// Runs rank o.rank of the trial: with the real collectives, or (stand_in) alone with the
+// stand-ins, filling `role`'s communication records and schedule/optimizer times too.
+search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMeasurement* role) {
   const auto start = Clock::now();
   search::TrialResult result;
   result.policy = o.policy;
@@ -540,14 +649,15 @@ search::TrialResult RunTrial(const TrialOptions& o) {
                           std::to_string(o.rank) + " do not match the spec's layout (TP x PP x DP = " +
                           std::to_string(spec.parallel.WorldSize()) + ")"};
     }
-    if (o.world_size > 1 && o.rendezvous_dir.empty()) {
+    if (o.world_size > 1 && o.rendezvous_dir.empty() && !stand_in) {
       throw TrialStop{TrialStatus::kInvalid, "a multi-rank trial needs a rendezvous directory"};
     }
     if (spec.search.measure_steps < 1) {
       throw TrialStop{TrialStatus::kInvalid, "search.measure_steps must be at least 1"};
     }
 
-    const at::Device device = ChooseDevice(spec, o.rank);
+    // A stand-in rank runs on the first device it sees, whichever rank it stands for.
+    const at::Device device = ChooseDevice(spec, stand_in ? 0 : o.rank);
     result.versions = TrialVersions(device.is_cuda(), device.is_cuda() ? device.index() : -1);
     if (device.is_cuda() && spec.parallel.pipeline_model_parallel_size == 2 &&
         spec.parallel.VirtualChunks() > 1) {
@@ -575,7 +685,14 @@ search::TrialResult RunTrial(const TrialOptions& o) {
     copts.timeout_s = o.collective_timeout_s;
     copts.nccl_point_to_point = o.nccl_point_to_point;
     std::unique_ptr<Collectives> comm;
-    if (o.world_size == 1) {
+    StandInCollectives* stand_ins = nullptr;
+    if (stand_in) {
+      std::unique_ptr<StandInCollectives> s = NewStandInCollectives(
+          o.rank, o.world_size, device.is_cuda() ? device.index() : -1,
+          spec.train.seed * 1000003 + static_cast<uint64_t>(o.rank));
+      stand_ins = s.get();
+      comm = std::move(s);
+    } else if (o.world_size == 1) {
       comm = NewSingleRankCollectives();
     } else if (device.is_cuda()) {
 #ifdef REMAT_WITH_CUDA
@@ -601,10 +718,17 @@ search::TrialResult RunTrial(const TrialOptions& o) {
       dp_groups[tp_rank + tp * pp_rank].push_back(r);
       pp_groups[tp_rank + tp * dp_rank].push_back(r);
     }
+    // Stand-ins record every call under its group's name (search::CommRecord::group).
+    auto name = [&](const Group& g, const char* n) {
+      if (stand_ins != nullptr) stand_ins->NameGroup(g, n);
+    };
     rt.tp = comm->CreateGroup(tp_groups);
+    name(rt.tp, "tp");
     rt.dp = comm->CreateGroup(dp_groups);
+    name(rt.dp, "dp");
     if (pp > 1) {
       rt.pp = comm->CreateGroup(pp_groups);
+      name(rt.pp, "pp");
       if (spec.model.share_embeddings_and_output_weights) {
         // Megatron's embedding group: the first and the last stage of each pipeline.
         std::vector<std::vector<int>> emb_groups;
@@ -613,6 +737,7 @@ search::TrialResult RunTrial(const TrialOptions& o) {
           for (size_t i = 1; i + 1 < g.size(); ++i) emb_groups.push_back({g[i]});
         }
         rt.embedding = comm->CreateGroup(emb_groups);
+        name(rt.embedding, "embedding");
       }
     }
     // Expert parallel, carved out of DP (UnsupportedReason: TP = 1 then): EP groups are blocks of
@@ -626,7 +751,9 @@ search::TrialResult RunTrial(const TrialOptions& o) {
         edp_groups[r / (tp * dp) * ep + r / tp % dp % ep].push_back(r);
       }
       rt.ep = comm->CreateGroup(ep_groups);
+      name(rt.ep, "ep");
       rt.expert_dp = comm->CreateGroup(edp_groups);
+      name(rt.expert_dp, "expert_dp");
     } else {
       rt.ep.id = -1;  // a group of one: never reaches the transport
       rt.ep.ranks = {o.rank};
@@ -642,7 +769,8 @@ search::TrialResult RunTrial(const TrialOptions& o) {
       cpu_gen.set_current_seed(spec.train.seed);
     }
     GptModel model(spec, o.policy, rt, dtype);
-    Optimizer optimizer(rt, model.params(), dtype, spec.train.seed);
+    Optimizer optimizer(rt, model.params(), dtype, spec.train.seed,
+                        spec.train.use_distributed_optimizer);
     // Tokens: the same stream on every TP rank and pipeline stage, one per DP rank.
     at::Generator data_gen = at::make_generator<at::CPUGeneratorImpl>(spec.train.seed + 1 + rt.dp.rank);
     // Only the stages with the embedding or the loss read the batch (Megatron's middle stages
@@ -659,6 +787,9 @@ search::TrialResult RunTrial(const TrialOptions& o) {
     // Warm-up until the step times settle (search/steady_state.h), then measure_steps steps.
     const search::SearchOptions& so = spec.search;
     std::vector<double> warmup_times, times;
+    // Stand-ins: the measured steps' calls, and each step's forward/backward and optimizer parts.
+    std::map<std::pair<std::string, int>, search::CommRecord> comm_sum;
+    std::vector<double> schedule_times, optimizer_times;
     bool measuring = search::WarmupDone(so, warmup_times);
     result.setup_s = Seconds(start, Clock::now());
     for (int step = 0; !measuring || static_cast<int>(times.size()) < so.measure_steps; ++step) {
@@ -669,6 +800,7 @@ search::TrialResult RunTrial(const TrialOptions& o) {
         all_labels = at::randint(0, spec.model.vocab_size, {rows, s}, data_gen, at::kLong);
       }
       SynchronizeDevice(device);
+      if (stand_ins != nullptr) stand_ins->ResetRecords();
       const auto t0 = Clock::now();
       optimizer.ZeroGrad();
       at::Tensor loss;  // sum of the micro-batches' losses / M: the step's mean, as Megatron logs
@@ -685,10 +817,29 @@ search::TrialResult RunTrial(const TrialOptions& o) {
           loss = loss.defined() ? loss + mb_loss.detach() : mb_loss.detach();
         }
       }
+      auto t_mid = t0;
+      if (stand_ins != nullptr) {  // a real trial does not wait here (its step time stays whole)
+        SynchronizeDevice(device);
+        t_mid = Clock::now();
+      }
       at::Tensor norm = optimizer.Step();
       comm->Synchronize();
       SynchronizeDevice(device);
       const auto t1 = Clock::now();
+      if (stand_ins != nullptr && measuring) {
+        for (const search::CommRecord& r : stand_ins->Records()) {
+          search::CommRecord& sum = comm_sum[{r.group, static_cast<int>(r.kind)}];
+          if (sum.calls == 0) {
+            sum.group = r.group;
+            sum.kind = r.kind;
+            sum.ranks = r.ranks;
+          }
+          sum.bytes += r.bytes;
+          sum.calls += r.calls;
+        }
+        schedule_times.push_back(Seconds(t0, t_mid));
+        optimizer_times.push_back(Seconds(t_mid, t1));
+      }
       if (step == so.warmup_steps) {
         // The same step in every trial, whatever warm-up it takes, so that losses compare.
         // Megatron logs the loss averaged over the data-parallel ranks; the last pipeline stage
@@ -732,6 +883,17 @@ search::TrialResult RunTrial(const TrialOptions& o) {
     result.model_tflops = ModelFlopsPerStep(spec, search::PaddedVocabSize(spec)) /
                           (result.step_time_s * o.world_size * 1e12);
     result.status = TrialStatus::kOk;
+    if (role != nullptr && !times.empty()) {
+      const double steps = static_cast<double>(times.size());
+      role->comm.clear();
+      for (auto& [key, r] : comm_sum) {
+        r.bytes /= steps;
+        r.calls /= steps;
+        role->comm.push_back(r);
+      }
+      role->schedule_s = search::MedianStepTime(schedule_times);
+      role->optimizer_s = search::MedianStepTime(optimizer_times);
+    }
   } catch (const TrialStop& stop) {
     result.status = stop.status;
     result.message = stop.message;
@@ -770,6 +932,67 @@ search::TrialResult RunTrial(const TrialOptions& o) {
   result.ranks.push_back(rank);
   result.wall_s = Seconds(start, Clock::now());
   return result;
+}
+
+}  // namespace
+
+search::RoleMeasurement RunStandInRank(const TrialOptions& o) {
+  search::RoleMeasurement m;
+  m.role.rank = o.rank;
+  const auto& par = o.spec.parallel;
+  const int per_stage = std::max(1, par.tensor_model_parallel_size * par.data_parallel_size);
+  m.role.pp_rank = o.rank / per_stage;
+  m.role.name = "rank " + std::to_string(o.rank);
+  m.result = RunRank(o, /*stand_in=*/true, &m);
+  return m;
+}
+
+// Layout proxies: each role of search::ProxyRoles runs alone in this process with the stand-in
+// collectives, one after the other (each RunRank starts its own peak tracking; on CUDA the
+// cache is emptied between roles so a role's reserved peak is its own), on ProxyRunSpec's
+// micro-batches; search::CombineLayoutProxies predicts every rank of the layout from them.
+search::TrialResult RunLayoutProxies(const TrialOptions& o) {
+  const auto start = Clock::now();
+  auto refuse = [&](const std::string& message) {
+    search::TrialResult r;
+    r.policy = o.policy;
+    r.status = TrialStatus::kInvalid;
+    r.message = message;
+    return r;
+  };
+  // search::ValidateSpec has refused what cannot be proxied (another backend, depth proxies).
+  const search::Status spec_ok = search::ValidateSpec(o.spec);
+  if (!spec_ok.ok()) return refuse(spec_ok.message());
+  const search::Status valid = search::ValidatePolicy(o.spec, o.policy);
+  if (!valid.ok()) return refuse(valid.message());
+  const search::SearchSpec run = search::ProxyRunSpec(o.spec);
+  std::vector<search::RoleMeasurement> measured;
+  for (const search::ProxyRole& role : search::ProxyRoles(o.spec)) {
+    TrialOptions one = o;
+    one.spec = run;
+    one.rank = role.rank;
+    one.world_size = run.parallel.WorldSize();
+    one.rendezvous_dir.clear();
+    search::RoleMeasurement m = RunStandInRank(one);
+    m.role = role;
+    measured.push_back(std::move(m));
+#ifdef REMAT_WITH_CUDA
+    if (o.spec.search.device != search::Device::kCpu && c10::cuda::device_count() > 0) {
+      c10::cuda::CUDACachingAllocator::emptyCache();
+    }
+#endif
+    if (measured.back().result.status != TrialStatus::kOk) break;
+  }
+  search::TrialResult r = search::CombineLayoutProxies(o.spec, measured);
+  r.policy = o.policy;
+  r.wall_s = Seconds(start, Clock::now());
+  return r;
+}
+
+search::TrialResult RunTrial(const TrialOptions& o) {
+  if (o.spec.search.layout_proxy) return RunLayoutProxies(o);
+  if (!o.spec.search.proxy_layers.empty()) return RunDepthProxies(o);
+  return RunRank(o, /*stand_in=*/false, nullptr);
 }
 
 namespace {

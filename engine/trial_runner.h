@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "search/layout_proxy.h"
 #include "search/policy.h"
 #include "search/spec.h"
 #include "search/trial.h"
@@ -34,11 +35,26 @@ struct TrialOptions {
   bool nccl_point_to_point = false;
 };
 
-// Runs one rank of one trial. Never throws: an OOM is status oom (with the failing request size in
+// Runs one rank of one trial. With spec.search.layout_proxy the trial is a layout proxy instead
+// (search/layout_proxy.h; one worker slot, options.rank and world_size are ignored): every role of
+// search::ProxyRoles runs alone in this process, one after the other, on search::ProxyRunSpec,
+// and the result (search::CombineLayoutProxies) lists every rank of the layout, predicted.
+// Never throws: an OOM is status oom (with the failing request size in
 // ranks[0].failing_request_bytes), a policy or model this engine cannot run is status invalid, and
 // anything else is failed with a message. `ranks` holds this rank only; step_time_s is this rank's
 // median (the caller takes the max over ranks).
 search::TrialResult RunTrial(const TrialOptions& options);
+
+// Runs rank o.rank of the spec's layout (o.world_size = the layout's world size) ALONE, with
+// the stand-in collectives (engine/collectives.h, StandInCollectives) in place of the other
+// ranks: no rendezvous. That rank's shapes, layers, schedule and share of the state are those of
+// the real job, so its peaks are too (a layout proxy's role, search/layout_proxy.h). Never
+// throws. Fills `result` (ranks[0]: this rank's peaks and step times; loss and gradient norm
+// come from stand-in data and mean nothing), `comm` (the calls of one step: summed over the
+// measured steps, divided by their number), `schedule_s` and `optimizer_s` (medians over the
+// measured steps of the forward/backward part and of the optimizer part: gradient reduction,
+// norm, Adam). `role` holds the rank, its pipeline rank and the name "rank <r>".
+search::RoleMeasurement RunStandInRank(const TrialOptions& options);
 
 // What this engine is built from, for `remat-trial --version`: remat, torch, cuda, nccl, driver,
 // gpu (the first GPU's model) and device (cuda or cpu); "none" for what a CPU-only engine lacks.

@@ -66,6 +66,20 @@ TEST(ResultJson, DepthProxiesCarryTheirRanks) {
   ASSERT_EQ(j["proxies"].size(), 1u);
   EXPECT_EQ(j["proxies"][0]["num_layers"], 2);
   EXPECT_EQ(j["proxies"][0]["ranks"][0]["peak_allocated_bytes"], 7u);
+  EXPECT_FALSE(j["proxies"][0].contains("role"));  // depth proxies have none
+}
+
+TEST(ResultJson, LayoutProxiesNameTheirRoleAndRank) {
+  search::TrialResult r;
+  r.status = search::TrialStatus::kOk;
+  r.predicted = true;
+  search::ProxyMeasurement& m = r.proxies.emplace_back();
+  m.role = "stage 1 (last)";
+  m.rank = 4;
+  m.num_layers = 3;
+  const nlohmann::json j = nlohmann::json::parse(TrialResultJson(r));
+  EXPECT_EQ(j["proxies"][0]["role"], "stage 1 (last)");
+  EXPECT_EQ(j["proxies"][0]["rank"], 4);
 }
 
 }  // namespace
