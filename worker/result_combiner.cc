@@ -33,7 +33,11 @@ search::TrialResult CombineRankResults(const Assignment& assignment,
 
   TrialStatus status = TrialStatus::kOk;
   std::map<int, search::RankResult> ranks;
-  std::map<int, search::ProxyMeasurement> proxies;  // by depth: every rank's figures at that depth
+  // Depth proxies by depth (every rank's figures at that depth); a layout proxy's stage proxies
+  // (one process stood for the whole layout) by role, as the engine named them. In the order
+  // first seen (the engine's order: depths ascending, stages in pipeline order).
+  std::map<std::pair<std::string, int>, size_t> proxy_index;
+  std::vector<search::ProxyMeasurement> proxies;
   bool predicted = false;
   std::string message;
   double step = 0, spread = 0, setup = 0;
@@ -49,15 +53,22 @@ search::TrialResult CombineRankResults(const Assignment& assignment,
     }
     if (!r.message.empty()) {
       if (!message.empty()) message += "; ";
-      if (first_rank != std::numeric_limits<int>::max() && r.message.rfind("rank ", 0) != 0) {
+      // A layout proxy's one process speaks for every rank: no rank to name.
+      const bool layout_proxy = !r.proxies.empty() && !r.proxies.front().role.empty();
+      if (first_rank != std::numeric_limits<int>::max() && r.message.rfind("rank ", 0) != 0 &&
+          !layout_proxy) {
         message += "rank " + std::to_string(first_rank) + ": ";
       }
       message += r.message;
     }
     predicted = predicted || r.predicted;
     for (const search::ProxyMeasurement& p : r.proxies) {
-      search::ProxyMeasurement& merged = proxies[p.num_layers];
+      auto [it, added] = proxy_index.insert({{p.role, p.num_layers}, proxies.size()});
+      if (added) proxies.emplace_back();
+      search::ProxyMeasurement& merged = proxies[it->second];
       merged.num_layers = p.num_layers;
+      merged.role = p.role;
+      merged.rank = p.rank;
       merged.step_time_s = std::max(merged.step_time_s, p.step_time_s);
       merged.ranks.insert(merged.ranks.end(), p.ranks.begin(), p.ranks.end());
     }
@@ -82,7 +93,7 @@ search::TrialResult CombineRankResults(const Assignment& assignment,
   }
   for (auto& [rank, rr] : ranks) out.ranks.push_back(rr);
   out.predicted = predicted;
-  for (auto& [depth, p] : proxies) {
+  for (search::ProxyMeasurement& p : proxies) {
     std::sort(p.ranks.begin(), p.ranks.end(),
               [](const search::RankResult& a, const search::RankResult& b) {
                 return a.rank < b.rank;

@@ -13,7 +13,9 @@
 //     when all W ranks reported ok.
 //   - message: the ranks' messages, "rank N: ..." joined with "; ";
 //   - predicted (depth proxies): when any rank says so; proxies: per depth, every rank's figures
-//     (sorted by rank) and the slowest rank's step time.
+//     (sorted by rank) and the slowest rank's step time. A layout proxy (search/layout_proxy.h)
+//     is one process whose result already lists every rank of the layout: its stage proxies are
+//     kept one per role, and its message gets no "rank 0: " prefix.
 // Thread-safety: pure functions.
 #pragma once
 

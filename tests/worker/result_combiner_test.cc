@@ -116,3 +116,36 @@ TEST(ResultCombiner, MergesDepthProxiesOfAllRanks) {
 
 }  // namespace
 }  // namespace remat::worker
+
+namespace remat::worker {
+namespace {
+
+// A layout proxy is one process whose result lists every rank of the layout (search/
+// layout_proxy.h): its stage proxies stay one per role, in pipeline order (stage 10 after
+// stage 2), and its message is not pinned on "rank 0".
+TEST(ResultCombiner, KeepsALayoutProxysStagesAndItsMessage) {
+  search::TrialResult r;
+  r.status = TrialStatus::kOk;
+  r.predicted = true;
+  r.step_time_s = 2;
+  r.message = "layout proxy: 4 of 12 pipeline stages measured";
+  for (int rank = 0; rank < 12; ++rank) r.ranks.emplace_back().rank = rank;
+  for (int stage : {0, 1, 10, 11}) {
+    search::ProxyMeasurement& p = r.proxies.emplace_back();
+    p.role = "stage " + std::to_string(stage);
+    p.rank = stage;
+    p.num_layers = 8;
+    p.ranks.emplace_back().rank = stage;
+  }
+  search::TrialResult c = CombineRankResults(MakeAssignment(1), {r});
+  EXPECT_EQ(c.status, TrialStatus::kOk);
+  EXPECT_EQ(c.ranks.size(), 12u);
+  EXPECT_EQ(c.message, "layout proxy: 4 of 12 pipeline stages measured");
+  ASSERT_EQ(c.proxies.size(), 4u);
+  EXPECT_EQ(c.proxies[2].role, "stage 10");
+  EXPECT_EQ(c.proxies[2].rank, 10);
+  EXPECT_EQ(c.proxies[3].role, "stage 11");
+}
+
+}  // namespace
+}  // namespace remat::worker
