@@ -34,6 +34,9 @@ search::TrialResult CombineRankResults(const Assignment& assignment,
   TrialStatus status = TrialStatus::kOk;
   std::map<int, search::RankResult> ranks;
   std::map<int, search::ProxyMeasurement> proxies;  // by depth: every rank's figures at that depth
+  // Layout proxies come from one process (a proxy trial leases one slot), one per stage role:
+  // kept as they are, in stage order, never merged by depth (stages may have equal depths).
+  std::vector<search::ProxyMeasurement> roles;
   bool predicted = false;
   std::string message;
   double step = 0, spread = 0, setup = 0;
@@ -56,6 +59,10 @@ search::TrialResult CombineRankResults(const Assignment& assignment,
     }
     predicted = predicted || r.predicted;
     for (const search::ProxyMeasurement& p : r.proxies) {
+      if (!p.role.empty()) {
+        roles.push_back(p);
+        continue;
+      }
       search::ProxyMeasurement& merged = proxies[p.num_layers];
       merged.num_layers = p.num_layers;
       merged.step_time_s = std::max(merged.step_time_s, p.step_time_s);
@@ -89,6 +96,7 @@ search::TrialResult CombineRankResults(const Assignment& assignment,
               });
     out.proxies.push_back(p);
   }
+  out.proxies.insert(out.proxies.end(), roles.begin(), roles.end());
   out.status = status;
   out.message = message;
   out.setup_s = setup;
