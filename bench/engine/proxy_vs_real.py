@@ -28,7 +28,8 @@ def spec_yaml(parallel, model_extra="", train_extra="", layers=2, seq=32):
             "  add_bias_linear: false\n  position_embedding_type: rope\n%s"
             "train:\n  micro_batch_size: 2\n  global_batch_size: 8\n  precision: fp32\n%s"
             "parallel:\n%s"
-            "search:\n  memory_budget_gib: 1\n  warmup_steps: 1\n  measure_steps: 1\n"
+            "search:\n  memory_budget_gib: 1\n  warmup_steps: 1\n  warmup_max_steps: 1\n"
+            "  steady_window: 1\n  measure_steps: 1\n"
             "  device: cpu\n") % (layers, seq, model_extra, train_extra, parallel)
 
 

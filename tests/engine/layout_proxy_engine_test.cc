@@ -52,6 +52,10 @@ std::string Yaml(const std::string& parallel, const std::string& model_extra,
          "search:\n"
          "  memory_budget_gib: 1\n"
          "  warmup_steps: 1\n"
+         // A fixed warm-up: steps never depend on timing, so the real trial and the stand-ins
+         // take the same updates (MoE routing, and with it the peak, follows the weights).
+         "  warmup_max_steps: 1\n"
+         "  steady_window: 1\n"
          "  measure_steps: 1\n"
          "  device: cpu\n";
 }
