@@ -128,6 +128,9 @@ std::string ResultSvg(const v1::Search& s) {
     double mem = 0, tps = 0;        // mem in bytes, then in the plot's unit
     double tps_lo = 0, tps_hi = 0;  // the throughput of the slowest and fastest measured step
     bool ok = false, oom = false, on_frontier = false;
+    // A layout proxy's trial (search/layout_proxy.h): each pipeline stage's peak, drawn as ticks
+    // on a line left of the point (the point is the highest stage, which decides the fit).
+    std::vector<double> stage_mem;
   };
   std::vector<Point> points;
   double max_mem = 0;
@@ -149,6 +152,16 @@ std::string ResultSvg(const v1::Search& s) {
     p.on_frontier = frontier.count(p.policy) > 0;
     if (p.ok) std::tie(p.tps_lo, p.tps_hi) = ThroughputSpread(result);
     if (p.oom && p.mem <= 0) p.mem = static_cast<double>(budget_bytes);  // hit the budget
+    if (p.ok && result.proxies_size() > 0 && !result.proxies(0).role().empty()) {
+      const int pp = std::max(1, s.spec().parallel().pipeline_model_parallel_size());
+      const int per_stage = std::max(1, result.ranks_size() / pp);
+      p.stage_mem.assign(pp, 0);
+      for (const auto& rr : result.ranks()) {
+        double& m = p.stage_mem[std::min(pp - 1, rr.rank() / per_stage)];
+        m = std::max(m, static_cast<double>(metric == "allocated" ? rr.peak_allocated_bytes()
+                                                                  : rr.peak_reserved_bytes()));
+      }
+    }
     if (p.ok || p.oom) {
       points.push_back(p);
       max_mem = std::max(max_mem, p.mem);
@@ -160,7 +173,12 @@ std::string ResultSvg(const v1::Search& s) {
   const MemUnit unit = UnitFor(
       static_cast<uint64_t>(budget_on_chart ? std::max<double>(max_mem, budget_bytes) : max_mem));
   const double budget = budget_bytes / unit.bytes;
-  for (Point& p : points) p.mem /= unit.bytes;
+  bool any_stages = false;
+  for (Point& p : points) {
+    p.mem /= unit.bytes;
+    for (double& m : p.stage_mem) m /= unit.bytes;
+    any_stages = any_stages || !p.stage_mem.empty();
+  }
 
   double x_lo = budget_on_chart ? budget : max_mem / unit.bytes;
   double x_hi = x_lo, y_lo = 0, y_hi = 0;
@@ -168,6 +186,7 @@ std::string ResultSvg(const v1::Search& s) {
   for (const Point& p : points) {
     x_lo = std::min(x_lo, p.mem);
     x_hi = std::max(x_hi, p.mem);
+    for (double m : p.stage_mem) x_lo = std::min(x_lo, m);
     if (p.ok) {
       y_lo = any_ok ? std::min(y_lo, p.tps_lo) : p.tps_lo;
       y_hi = any_ok ? std::max(y_hi, p.tps_hi) : p.tps_hi;
@@ -327,6 +346,17 @@ std::string ResultSvg(const v1::Search& s) {
           << "\" x2=\"" << Num(x) << "\" y2=\"" << Num(Y(p.tps_lo)) << "\" stroke=\"" << stroke
           << "\" stroke-width=\"1\"/>\n";
     }
+    if (!p.stage_mem.empty()) {
+      const auto [lo, hi] = std::minmax_element(p.stage_mem.begin(), p.stage_mem.end());
+      svg << "<g class=\"stages\" stroke=\"" << stroke << "\" stroke-width=\"1\"><line x1=\""
+          << Num(X(*lo)) << "\" y1=\"" << Num(y) << "\" x2=\"" << Num(X(*hi)) << "\" y2=\""
+          << Num(y) << "\"/>";
+      for (double m : p.stage_mem) {
+        svg << "<line x1=\"" << Num(X(m)) << "\" y1=\"" << Num(y - 4) << "\" x2=\"" << Num(X(m))
+            << "\" y2=\"" << Num(y + 4) << "\"/>";
+      }
+      svg << "</g>\n";
+    }
     svg << "<circle class=\"trial\" cx=\"" << Num(x) << "\" cy=\"" << Num(y) << "\" r=\""
         << (p.policy == recommended ? 7 : 5) << "\" fill=\"" << fill << "\" stroke=\"" << stroke
         << "\" stroke-width=\"2\"/>\n";
@@ -391,6 +421,15 @@ std::string ResultSvg(const v1::Search& s) {
   svg << "<circle cx=\"" << lx + 5 << "\" cy=\"" << ly - 4
       << "\" r=\"7\" fill=\"none\" stroke=\"#2ca02c\" stroke-width=\"2\"/><text x=\"" << lx + 17
       << "\" y=\"" << ly << "\">recommended</text>\n";
+  if (any_stages) {
+    lx += 105;
+    svg << "<g stroke=\"#1f6fb2\" stroke-width=\"1\"><line x1=\"" << lx << "\" y1=\"" << ly - 4
+        << "\" x2=\"" << lx + 14 << "\" y2=\"" << ly - 4 << "\"/><line x1=\"" << lx << "\" y1=\""
+        << ly - 8 << "\" x2=\"" << lx << "\" y2=\"" << ly << "\"/><line x1=\"" << lx + 14
+        << "\" y1=\"" << ly - 8 << "\" x2=\"" << lx + 14 << "\" y2=\"" << ly
+        << "\"/></g><text x=\"" << lx + 19 << "\" y=\"" << ly
+        << "\">stage peaks (layout proxy)</text>\n";
+  }
   svg << "</g>\n";
 
   std::ostringstream out;

@@ -620,7 +620,10 @@ search::TrialResult RunDepthProxies(const TrialOptions& o) {
   }
   if (measured.size() < 2) measured.push_back(measured.front());
   search::TrialResult r = search::PredictFullDepth(o.spec, measured[0], measured[1]);
-  for (auto& rank : r.ranks) rank.rank = o.rank;
+  // A layout proxy's result already numbers every rank of the layout.
+  if (!o.spec.search.layout_proxy) {
+    for (auto& rank : r.ranks) rank.rank = o.rank;
+  }
   return r;
 }
 
@@ -990,8 +993,10 @@ search::TrialResult RunLayoutProxies(const TrialOptions& o) {
 }
 
 search::TrialResult RunTrial(const TrialOptions& o) {
-  if (o.spec.search.layout_proxy) return RunLayoutProxies(o);
+  // Depth proxies first: with layout proxies too, each cut depth runs as a layout proxy (every
+  // rank of the layout at that depth) and the line through the two gives the full depth.
   if (!o.spec.search.proxy_layers.empty()) return RunDepthProxies(o);
+  if (o.spec.search.layout_proxy) return RunLayoutProxies(o);
   return RunRank(o, /*stand_in=*/false, nullptr);
 }
 

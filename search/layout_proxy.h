@@ -33,8 +33,10 @@ namespace remat::search {
 // Slots one trial of `spec` leases: 1 with search.layout_proxy, else the layout's world size.
 int TrialSlots(const SearchSpec& spec);
 
-// The spec's own rules for search.layout_proxy (builtin backend only, not with depth proxies)
-// and the link figures are ValidateSpec's (search/spec.cc): rules of the spec.
+// The spec's own rules for search.layout_proxy (builtin backend only) and the link figures are
+// ValidateSpec's (search/spec.cc): rules of the spec. With search.proxy_layers too, the engine
+// runs the layout proxy at both cut depths and extends every rank's figures to the full depth
+// (search/depth_proxy.h): for a stage that does not fit the device even alone.
 
 // One measured rank and the stage it stands for.
 struct ProxyRole {

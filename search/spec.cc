@@ -282,11 +282,6 @@ Status ValidateSearch(const SearchOptions& s) {
       return InvalidArgument(std::string("search.layout_proxy: needs backend builtin (backend ") +
                              Name(s.backend) + " runs the real ranks)");
     }
-    if (!s.proxy_layers.empty()) {
-      return InvalidArgument(
-          "search.layout_proxy: cannot be combined with search.proxy_layers yet (each stage "
-          "proxy runs at its full depth)");
-    }
   }
   return OkStatus();
 }

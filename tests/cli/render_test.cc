@@ -580,3 +580,46 @@ TEST(Render, ListTable) {
 
 }  // namespace
 }  // namespace remat::cli
+
+namespace remat::cli {
+namespace {
+
+// A layout proxy's trial (search/layout_proxy.h): every rank of a PP 4 layout (2 ranks per
+// stage), the stages measured named in proxies[]. The report lists each stage's peak with the
+// measured ones starred, and the plot draws the stages' peaks as ticks beside the point.
+TEST(Render, LayoutProxyTrialsShowEachPipelineStagesPeak) {
+  v1::Search s;
+  s.set_id("s-layout");
+  s.set_state(v1::SEARCH_STATE_SUCCEEDED);
+  s.mutable_spec()->mutable_model()->set_seq_length(4096);
+  s.mutable_spec()->mutable_parallel()->set_pipeline_model_parallel_size(4);
+  s.set_memory_budget_bytes(80 * kGiB);
+  s.set_memory_metric("reserved");
+  const uint64_t stage_gib[4] = {57, 52, 49, 48};
+  std::vector<std::pair<uint64_t, uint64_t>> ranks;
+  for (int r = 0; r < 8; ++r) ranks.push_back({stage_gib[r / 2] * kGiB, stage_gib[r / 2] * kGiB});
+  v1::TrialResult* r = AddTrial(&s, "selective:[]", v1::TRIAL_STATUS_OK, ranks, 40)->mutable_result();
+  r->set_predicted(true);
+  for (int stage : {0, 1, 3}) {  // stage 2 interpolated
+    v1::ProxyMeasurement* p = r->add_proxies();
+    p->set_role("stage " + std::to_string(stage));
+    p->set_rank(stage * 2);
+    p->set_num_layers(20);
+  }
+  s.add_frontier("selective:[]");
+  s.set_recommendation("selective:[]");
+  std::ostringstream out;
+  RenderReport(s, out);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("predicted from 3 stage proxies"), std::string::npos) << text;
+  EXPECT_NE(text.find("a layout-proxy prediction"), std::string::npos) << text;
+  EXPECT_NE(text.find("per pipeline stage"), std::string::npos) << text;
+  EXPECT_NE(text.find("57.00*  52.00*  49.00   48.00*"), std::string::npos) << text;
+  const std::string svg = ResultSvg(s);
+  EXPECT_EQ(Count(svg, "class=\"stages\""), 1);
+  EXPECT_NE(svg.find("stage peaks (layout proxy)"), std::string::npos);
+  EXPECT_EQ(Count(svg, "<g"), Count(svg, "</g>"));
+}
+
+}  // namespace
+}  // namespace remat::cli

@@ -16,6 +16,7 @@
 #include "engine/trial_runner.h"
 #include "search/layout_proxy.h"
 #include "search/policy.h"
+#include "search/spec.h"
 #include "specfile/spec_file.h"
 #include "tests/engine/test_process.h"
 
@@ -183,6 +184,39 @@ TEST(LayoutProxyEngineTest, RunTrialPredictsEveryRankOfTheLayout) {
         << "rank " << k;
   }
   EXPECT_GT(r.step_time_s, 0);
+}
+
+// Depth proxies of a layout proxy (a stage that does not fit the device even alone): the layout
+// proxy runs at 4 and 8 layers (2 and 4 per stage of PP 2) and every rank's peak is extended to
+// 16 layers; against the layout proxy of the 16-layer model itself, within 1%.
+TEST(LayoutProxyEngineTest, DepthProxiesOfALayoutProxyPredictTheFullDepth) {
+  const std::string yaml = Yaml("  tensor_model_parallel_size: 2\n  pipeline_model_parallel_size: 2\n"
+                                "  sequence_parallel: true\n",
+                                "", "", 16);
+  auto spec = spec::ParseSpecYaml(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  TrialOptions full;
+  full.spec = *spec;
+  full.spec.search.layout_proxy = true;
+  full.policy = *search::ParsePolicy("selective:[core_attn]");
+  const search::TrialResult direct = RunTrial(full);
+  ASSERT_EQ(direct.status, search::TrialStatus::kOk) << direct.message;
+  TrialOptions cut = full;
+  cut.spec.search.proxy_layers = {4, 8};
+  ASSERT_TRUE(search::ValidateSpec(cut.spec).ok()) << search::ValidateSpec(cut.spec).message();
+  const search::TrialResult predicted = RunTrial(cut);
+  ASSERT_EQ(predicted.status, search::TrialStatus::kOk) << predicted.message;
+  EXPECT_TRUE(predicted.predicted);
+  ASSERT_EQ(predicted.ranks.size(), 4u);
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_EQ(predicted.ranks[k].rank, k);
+    EXPECT_LT(testing::RelDiff(static_cast<double>(predicted.ranks[k].peak_allocated_bytes),
+                               static_cast<double>(direct.ranks[k].peak_allocated_bytes)),
+              0.01)
+        << "rank " << k;
+  }
+  ASSERT_EQ(predicted.proxies.size(), 2u);  // the two depths
+  EXPECT_EQ(predicted.proxies[0].num_layers, 4);
 }
 
 }  // namespace
