@@ -18,7 +18,7 @@ WK=$!
 trap 'kill $WK $RD 2>/dev/null; wait 2>/dev/null' EXIT
 sleep 2
 id=$(svc remat submit "$SPEC" --coordinator $ADDR | tail -1)
-timeout 380 env LD_LIBRARY_PATH="$SVC/lib" "$SVC/bin/remat" watch "$id" --coordinator $ADDR \
+timeout ${REMAT_WATCH_TIMEOUT_S:-380} env LD_LIBRARY_PATH="$SVC/lib" "$SVC/bin/remat" watch "$id" --coordinator $ADDR \
   > "$W/watch.txt" 2>&1
 svc remat get "$id" --coordinator $ADDR --json > "$W/search.json"
 svc remat get "$id" --coordinator $ADDR --svg "$W/search.svg" > "$W/search.txt"
