@@ -175,7 +175,24 @@ std::vector<std::string> DiagnoseFragmentation(const TrialResult& trial, uint64_
                                                double ratio) {
   constexpr uint64_t kMinGap = 256ull << 20;
   std::vector<std::string> out;
-  for (const auto& r : trial.ranks) {
+  // Consecutive ranks with the same figures (a layout proxy's stage, a TP group) make one finding
+  // that names them as a range.
+  for (size_t i = 0; i < trial.ranks.size(); ++i) {
+    const RankResult& r = trial.ranks[i];
+    size_t last = i;
+    while (last + 1 < trial.ranks.size()) {
+      const RankResult& n = trial.ranks[last + 1];
+      if (n.rank != trial.ranks[last].rank + 1 ||
+          n.peak_allocated_bytes != r.peak_allocated_bytes ||
+          n.peak_reserved_bytes != r.peak_reserved_bytes || n.alloc_retries != r.alloc_retries) {
+        break;
+      }
+      ++last;
+    }
+    const std::string who = last == i ? "rank " + std::to_string(r.rank)
+                                      : "ranks " + std::to_string(r.rank) + "-" +
+                                            std::to_string(trial.ranks[last].rank);
+    i = last;
     if (r.peak_allocated_bytes == 0) continue;
     const uint64_t gap = r.peak_reserved_bytes > r.peak_allocated_bytes
                              ? r.peak_reserved_bytes - r.peak_allocated_bytes
@@ -184,15 +201,13 @@ std::vector<std::string> DiagnoseFragmentation(const TrialResult& trial, uint64_
       char pct[16];
       std::snprintf(pct, sizeof(pct), "%.0f%%", 100.0 * gap / r.peak_allocated_bytes);
       if (budget_bytes > 0 && r.peak_allocated_bytes > budget_bytes) {
-        out.push_back(trial.policy.ToString() + ": rank " + std::to_string(r.rank) +
-                      " allocated " + Gib(r.peak_allocated_bytes) + ", over the budget of " +
+        out.push_back(trial.policy.ToString() + ": " + who + " allocated " + Gib(r.peak_allocated_bytes) + ", over the budget of " +
                       Gib(budget_bytes) + " by itself: capacity, not fragmentation (reserved " +
                       Gib(r.peak_reserved_bytes) + "); allocator settings cannot fix it, "
                       "recompute or less static memory can");
         continue;
       }
-      std::string s = trial.policy.ToString() + ": rank " + std::to_string(r.rank) +
-                      " reserved " + Gib(r.peak_reserved_bytes) + " but allocated only " +
+      std::string s = trial.policy.ToString() + ": " + who + " reserved " + Gib(r.peak_reserved_bytes) + " but allocated only " +
                       Gib(r.peak_allocated_bytes) + " (" + pct +
                       " more): allocator fragmentation or caching, not activations";
       if (r.alloc_retries > 0) {

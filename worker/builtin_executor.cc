@@ -62,10 +62,13 @@ class BuiltinExecutor : public TrialExecutor {
         have_result = in && rank_file.ParseFromIstream(&in) &&
                       rank_file.status() != v1::TRIAL_STATUS_UNSPECIFIED;
       }
-      const std::string prefix = "rank " + std::to_string(r) + ": ";
+      // A layout proxy (search/layout_proxy.h) is one process that numbers the layout's ranks
+      // itself and speaks for all of them: its ranks and message stay as it wrote them.
+      const bool layout_proxy = a.spec.search.layout_proxy;
+      const std::string prefix = layout_proxy ? "" : "rank " + std::to_string(r) + ": ";
       if (have_result) {
         search::TrialResult rank_result = ResultFromWire(rank_file);
-        if (rank_result.ranks.size() == 1) rank_result.ranks[0].rank = r;
+        if (rank_result.ranks.size() == 1 && !layout_proxy) rank_result.ranks[0].rank = r;
         if (!rank_result.message.empty()) rank_result.message = prefix + rank_result.message;
         if (!exit.ok() && rank_result.status == TrialStatus::kOk) {
           rank_result.status = TrialStatus::kFailed;

@@ -54,7 +54,8 @@ search::TrialResult CombineRankResults(const Assignment& assignment,
     if (!r.message.empty()) {
       if (!message.empty()) message += "; ";
       // A layout proxy's one process speaks for every rank: no rank to name.
-      const bool layout_proxy = !r.proxies.empty() && !r.proxies.front().role.empty();
+      const bool layout_proxy = assignment.spec.search.layout_proxy ||
+                                (!r.proxies.empty() && !r.proxies.front().role.empty());
       if (first_rank != std::numeric_limits<int>::max() && r.message.rfind("rank ", 0) != 0 &&
           !layout_proxy) {
         message += "rank " + std::to_string(first_rank) + ": ";

@@ -113,6 +113,18 @@ TEST_F(BuiltinTest, OomIsAResult) {
   EXPECT_EQ(r.ranks[0].failing_request_bytes, 1u << 20);
 }
 
+// A layout proxy is one process that numbers the layout's ranks and speaks for all of them:
+// the worker keeps its rank numbers and does not pin its message on "rank 0".
+TEST_F(BuiltinTest, ALayoutProxyKeepsItsRanksAndMessage) {
+  v1::TrialAssignment a = Assignment("layout-oom", 1);
+  a.mutable_spec()->mutable_search()->set_layout_proxy(true);
+  search::TrialResult r = Run(a, Slots(1));
+  EXPECT_EQ(r.status, TrialStatus::kOom);
+  ASSERT_EQ(r.ranks.size(), 1);
+  EXPECT_EQ(r.ranks[0].rank, 12);
+  EXPECT_EQ(r.message, "layout proxy, stage 3 (rank 12): out of memory");
+}
+
 TEST_F(BuiltinTest, CrashIsFailedWithTheSignalAndStderrTail) {
   search::TrialResult r = Run(Assignment("crash", 1), Slots(1));
   EXPECT_EQ(r.status, TrialStatus::kFailed);

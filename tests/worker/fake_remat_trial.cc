@@ -11,6 +11,8 @@
 //   rank1-crash  rank 1 crashes at once; the other ranks hang
 //   rank1-oom    rank 1 writes an oom result and exits 0; the other ranks hang (as a rank whose
 //                peer left in the middle of a collective)
+//   layout-oom   a layout proxy's oom (search/layout_proxy.h): one process speaks for the layout,
+//                the stage that ran out of memory is rank 12
 // `--version` prints key=value lines.
 #include <signal.h>
 #include <unistd.h>
@@ -75,6 +77,12 @@ int main(int argc, char** argv) {
     result.set_status(remat::v1::TRIAL_STATUS_OOM);
     rr->set_failing_request_bytes(1 << 20);
     result.set_message("out of memory: tried to allocate 1 MiB");
+  } else if (mode == "layout-oom") {
+    result.set_status(remat::v1::TRIAL_STATUS_OOM);
+    result.set_predicted(true);
+    rr->set_rank(12);
+    rr->set_failing_request_bytes(1 << 20);
+    result.set_message("layout proxy, stage 3 (rank 12): out of memory");
   } else if (mode == "crash" || (mode == "rank1-crash" && rank == 1)) {
     std::cerr << "starting rank " << rank << "\nfatal: something broke in rank " << rank
               << std::endl;
