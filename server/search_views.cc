@@ -145,7 +145,8 @@ v1::SearchProgress ProgressView(const SearchRun& s, const RunTrial* last, int64_
           : static_cast<int>(s.trials.size());
   p.set_trials_planned(planned);
   if (!IsFinished(s.rec.state)) p.set_trials_planned_revised_from(s.planned_revised_from);
-  p.set_trials_running(s.running);
+  // A trial joined to another search's identical one is in progress as far as its user can tell.
+  p.set_trials_running(s.running + s.joined);
   std::vector<search::FrontierPoint> frontier = s.Frontier();
   for (const auto& f : frontier) p.add_frontier(f.policy.ToString());
   if (auto rec = search::RecommendPolicy(s.spec, s.Measured())) {
