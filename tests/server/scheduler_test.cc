@@ -521,6 +521,57 @@ TEST_F(SchedulerTest, ResultsCacheReusesMeasurementsOnTheSameHardware) {
   EXPECT_EQ(b.search_id(), budget->id());
 }
 
+// Issue 14: a trial identical to one running for another search joins it instead of running
+// twice: it takes an ok/oom result as reused, and runs itself when the one it joined fails or its
+// search is cancelled.
+TEST_F(SchedulerTest, IdenticalTrialsJoinTheOneInFlight) {
+  const std::string w = Register(1);
+  const Principal anyone = Principal::Anonymous();
+  const std::string lead = SubmitScripted("lead", kTable, {"selective:[]"}, anyone, 7);
+  v1::TrialAssignment running = LeaseOne(w);
+  ASSERT_EQ(running.search_id(), lead);
+  // Submitted while the first runs (queued after it: joins at once).
+  const std::string follow = SubmitScripted("follow", kTable, {"selective:[]"}, anyone, 7);
+  EXPECT_EQ(Get(follow).state(), v1::SEARCH_STATE_RUNNING);
+  const std::string w2 = Register(1);
+  auto none = LeaseNow(w2, 1);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->trials_size(), 0) << "the joined trial must not be handed out";
+  ASSERT_TRUE(*Report(w, running));
+  v1::Trial taken = TrialOf(Get(follow), "selective:[]");
+  EXPECT_EQ(taken.status(), v1::TRIAL_STATUS_OK);
+  EXPECT_TRUE(taken.result().reused());
+  EXPECT_EQ(Get(follow).state(), v1::SEARCH_STATE_SUCCEEDED);
+
+  // Queued before the other is leased (a second slot busy elsewhere): joins at the lease; the
+  // one it joined fails, so it goes back to its queue and runs.
+  const std::string a = SubmitScripted("a", kTable, {"full:uniform:1"}, anyone, 8);
+  const std::string b = SubmitScripted("b", kTable, {"full:uniform:1"}, anyone, 8);
+  v1::TrialAssignment first = LeaseOne(w);
+  const std::string other = first.search_id() == a ? b : a;
+  EXPECT_EQ(LeaseNow(w2, 1)->trials_size(), 0);
+  v1::TrialResult failed;
+  failed.set_status(v1::TRIAL_STATUS_FAILED);
+  failed.set_message("boom");
+  ASSERT_TRUE(*Report(w, first, failed));
+  v1::TrialAssignment again = LeaseOne(w2);
+  EXPECT_EQ(again.search_id(), other);
+  ASSERT_TRUE(*Report(w2, again));
+  EXPECT_FALSE(TrialOf(Get(other), "full:uniform:1").result().reused());
+
+  // The search it joined is cancelled: it runs itself.
+  const std::string c = SubmitScripted("c", kTable, {"selective:[core_attn]"}, anyone, 9);
+  v1::TrialAssignment c_trial = LeaseOne(w);
+  ASSERT_EQ(c_trial.search_id(), c);
+  const std::string d = SubmitScripted("d", kTable, {"selective:[core_attn]"}, anyone, 9);
+  EXPECT_EQ(LeaseNow(w2, 1)->trials_size(), 0);
+  ASSERT_TRUE(sched_->CancelSearch(anyone, c).ok());
+  v1::TrialAssignment d_trial = LeaseOne(w2);
+  EXPECT_EQ(d_trial.search_id(), d);
+  ASSERT_TRUE(*Report(w2, d_trial));
+  EXPECT_EQ(Get(d).state(), v1::SEARCH_STATE_SUCCEEDED);
+}
+
 // A measured (not replayed) result: one rank with these steps and this reserved peak.
 v1::TrialResult Measured(double reserved_gib, std::vector<double> steps, double loss = 2.0) {
   v1::TrialResult r = Entry(reserved_gib, 1).result();
