@@ -113,6 +113,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
     return absl::InvalidArgumentError(
         "max-searches-per-user/max-trials-per-user: must be 0 (no limit) or more");
   }
+  if (!(options.unserved_search_timeout_s >= 0)) {
+    return absl::InvalidArgumentError("unserved-search-timeout: must be 0 (wait for ever) or more");
+  }
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls-cert/tls-key: give both or neither");
   }
@@ -158,6 +161,7 @@ absl::Status Coordinator::Start() {
   so.max_lease_wait_s = o.max_lease_wait_s;
   so.max_searches_per_user = o.max_searches_per_user;
   so.max_trials_per_user = o.max_trials_per_user;
+  so.unserved_search_timeout_s = o.unserved_search_timeout_s;
   so.max_frontier_series = o.max_frontier_series;
   if (o.clock_ms) {
     so.monotonic_ms = o.clock_ms;

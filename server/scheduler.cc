@@ -442,6 +442,12 @@ void Scheduler::Tick() {
     if (all) st.workers_.SetConnected(*w, false);
     changed = true;
   }
+  // Searches no connected worker can run: say why, and end those that waited too long.
+  {
+    std::vector<SearchRun*> all;
+    for (auto& [id, s] : st.active_) all.push_back(s.get());
+    for (SearchRun* s : all) st.CheckServed(*s);
+  }
   // Retry what a store error left undone.
   std::vector<SearchRun*> retry;
   for (auto& [id, s] : st.active_) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "search/limits.h"
+#include "search/text.h"
 #include "server/cache_key.h"
 #include "server/metrics.h"
 #include "server/search_views.h"
@@ -228,6 +229,96 @@ void Scheduler::State::MarkRunning(SearchRun& s) {
   }
   CountState(v1::SEARCH_STATE_QUEUED, v1::SEARCH_STATE_RUNNING);
   Notify(s, nullptr);
+}
+
+std::string Scheduler::State::UnservedReason(const SearchRun& s, bool* any_connected) const {
+  *any_connected = false;
+  if (s.queue.empty() || s.running > 0 || s.joined > 0) return "";
+  const bool needs_template = s.spec.search.backend == search::Backend::kCommand;
+  bool backend_found = false;
+  int most_slots = 0;  // over connected workers that run its backend (and template)
+  for (const auto& [id, w] : workers_.all()) {
+    if (!w.connected) continue;
+    *any_connected = true;
+    if (!w.backends.empty() && w.backends.count(s.backend) == 0) continue;
+    backend_found = true;
+    if (needs_template && w.templates.count(s.spec.search.command_template) == 0) continue;
+    most_slots = std::max(most_slots, w.slots);
+  }
+  if (!*any_connected) return "waiting: no worker is connected";
+  if (!backend_found) {
+    return absl::StrCat("waiting: no connected worker runs backend ", s.backend);
+  }
+  if (most_slots == 0) {
+    return absl::StrCat("waiting: no connected worker offers command template ",
+                        search::QuoteForError(s.spec.search.command_template));
+  }
+  if (most_slots < s.world_size) {
+    return absl::StrCat("waiting: no connected worker has ", s.world_size,
+                        " slots (the trials' world size; the largest has ", most_slots, ")");
+  }
+  return "";
+}
+
+bool Scheduler::State::CheckServed(SearchRun& s) {
+  if (IsFinished(s.rec.state) || s.finalize_pending) return false;
+  bool any_connected = false;
+  const std::string reason = UnservedReason(s, &any_connected);
+  // Only a waiting message is ours to set or clear; a search's other messages are kept.
+  const bool ours = s.rec.message.rfind("waiting: ", 0) == 0;
+  if (reason != s.rec.message && (ours || s.rec.message.empty())) {
+    const std::string old = s.rec.message;
+    s.rec.message = reason;
+    absl::Status saved = SaveSearch(s);
+    if (!saved.ok()) {
+      s.rec.message = old;  // written next tick
+      log_->warn("search={} could not record its waiting message: {}", s.rec.id, saved.ToString());
+    } else {
+      if (!reason.empty()) log_->warn("search={} {}", s.rec.id, reason);
+      Notify(s, nullptr);
+    }
+  }
+  if (reason.empty() || !any_connected) {
+    s.unserved_since_ms = 0;
+    return false;
+  }
+  if (s.unserved_since_ms == 0) s.unserved_since_ms = Now();
+  const auto timeout_ms = static_cast<int64_t>(opt_.unserved_search_timeout_s * 1000);
+  if (timeout_ms <= 0 || Now() - s.unserved_since_ms < timeout_ms) return false;
+
+  // Waited long enough: the queued trials are not run (cancelled, with the reason), and the
+  // search ends with what it measured (failed when nothing).
+  const std::string why =
+      absl::StrCat(reason.substr(std::string("waiting: ").size()), " for ",
+                   absl::StrFormat("%.0f", opt_.unserved_search_timeout_s),
+                   " s (rematd --unserved-search-timeout)");
+  absl::Status st = store_->CancelSearch(s.rec.id, UnixNow(), "not run: " + why);
+  if (!st.ok()) {
+    log_->error("search={} could not record that it stopped (will retry): {}", s.rec.id,
+                st.ToString());
+    return false;
+  }
+  s.CancelAll("not run: " + why, [&](RunTrial&) {
+    if (metrics_ != nullptr) metrics_->TrialFinished(v1::TRIAL_STATUS_CANCELLED, false, 0);
+  });
+  const v1::SearchState old_state = s.rec.state;
+  s.Conclude();
+  const std::string concluded = s.rec.message;
+  if (s.rec.state == v1::SEARCH_STATE_FAILED) {
+    s.rec.message = s.done == 0 ? absl::StrCat("no trial ran: ", why)
+                                : absl::StrCat(why, "; ", concluded);
+  } else {
+    s.rec.message =
+        absl::StrCat("stopped early: ", why, concluded.empty() ? "" : "\n" + concluded);
+  }
+  st = SaveSearch(s);
+  if (!st.ok()) {
+    log_->error("search={} could not record its end: {}", s.rec.id, st.ToString());
+  }
+  CountState(old_state, s.rec.state);
+  log_->warn("search={} {}: {}", s.rec.id, StateLabel(s.rec.state), s.rec.message);
+  Retire(s);
+  return true;
 }
 
 void Scheduler::State::OfferToJoin(SearchRun& s, RunTrial& t, const WorkerEntry& w) {

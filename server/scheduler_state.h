@@ -114,6 +114,12 @@ class Scheduler::State {
   void ReleaseFollowers(const std::string& leader_id, const v1::TrialResult* result);
   // A queued search whose trial was leased or joined is running.
   void MarkRunning(SearchRun& s);
+  // Why no connected worker can run `s`'s queued trials ("waiting: ..."), "" when one can or
+  // nothing waits; *any_connected: some worker is connected at all.
+  std::string UnservedReason(const SearchRun& s, bool* any_connected) const;
+  // Keeps `s`'s waiting message up to date and fails it once it waited unserved longer than
+  // unserved_search_timeout_s (SchedulerOptions). Returns true when the search ended.
+  bool CheckServed(SearchRun& s);
 
   // Hands queued trials to worker `w` while they fit in `free` slots, fair across searches
   // (round robin). Trials found in the results cache are recorded as reused on the way.

@@ -137,6 +137,9 @@ struct SearchRun {
   // is done and nothing is outstanding, before the search concludes.
   bool remeasure_proposed = false;
   bool finalize_pending = false;             // finished, but the store write failed
+  // Since when (monotonic ms) no connected worker could run its trials while some worker was
+  // connected; 0: not waiting so (Scheduler::State::CheckServed).
+  int64_t unserved_since_ms = 0;
   int planned_shown = 0;                     // see PlannedTotal
   int planned_revised_from = 0;
 };
