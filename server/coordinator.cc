@@ -58,6 +58,7 @@ class Coordinator::Impl {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<RateLimiter> limiter_;  // before the service that uses it
   std::unique_ptr<RematServiceImpl> remat_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<grpc::Server> server_;
@@ -112,6 +113,12 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   if (options.max_searches_per_user < 0 || options.max_trials_per_user < 0) {
     return absl::InvalidArgumentError(
         "max-searches-per-user/max-trials-per-user: must be 0 (no limit) or more");
+  }
+  if (!(options.user_rate_limit >= 0)) {
+    return absl::InvalidArgumentError("user-rate-limit: must be 0 (no limit) or more");
+  }
+  if (!(options.user_rate_burst >= 1)) {
+    return absl::InvalidArgumentError("user-rate-burst: must be at least 1");
   }
   if (!(options.unserved_search_timeout_s >= 0)) {
     return absl::InvalidArgumentError("unserved-search-timeout: must be 0 (wait for ever) or more");
@@ -170,8 +177,10 @@ absl::Status Coordinator::Start() {
   im.scheduler_ = std::make_unique<Scheduler>(so, im.store_.get(), im.metrics_.get());
   REMAT_RETURN_IF_ERROR(im.scheduler_->Resume());
 
-  im.remat_service_ =
-      std::make_unique<RematServiceImpl>(im.scheduler_.get(), &im.auth_, im.metrics_.get());
+  im.limiter_ = std::make_unique<RateLimiter>(
+      RateLimitOptions{o.user_rate_limit, o.user_rate_burst}, o.clock_ms);
+  im.remat_service_ = std::make_unique<RematServiceImpl>(im.scheduler_.get(), &im.auth_,
+                                                         im.metrics_.get(), im.limiter_.get());
   im.worker_service_ =
       std::make_unique<WorkerServiceImpl>(im.scheduler_.get(), &im.auth_, im.metrics_.get());
   grpc::EnableDefaultHealthCheckService(true);
