@@ -253,6 +253,7 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
     out << "no recommendation: " << s.message() << "\n";
   } else if (s.state() == v1::SEARCH_STATE_QUEUED || s.state() == v1::SEARCH_STATE_RUNNING) {
     out << "no recommendation yet\n";
+    if (!s.message().empty()) out << s.message() << "\n";  // why it waits
   }
 
   // Numerical sanity and provenance.
@@ -303,7 +304,8 @@ void RenderList(const v1::ListSearchesResponse& list, std::ostream& out) {
     out << Pad(s.id(), id_w) << "  " << Pad(s.name(), name_w) << "  " << Pad(s.owner(), owner_w)
         << "  " << Pad(StateName(s.state()), 10)
         << Pad(std::to_string(s.trials_done()) + "/" + std::to_string(s.trials_planned()), 9)
-        << (s.has_recommendation() ? s.recommendation() : "-") << "\n";
+        << (s.has_recommendation() ? s.recommendation() : "-")
+        << (s.message().empty() ? "" : "  (" + s.message() + ")") << "\n";
   }
 }
 
@@ -329,6 +331,7 @@ std::string ProgressLine(const v1::SearchProgress& p, bool tty) {
                        std::to_string(p.trials_running()) + " running, " + Duration(p.elapsed_s()) +
                        " elapsed, ETA " + eta;
     if (!best.empty()) line += ", best " + best;
+    if (!p.message().empty()) line += ", " + p.message();
     return line;
   }
   std::string line = "progress: " + std::to_string(p.trials_done()) + "/" + total +
@@ -336,6 +339,7 @@ std::string ProgressLine(const v1::SearchProgress& p, bool tty) {
                      Duration(p.elapsed_s()) + " elapsed, ETA " + eta + ", state " +
                      StateName(p.state());
   line += best.empty() ? "; no point fits yet" : "; best so far: " + best;
+  if (!p.message().empty()) line += "; " + p.message();
   return line;
 }
 

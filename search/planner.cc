@@ -119,8 +119,9 @@ std::vector<Candidate> FullRecomputePlan(const SearchSpec& spec) {
 //              when no selective policy fits as measured and none is predicted to.
 // While nothing fits, the policy with the highest predicted throughput among those predicted to
 // fit goes first (under recommend: the plan's order first, and full recompute only once no
-// selective policy may fit). Beyond the plan nothing is proposed on the model alone: while nothing
-// fits and trials are outstanding, the strategy waits for them.
+// selective policy may fit). Beyond the plan (under recommend: beyond the control) a proposal
+// waits for the results of every trial proposed before it: the choices are a function of the
+// measurements alone, whatever the number of slots or the order results arrive in (issue 14).
 class GuidedStrategy : public Strategy {
  public:
   explicit GuidedStrategy(const SearchSpec& spec)
@@ -188,11 +189,14 @@ class GuidedStrategy : public Strategy {
     for (const auto& c : plan_) {
       if (!tried_.count(c.policy.ToString())) return c;
     }
+    // Beyond the plan every choice rests on measurements: it waits for every trial proposed
+    // before it, so what a search chooses depends on its results alone, never on how many
+    // slots ran it or which result came first (two identical searches, one of them reusing the
+    // other's results from the cache, make the same choices).
+    if (Outstanding()) return std::nullopt;
     const auto results = Results();
     if (ComputeFrontier(results, spec_.search.memory_metric, spec_.search.MemoryBudgetBytes())
             .empty()) {
-      // What is still running may fit: wait for it rather than guess from the model alone.
-      if (Outstanding()) return std::nullopt;
       return NextToFit(spec_.search.MemoryBudgetBytes());
     }
     return NextForFrontier(results);
@@ -317,8 +321,10 @@ class GuidedStrategy : public Strategy {
     const MemoryMetric metric = spec_.search.memory_metric;
     // The control anchors every prediction: it always runs first.
     if (!plan_.empty() && !tried_.count(plan_.front().policy.ToString())) return plan_.front();
+    // Every later choice rests on measurements: it waits for every trial proposed before it
+    // (see NextCandidate), which also covers "what is still running may fit".
+    if (Outstanding()) return std::nullopt;
     const auto rec = RecommendPolicy(spec_, results);
-    if (!rec && Outstanding()) return std::nullopt;  // what is still running may fit
     // Full recompute only when no selective policy fits as measured and none is predicted to.
     bool selective_may_fit = false;
     for (const auto& r : results) {

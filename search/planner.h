@@ -59,6 +59,9 @@ class Strategy {
 // `recommend` measures only what could change the recommendation (RecommendPolicy) and tries
 // full recompute only when no selective policy fits, as measured or predicted. Both walk the
 // initial plan first and predict every other policy from the measurements (search/predict.h).
+// Beyond the plan (under recommend: beyond the control) a proposal waits for the results of every
+// trial proposed before it, so the trials a guided search runs are a function of its results
+// alone, whatever the number of slots or the order results arrive in.
 std::unique_ptr<Strategy> MakeStrategy(const SearchSpec& spec);
 std::unique_ptr<Strategy> MakeGuidedStrategy(const SearchSpec& spec);
 std::unique_ptr<Strategy> MakeExhaustiveStrategy(const SearchSpec& spec);

@@ -132,6 +132,9 @@ Status ValidateModel(const ModelSpec& m, const ParallelSpec& p) {
     if (m.moe_shared_expert_intermediate_size) moe_only = "model.moe_shared_expert_intermediate_size";
     if (m.moe_shared_expert_overlap) moe_only = "model.moe_shared_expert_overlap";
     if (m.overlap_moe_expert_parallel_comm) moe_only = "model.overlap_moe_expert_parallel_comm";
+    // A layer pattern, or a frequency other than Megatron's default of 1, places MoE layers in a
+    // model that has none: the spec says two contradicting things, so neither is guessed.
+    if (!m.moe_layer_pattern.empty() || m.moe_layer_freq != 1) moe_only = "model.moe_layer_freq";
     if (moe_only) {
       return InvalidArgument(std::string(moe_only) +
                              ": needs a mixture-of-experts model (set model.num_moe_experts)");

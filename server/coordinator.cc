@@ -58,6 +58,7 @@ class Coordinator::Impl {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<RateLimiter> limiter_;  // before the service that uses it
   std::unique_ptr<RematServiceImpl> remat_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<grpc::Server> server_;
@@ -113,6 +114,15 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
     return absl::InvalidArgumentError(
         "max-searches-per-user/max-trials-per-user: must be 0 (no limit) or more");
   }
+  if (!(options.user_rate_limit >= 0)) {
+    return absl::InvalidArgumentError("user-rate-limit: must be 0 (no limit) or more");
+  }
+  if (!(options.user_rate_burst >= 1)) {
+    return absl::InvalidArgumentError("user-rate-burst: must be at least 1");
+  }
+  if (!(options.unserved_search_timeout_s >= 0)) {
+    return absl::InvalidArgumentError("unserved-search-timeout: must be 0 (wait for ever) or more");
+  }
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls-cert/tls-key: give both or neither");
   }
@@ -158,6 +168,7 @@ absl::Status Coordinator::Start() {
   so.max_lease_wait_s = o.max_lease_wait_s;
   so.max_searches_per_user = o.max_searches_per_user;
   so.max_trials_per_user = o.max_trials_per_user;
+  so.unserved_search_timeout_s = o.unserved_search_timeout_s;
   so.max_frontier_series = o.max_frontier_series;
   if (o.clock_ms) {
     so.monotonic_ms = o.clock_ms;
@@ -166,8 +177,10 @@ absl::Status Coordinator::Start() {
   im.scheduler_ = std::make_unique<Scheduler>(so, im.store_.get(), im.metrics_.get());
   REMAT_RETURN_IF_ERROR(im.scheduler_->Resume());
 
-  im.remat_service_ =
-      std::make_unique<RematServiceImpl>(im.scheduler_.get(), &im.auth_, im.metrics_.get());
+  im.limiter_ = std::make_unique<RateLimiter>(
+      RateLimitOptions{o.user_rate_limit, o.user_rate_burst}, o.clock_ms);
+  im.remat_service_ = std::make_unique<RematServiceImpl>(im.scheduler_.get(), &im.auth_,
+                                                         im.metrics_.get(), im.limiter_.get());
   im.worker_service_ =
       std::make_unique<WorkerServiceImpl>(im.scheduler_.get(), &im.auth_, im.metrics_.get());
   grpc::EnableDefaultHealthCheckService(true);

@@ -59,6 +59,15 @@ struct CoordinatorOptions {
   // RESOURCE_EXHAUSTED. 0: no limit.
   int max_searches_per_user = 100;
   int64_t max_trials_per_user = 100000;
+  // A search no connected worker can run (backend, command template, world size) says why in
+  // its message at once and fails after this many seconds of it while any worker is connected;
+  // 0: waits for ever (SchedulerOptions::unserved_search_timeout_s).
+  double unserved_search_timeout_s = 600;
+  // Per user, requests to the user API (RematService): `user_rate_burst` at once, then
+  // `user_rate_limit` per second; a call over it is RESOURCE_EXHAUSTED (rate_limiter.h).
+  // user_rate_limit 0: no limit.
+  double user_rate_limit = 20;
+  double user_rate_burst = 100;
   // remat_frontier_points has one series per active search (removed when it ends); this caps
   // how many, so the label stays bounded however many searches run at once.
   int max_frontier_series = 200;

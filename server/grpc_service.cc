@@ -12,14 +12,20 @@
 namespace remat::server {
 namespace {
 
+// The caller, authenticated; for a user, also admitted by `limiter` (may be null): a user over
+// their request rate is RESOURCE_EXHAUSTED (rate_limiter.h).
 absl::StatusOr<Principal> Authorize(grpc::CallbackServerContext* ctx, const Authenticator* auth,
-                                    Role role) {
+                                    Role role, RateLimiter* limiter = nullptr) {
   std::string_view token;
   const auto& md = ctx->client_metadata();
   if (auto it = md.find("authorization"); it != md.end()) {
     token = std::string_view(it->second.data(), it->second.size());
   }
-  return auth->Check(role, token);
+  absl::StatusOr<Principal> who = auth->Check(role, token);
+  if (who.ok() && role == Role::kUser && limiter != nullptr) {
+    if (absl::Status admitted = limiter->Admit(who->name); !admitted.ok()) return admitted;
+  }
+  return who;
 }
 
 // Runs `body` (returning absl::StatusOr<Response>) for an authorized caller and finishes the
@@ -35,10 +41,10 @@ void Observe(Metrics* metrics, const char* method, RpcClock::time_point start) {
 template <typename Response, typename Body>
 grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const Authenticator* auth,
                                 Metrics* metrics, const char* method, Role role,
-                                Response* response, Body body) {
+                                Response* response, Body body, RateLimiter* limiter = nullptr) {
   const auto start = RpcClock::now();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  auto who = Authorize(ctx, auth, role);
+  auto who = Authorize(ctx, auth, role, limiter);
   if (!who.ok()) {
     reactor->Finish(ToGrpcStatus(who.status()));
     return reactor;
@@ -180,14 +186,16 @@ grpc::ServerUnaryReactor* RematServiceImpl::SubmitSearch(grpc::CallbackServerCon
                                                          const v1::SubmitSearchRequest* request,
                                                          v1::SubmitSearchResponse* response) {
   return Unary(ctx, auth_, metrics_, "SubmitSearch", Role::kUser, response,
-               [&](const Principal& who) { return scheduler_->SubmitSearch(who, *request); });
+               [&](const Principal& who) { return scheduler_->SubmitSearch(who, *request); },
+               limiter_);
 }
 
 grpc::ServerUnaryReactor* RematServiceImpl::GetSearch(grpc::CallbackServerContext* ctx,
                                                       const v1::GetSearchRequest* request,
                                                       v1::Search* response) {
   return Unary(ctx, auth_, metrics_, "GetSearch", Role::kUser, response,
-               [&](const Principal& who) { return scheduler_->GetSearch(who, request->id()); });
+               [&](const Principal& who) { return scheduler_->GetSearch(who, request->id()); },
+               limiter_);
 }
 
 grpc::ServerWriteReactor<v1::SearchProgress>* RematServiceImpl::WatchSearch(
@@ -195,7 +203,7 @@ grpc::ServerWriteReactor<v1::SearchProgress>* RematServiceImpl::WatchSearch(
   auto core = std::make_shared<WatchReactor::Core>();
   auto* reactor = new WatchReactor(scheduler_, core);
   core->reactor = reactor;
-  auto who = Authorize(ctx, auth_, Role::kUser);
+  auto who = Authorize(ctx, auth_, Role::kUser, limiter_);
   if (!who.ok()) {
     reactor->Finish(ToGrpcStatus(who.status()));
     core->reactor = nullptr;
@@ -210,7 +218,7 @@ grpc::ServerUnaryReactor* RematServiceImpl::CancelSearch(grpc::CallbackServerCon
                                                          v1::CancelSearchResponse* response) {
   return Unary(ctx, auth_, metrics_, "CancelSearch", Role::kUser, response, [&](const Principal& who) {
     return scheduler_->CancelSearch(who, request->id());
-  });
+  }, limiter_);
 }
 
 grpc::ServerUnaryReactor* RematServiceImpl::ListSearches(grpc::CallbackServerContext* ctx,
@@ -218,7 +226,7 @@ grpc::ServerUnaryReactor* RematServiceImpl::ListSearches(grpc::CallbackServerCon
                                                          v1::ListSearchesResponse* response) {
   return Unary(ctx, auth_, metrics_, "ListSearches", Role::kUser, response, [&](const Principal& who) {
     return scheduler_->ListSearches(who, request->limit());
-  });
+  }, limiter_);
 }
 
 // ----------------------------------------------------------------------------- WorkerService

@@ -12,6 +12,7 @@
 #include "remat/v1/remat.grpc.pb.h"
 #include "server/auth.h"
 #include "server/metrics.h"
+#include "server/rate_limiter.h"
 #include "server/scheduler.h"
 
 namespace remat::server {
@@ -21,9 +22,11 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 class RematServiceImpl final : public v1::RematService::CallbackService {
  public:
-  // `metrics` may be null.
-  RematServiceImpl(Scheduler* scheduler, const Authenticator* auth, Metrics* metrics)
-      : scheduler_(scheduler), auth_(auth), metrics_(metrics) {}
+  // `metrics` and `limiter` may be null (no metrics, no rate limit). Every call of an
+  // authenticated user is first admitted by `limiter` (RESOURCE_EXHAUSTED over the user's rate).
+  RematServiceImpl(Scheduler* scheduler, const Authenticator* auth, Metrics* metrics,
+                   RateLimiter* limiter = nullptr)
+      : scheduler_(scheduler), auth_(auth), metrics_(metrics), limiter_(limiter) {}
 
   grpc::ServerUnaryReactor* SubmitSearch(grpc::CallbackServerContext* ctx,
                                          const v1::SubmitSearchRequest* request,
@@ -44,6 +47,7 @@ class RematServiceImpl final : public v1::RematService::CallbackService {
   Scheduler* scheduler_;
   const Authenticator* auth_;
   Metrics* metrics_;
+  RateLimiter* limiter_;
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {

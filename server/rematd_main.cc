@@ -53,6 +53,16 @@ static int RealMain(int argc, char** argv) {
   app.add_option("--max-trials-per-user", options.max_trials_per_user,
                  "trials one user's searches may still run (0: no limit)")
       ->capture_default_str();
+  app.add_option("--user-rate-limit", options.user_rate_limit,
+                 "requests per second one user may make to the user API, after the burst "
+                 "(0: no limit)")
+      ->capture_default_str();
+  app.add_option("--user-rate-burst", options.user_rate_burst,
+                 "requests one user may make at once")
+      ->capture_default_str();
+  app.add_option("--unserved-search-timeout", options.unserved_search_timeout_s,
+                 "seconds a search no connected worker can run waits before it fails (0: for ever)")
+      ->capture_default_str();
   app.add_option("--drain", drain_s, "seconds to let calls finish on SIGTERM")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical, off")

@@ -137,9 +137,11 @@ absl::StatusOr<v1::CancelSearchResponse> Scheduler::CancelSearch(const Principal
   const std::string message =
       who.name.empty() ? "cancelled" : absl::StrCat("cancelled by ", who.name);
   REMAT_RETURN_IF_ERROR(st.store_->CancelSearch(id, st.UnixNow(), message));
+  std::vector<std::string> stopped;  // its running trials: others' joined trials run instead
   s.CancelAll(message, [&](RunTrial& t) {
     if (t.rec.status == v1::TRIAL_STATUS_RUNNING) {
       st.workers_.DropLease(t.rec.worker_id, t.rec.id, s.world_size);
+      stopped.push_back(t.rec.id);
     }
     if (st.metrics_ != nullptr) st.metrics_->TrialFinished(v1::TRIAL_STATUS_CANCELLED, false, 0);
   });
@@ -148,6 +150,8 @@ absl::StatusOr<v1::CancelSearchResponse> Scheduler::CancelSearch(const Principal
   s.rec.message = message;
   st.log_->info("search={} {}", id, message);
   st.Retire(s);
+  for (const std::string& trial_id : stopped) st.ReleaseFollowers(trial_id, nullptr);
+  if (!stopped.empty()) st.ServeWaiters();
   out.set_state(v1::SEARCH_STATE_CANCELLED);
   return out;
 }
@@ -438,6 +442,12 @@ void Scheduler::Tick() {
     }
     if (all) st.workers_.SetConnected(*w, false);
     changed = true;
+  }
+  // Searches no connected worker can run: say why, and end those that waited too long.
+  {
+    std::vector<SearchRun*> all;
+    for (auto& [id, s] : st.active_) all.push_back(s.get());
+    for (SearchRun* s : all) st.CheckServed(*s);
   }
   // Retry what a store error left undone.
   std::vector<SearchRun*> retry;

@@ -68,6 +68,11 @@ struct SchedulerOptions {
   // Per owner (CoordinatorOptions): active searches and their trials not yet final; 0 = any.
   int max_searches_per_user = 100;
   int64_t max_trials_per_user = 100000;
+  // A search whose trials no connected worker can run (backend, command template, or world size
+  // over every worker's slots) says why in its message at once ("waiting: ..."), and fails after
+  // this many seconds of it while some worker is connected (0: waits for ever). With no worker
+  // connected at all it waits without a deadline (the pool is still coming up).
+  double unserved_search_timeout_s = 600;
   // Monotonic milliseconds for leases and long polls, and Unix milliseconds for timestamps.
   std::function<int64_t()> monotonic_ms;
   std::function<int64_t()> unix_ms;

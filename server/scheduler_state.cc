@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "search/limits.h"
+#include "search/text.h"
 #include "server/cache_key.h"
 #include "server/metrics.h"
 #include "server/search_views.h"
@@ -91,12 +92,18 @@ void Scheduler::State::Refill(SearchRun& s, int64_t free_slots) {
                 records.size(), st.ToString());
     return;
   }
+  bool joined = false;
   for (RunTrial* t : s.Enqueue(std::move(records))) {
     log_->debug("search={} trial={} queued policy={} reason=\"{}\"", s.rec.id, t->rec.id,
                 t->rec.policy, t->rec.reason);
     trial_index_[t->rec.id] = {&s, t};
+    joined = JoinRunning(s, *t) || joined;
   }
   UpdateReady(s);
+  if (joined) {
+    MarkRunning(s);
+    Refill(s, free_slots);  // joined trials left the queue, as leased ones do
+  }
 }
 
 bool Scheduler::State::MaybeFinish(SearchRun& s) {
@@ -150,8 +157,14 @@ void Scheduler::State::PublishFrontier(SearchRun& s) {
 
 bool Scheduler::State::Apply(SearchRun& s, RunTrial& t, const v1::TrialResult& result,
                              const std::string& by_worker) {
+  const bool was_running = t.rec.status == v1::TRIAL_STATUS_RUNNING;
+  const std::string trial_id = t.rec.id;
+  // What a worker measured for the strategy's own trial is what the cache would keep.
+  const bool shareable =
+      was_running && !by_worker.empty() && !t.remeasure &&
+      (result.status() == v1::TRIAL_STATUS_OK || result.status() == v1::TRIAL_STATUS_OOM);
   double duration_s = 0;
-  if (t.rec.status == v1::TRIAL_STATUS_RUNNING) {
+  if (was_running) {
     duration_s = (Now() - t.leased_ms) / 1000.0;
     workers_.DropLease(t.rec.worker_id, t.rec.id, s.world_size);
   }
@@ -165,7 +178,9 @@ bool Scheduler::State::Apply(SearchRun& s, RunTrial& t, const v1::TrialResult& r
   Refill(s);
   Notify(s, &t);
   PublishFrontier(s);
-  return MaybeFinish(s);
+  const bool ended = MaybeFinish(s);  // may destroy s and t
+  if (was_running) ReleaseFollowers(trial_id, shareable ? &result : nullptr);
+  return ended;
 }
 
 bool Scheduler::State::LoseLease(SearchRun& s, RunTrial& t, const std::string& reason) {
@@ -192,6 +207,7 @@ bool Scheduler::State::LoseLease(SearchRun& s, RunTrial& t, const std::string& r
   workers_.DropLease(t.rec.worker_id, t.rec.id, s.world_size);
   s.Requeue(t);
   UpdateReady(s);
+  ReleaseFollowers(t.rec.id, nullptr);
   log_->warn("search={} trial={} requeued after attempt {}: {}", s.rec.id, t.rec.id, t.rec.attempts,
              reason);
   return true;
@@ -201,6 +217,184 @@ void Scheduler::State::Lease(SearchRun& s, RunTrial& t, WorkerEntry& w, int32_t 
   s.MarkLeased(t, attempt, w.rec.id, Now());
   UpdateReady(s);
   workers_.AddLease(w, t.rec.id, s.world_size);
+  OfferToJoin(s, t, w);
+}
+
+void Scheduler::State::MarkRunning(SearchRun& s) {
+  if (s.rec.state != v1::SEARCH_STATE_QUEUED) return;
+  s.rec.state = v1::SEARCH_STATE_RUNNING;
+  absl::Status saved = SaveSearch(s);
+  if (!saved.ok()) {
+    log_->warn("search={} could not record state running: {}", s.rec.id, saved.ToString());
+  }
+  CountState(v1::SEARCH_STATE_QUEUED, v1::SEARCH_STATE_RUNNING);
+  Notify(s, nullptr);
+}
+
+std::string Scheduler::State::UnservedReason(const SearchRun& s, bool* any_connected) const {
+  *any_connected = false;
+  if (s.queue.empty() || s.running > 0 || s.joined > 0) return "";
+  const bool needs_template = s.spec.search.backend == search::Backend::kCommand;
+  bool backend_found = false;
+  int most_slots = 0;  // over connected workers that run its backend (and template)
+  for (const auto& [id, w] : workers_.all()) {
+    if (!w.connected) continue;
+    *any_connected = true;
+    if (!w.backends.empty() && w.backends.count(s.backend) == 0) continue;
+    backend_found = true;
+    if (needs_template && w.templates.count(s.spec.search.command_template) == 0) continue;
+    most_slots = std::max(most_slots, w.slots);
+  }
+  if (!*any_connected) return "waiting: no worker is connected";
+  if (!backend_found) {
+    return absl::StrCat("waiting: no connected worker runs backend ", s.backend);
+  }
+  if (most_slots == 0) {
+    return absl::StrCat("waiting: no connected worker offers command template ",
+                        search::QuoteForError(s.spec.search.command_template));
+  }
+  if (most_slots < s.world_size) {
+    return absl::StrCat("waiting: no connected worker has ", s.world_size,
+                        " slots (the trials' world size; the largest has ", most_slots, ")");
+  }
+  return "";
+}
+
+bool Scheduler::State::CheckServed(SearchRun& s) {
+  if (IsFinished(s.rec.state) || s.finalize_pending) return false;
+  bool any_connected = false;
+  const std::string reason = UnservedReason(s, &any_connected);
+  // Only a waiting message is ours to set or clear; a search's other messages are kept.
+  const bool ours = s.rec.message.rfind("waiting: ", 0) == 0;
+  if (reason != s.rec.message && (ours || s.rec.message.empty())) {
+    const std::string old = s.rec.message;
+    s.rec.message = reason;
+    absl::Status saved = SaveSearch(s);
+    if (!saved.ok()) {
+      s.rec.message = old;  // written next tick
+      log_->warn("search={} could not record its waiting message: {}", s.rec.id, saved.ToString());
+    } else {
+      if (!reason.empty()) log_->warn("search={} {}", s.rec.id, reason);
+      Notify(s, nullptr);
+    }
+  }
+  if (reason.empty() || !any_connected) {
+    s.unserved_since_ms = 0;
+    return false;
+  }
+  if (s.unserved_since_ms == 0) s.unserved_since_ms = Now();
+  const auto timeout_ms = static_cast<int64_t>(opt_.unserved_search_timeout_s * 1000);
+  if (timeout_ms <= 0 || Now() - s.unserved_since_ms < timeout_ms) return false;
+
+  // Waited long enough: the queued trials are not run (cancelled, with the reason), and the
+  // search ends with what it measured (failed when nothing).
+  const std::string why =
+      absl::StrCat(reason.substr(std::string("waiting: ").size()), " for ",
+                   absl::StrFormat("%.0f", opt_.unserved_search_timeout_s),
+                   " s (rematd --unserved-search-timeout)");
+  absl::Status st = store_->CancelSearch(s.rec.id, UnixNow(), "not run: " + why);
+  if (!st.ok()) {
+    log_->error("search={} could not record that it stopped (will retry): {}", s.rec.id,
+                st.ToString());
+    return false;
+  }
+  s.CancelAll("not run: " + why, [&](RunTrial&) {
+    if (metrics_ != nullptr) metrics_->TrialFinished(v1::TRIAL_STATUS_CANCELLED, false, 0);
+  });
+  const v1::SearchState old_state = s.rec.state;
+  s.Conclude();
+  const std::string concluded = s.rec.message;
+  if (s.rec.state == v1::SEARCH_STATE_FAILED) {
+    s.rec.message = s.done == 0 ? absl::StrCat("no trial ran: ", why)
+                                : absl::StrCat(why, "; ", concluded);
+  } else {
+    s.rec.message =
+        absl::StrCat("stopped early: ", why, concluded.empty() ? "" : "\n" + concluded);
+  }
+  st = SaveSearch(s);
+  if (!st.ok()) {
+    log_->error("search={} could not record its end: {}", s.rec.id, st.ToString());
+  }
+  CountState(old_state, s.rec.state);
+  log_->warn("search={} {}: {}", s.rec.id, StateLabel(s.rec.state), s.rec.message);
+  Retire(s);
+  return true;
+}
+
+void Scheduler::State::OfferToJoin(SearchRun& s, RunTrial& t, const WorkerEntry& w) {
+  if (t.remeasure) return;
+  const std::string key = CacheKey(s, t, w);
+  running_keys_[t.rec.id] = key;
+  std::vector<SearchRun*> joined_in;
+  for (auto& [id, other] : active_) {
+    if (other.get() == &s || IsFinished(other->rec.state) || other->finalize_pending) continue;
+    const std::vector<RunTrial*> queued(other->queue.begin(), other->queue.end());
+    bool any = false;
+    for (RunTrial* q : queued) {
+      if (q->remeasure || q->rec.policy != t.rec.policy || CacheKey(*other, *q, w) != key) continue;
+      other->Join(*q, t.rec.id);
+      followers_[t.rec.id].push_back(q->rec.id);
+      log_->info("search={} trial={} joined trial={} of search={} (the same measurement)",
+                 other->rec.id, q->rec.id, t.rec.id, s.rec.id);
+      any = true;
+    }
+    if (any) joined_in.push_back(other.get());
+  }
+  for (SearchRun* o : joined_in) {
+    UpdateReady(*o);
+    MarkRunning(*o);
+    Refill(*o);
+  }
+}
+
+bool Scheduler::State::JoinRunning(SearchRun& s, RunTrial& t) {
+  if (t.remeasure) return false;
+  for (const auto& [leader_id, key] : running_keys_) {
+    auto it = trial_index_.find(leader_id);
+    if (it == trial_index_.end()) continue;
+    const auto [ls, lt] = it->second;
+    if (ls == &s || lt->rec.policy != t.rec.policy || lt->rec.status != v1::TRIAL_STATUS_RUNNING) {
+      continue;
+    }
+    const WorkerEntry* lw = workers_.Find(lt->rec.worker_id);
+    if (lw == nullptr || CacheKey(s, t, *lw) != key) continue;
+    s.Join(t, leader_id);
+    followers_[leader_id].push_back(t.rec.id);
+    log_->info("search={} trial={} joined trial={} of search={} (the same measurement)", s.rec.id,
+               t.rec.id, leader_id, ls->rec.id);
+    return true;
+  }
+  return false;
+}
+
+void Scheduler::State::ReleaseFollowers(const std::string& leader_id,
+                                        const v1::TrialResult* result) {
+  running_keys_.erase(leader_id);
+  auto f = followers_.find(leader_id);
+  if (f == followers_.end()) return;
+  const std::vector<std::string> ids = std::move(f->second);
+  followers_.erase(f);
+  for (const std::string& id : ids) {
+    auto it = trial_index_.find(id);
+    if (it == trial_index_.end()) continue;  // its search ended
+    auto [s, t] = it->second;
+    if (t->joined_to != leader_id) continue;  // cancelled, or leased since
+    if (result != nullptr) {
+      v1::TrialResult taken = ResultOfTrial(*t, *result);
+      taken.set_reused(true);
+      auto recorded = store_->RecordResult(t->rec.id, taken, "", "");
+      if (recorded.ok()) {
+        Apply(*s, *t, taken, "");
+        continue;
+      }
+      log_->warn("search={} trial={} could not record the joined result (running it): {}",
+                 s->rec.id, id, recorded.status().ToString());
+    }
+    s->Unjoin(*t);
+    UpdateReady(*s);
+    log_->info("search={} trial={} queued again: trial={} it joined ended without a result",
+               s->rec.id, id, leader_id);
+  }
 }
 
 std::string Scheduler::State::CacheKey(const SearchRun& s, const RunTrial& t,
@@ -270,6 +464,12 @@ absl::StatusOr<v1::LeaseTrialResponse> Scheduler::State::Allocate(WorkerEntry& w
       result.set_reused(true);
       auto recorded = store_->RecordResult(t.rec.id, result, "", "");
       if (!recorded.ok()) return recorded.status();
+      // As a lease would: the trial leaves the queue and the search proposes its next trial
+      // before it sees this result, so a search that finds its trials cached chooses what the
+      // search that measured them chose (it does not get ahead of what that one knew).
+      s->queue.erase(std::remove(s->queue.begin(), s->queue.end(), &t), s->queue.end());
+      UpdateReady(*s);
+      Refill(*s);
       Apply(*s, t, result, "");  // may retire *s
       continue;
     }
@@ -298,15 +498,7 @@ absl::StatusOr<v1::LeaseTrialResponse> Scheduler::State::Allocate(WorkerEntry& w
     log_->info("search={} trial={} leased to worker={} attempt={} policy={}", s->rec.id, t.rec.id,
                w.rec.id, attempt, t.rec.policy);
 
-    if (s->rec.state == v1::SEARCH_STATE_QUEUED) {
-      s->rec.state = v1::SEARCH_STATE_RUNNING;
-      absl::Status saved = SaveSearch(*s);
-      if (!saved.ok()) {
-        log_->warn("search={} could not record state running: {}", s->rec.id, saved.ToString());
-      }
-      CountState(v1::SEARCH_STATE_QUEUED, v1::SEARCH_STATE_RUNNING);
-      Notify(*s, nullptr);
-    }
+    MarkRunning(*s);
     Refill(*s);
   }
   return out;
@@ -371,6 +563,7 @@ absl::Status Scheduler::State::ResumeFromStore() {
           // Still leased: the worker may report it; silent for a lease timeout = requeued.
           workers_.Touch(*w, Now());
           workers_.AddLease(*w, t.rec.id, s.world_size);
+          if (!t.remeasure) running_keys_[t.rec.id] = CacheKey(s, t, *w);
           t.leased_ms = t.confirmed_ms = Now();
           ++kept;
           return true;

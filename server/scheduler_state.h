@@ -96,6 +96,31 @@ class Scheduler::State {
   // The results cache key of trial `t` measured by worker `w`.
   std::string CacheKey(const SearchRun& s, const RunTrial& t, const WorkerEntry& w) const;
 
+  // Joining (issue 14: identical searches give identical answers whatever their timing). A
+  // queued trial whose results-cache key equals that of a trial running for another search (the
+  // key as if it ran on that trial's worker) does not run: it joins the running one, leaves its
+  // queue (its search proposes its next trial then, as a lease would make it) and takes the
+  // result when the running trial reports ok or oom. When the running trial ends otherwise (a
+  // failure, a lost lease, a cancelled search) its joined trials go back to the front of their
+  // queues. A re-measure neither joins nor is joined (it must measure again).
+  //
+  // `t` of `s` was just leased to `w`: it may be joined from now on, and identical trials queued
+  // in other searches join it now.
+  void OfferToJoin(SearchRun& s, RunTrial& t, const WorkerEntry& w);
+  // Joins queued trial `t` of `s` to an identical running trial of another search, if any.
+  bool JoinRunning(SearchRun& s, RunTrial& t);
+  // Trial `leader_id` stopped running: its joined trials take `result` (as reused) when it is
+  // not null, or go back to the front of their queues.
+  void ReleaseFollowers(const std::string& leader_id, const v1::TrialResult* result);
+  // A queued search whose trial was leased or joined is running.
+  void MarkRunning(SearchRun& s);
+  // Why no connected worker can run `s`'s queued trials ("waiting: ..."), "" when one can or
+  // nothing waits; *any_connected: some worker is connected at all.
+  std::string UnservedReason(const SearchRun& s, bool* any_connected) const;
+  // Keeps `s`'s waiting message up to date and fails it once it waited unserved longer than
+  // unserved_search_timeout_s (SchedulerOptions). Returns true when the search ended.
+  bool CheckServed(SearchRun& s);
+
   // Hands queued trials to worker `w` while they fit in `free` slots, fair across searches
   // (round robin). Trials found in the results cache are recorded as reused on the way.
   // Stops adding trials before the reply outgrows limits::kMaxLeaseReplyBytes (one trial always
@@ -120,6 +145,8 @@ class Scheduler::State {
   std::map<std::string, std::unique_ptr<SearchRun>> active_;
   std::unordered_map<std::string, std::pair<SearchRun*, RunTrial*>> trial_index_;
   std::set<std::string> ready_;  // searches with queued trials
+  std::unordered_map<std::string, std::string> running_keys_;  // running trial id -> cache key
+  std::unordered_map<std::string, std::vector<std::string>> followers_;  // id -> joined trial ids
   std::string cursor_;           // round robin: the search served last
   WorkerRegistry workers_;
   std::map<v1::SearchState, int64_t> state_counts_;

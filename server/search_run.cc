@@ -301,6 +301,10 @@ std::vector<RunTrial*> SearchRun::Enqueue(std::vector<TrialRecord> stored) {
 void SearchRun::MarkLeased(RunTrial& t, int32_t attempt, const std::string& worker_id,
                            int64_t now_ms) {
   queue.erase(std::remove(queue.begin(), queue.end(), &t), queue.end());
+  if (!t.joined_to.empty()) {  // re-adopted by a worker that still ran it (Heartbeat)
+    t.joined_to.clear();
+    --joined;
+  }
   t.rec.status = v1::TRIAL_STATUS_RUNNING;
   t.rec.attempts = attempt;
   t.rec.worker_id = worker_id;
@@ -311,6 +315,18 @@ void SearchRun::MarkLeased(RunTrial& t, int32_t attempt, const std::string& work
 void SearchRun::Requeue(RunTrial& t) {
   --running;
   t.rec.status = v1::TRIAL_STATUS_PENDING;
+  queue.push_front(&t);
+}
+
+void SearchRun::Join(RunTrial& t, const std::string& leader_id) {
+  queue.erase(std::remove(queue.begin(), queue.end(), &t), queue.end());
+  t.joined_to = leader_id;
+  ++joined;
+}
+
+void SearchRun::Unjoin(RunTrial& t) {
+  t.joined_to.clear();
+  --joined;
   queue.push_front(&t);
 }
 v1::TrialResult ResultOfTrial(const RunTrial& t, v1::TrialResult result) {
@@ -329,6 +345,9 @@ void SearchRun::MarkFinal(RunTrial& t, const v1::TrialResult& result,
                           const std::string& by_worker) {
   if (t.rec.status == v1::TRIAL_STATUS_RUNNING) {
     --running;
+  } else if (!t.joined_to.empty()) {
+    t.joined_to.clear();
+    --joined;
   } else if (t.rec.status == v1::TRIAL_STATUS_PENDING) {
     queue.erase(std::remove(queue.begin(), queue.end(), &t), queue.end());
   }
@@ -348,9 +367,11 @@ void SearchRun::CancelAll(const std::string& message,
     on_cancel(*t);
     t->rec.status = v1::TRIAL_STATUS_CANCELLED;
     t->rec.result = CoordinatorResult(*t, v1::TRIAL_STATUS_CANCELLED, message);
+    t->joined_to.clear();
   }
   queue.clear();
   running = 0;
+  joined = 0;
   unsaved.clear();
 }
 

@@ -50,6 +50,10 @@ struct RunTrial {
   // A second measurement of a near-tie (search/remeasure.h): not the strategy's, and never
   // taken from the results cache (that would return the first measurement).
   bool remeasure = false;
+  // Joined: the running trial (of another search) with the same results-cache key whose result
+  // this one takes when it ends ok or oom (Scheduler::State::Join); "" otherwise. A joined trial
+  // is pending in the store and in no queue; it counts as outstanding.
+  std::string joined_to;
   int64_t leased_ms = 0;     // monotonic time of the current lease
   int64_t confirmed_ms = 0;  // last time the holder listed it in a heartbeat (or leased it)
 };
@@ -86,8 +90,10 @@ struct SearchRun {
   // shown before the last raise (0: never raised), so progress can say it was revised.
   int PlannedTotal() const;
   void RevisePlannedTotal();
-  // Anything queued, leased, or proposed and not yet stored.
-  bool Outstanding() const { return !queue.empty() || running > 0 || !unsaved.empty(); }
+  // Anything queued, leased, joined to another search's trial, or proposed and not yet stored.
+  bool Outstanding() const {
+    return !queue.empty() || running > 0 || joined > 0 || !unsaved.empty();
+  }
   // With backend replay: the table's entry for `policy` (nullptr when absent or not replay).
   const v1::ReplayEntry* ReplayFor(const std::string& policy) const;
 
@@ -100,6 +106,10 @@ struct SearchRun {
   // Trial moves (the store already has them).
   void MarkLeased(RunTrial& t, int32_t attempt, const std::string& worker_id, int64_t now_ms);
   void Requeue(RunTrial& t);  // a lost lease: back to the front of the queue
+  // A queued trial waits for `leader_id`'s result instead of running (it leaves the queue); Unjoin
+  // puts it back at the front of the queue (the leader ended without a result to share).
+  void Join(RunTrial& t, const std::string& leader_id);
+  void Unjoin(RunTrial& t);
   // A final result (ResultOfTrial / CoordinatorResult): the trial leaves the queue or its
   // lease, the strategy observes it.
   void MarkFinal(RunTrial& t, const v1::TrialResult& result, const std::string& by_worker);
@@ -120,6 +130,7 @@ struct SearchRun {
   std::vector<std::unique_ptr<RunTrial>> trials;  // proposal order
   std::deque<RunTrial*> queue;                    // pending, in the order they should run
   int running = 0;
+  int joined = 0;  // trials joined to another search's running trial
   int done = 0;
   std::vector<search::TrialResult> results;  // finished (re-measures included), in that order
   std::vector<search::Candidate> unsaved;    // proposed, not yet written to the store
@@ -127,6 +138,9 @@ struct SearchRun {
   // is done and nothing is outstanding, before the search concludes.
   bool remeasure_proposed = false;
   bool finalize_pending = false;             // finished, but the store write failed
+  // Since when (monotonic ms) no connected worker could run its trials while some worker was
+  // connected; 0: not waiting so (Scheduler::State::CheckServed).
+  int64_t unserved_since_ms = 0;
   int planned_shown = 0;                     // see PlannedTotal
   int planned_revised_from = 0;
 };

@@ -145,7 +145,9 @@ v1::SearchProgress ProgressView(const SearchRun& s, const RunTrial* last, int64_
           : static_cast<int>(s.trials.size());
   p.set_trials_planned(planned);
   if (!IsFinished(s.rec.state)) p.set_trials_planned_revised_from(s.planned_revised_from);
-  p.set_trials_running(s.running);
+  // A trial joined to another search's identical one is in progress as far as its user can tell.
+  p.set_trials_running(s.running + s.joined);
+  if (!IsFinished(s.rec.state)) p.set_message(s.rec.message);
   std::vector<search::FrontierPoint> frontier = s.Frontier();
   for (const auto& f : frontier) p.add_frontier(f.policy.ToString());
   if (auto rec = search::RecommendPolicy(s.spec, s.Measured())) {
@@ -195,6 +197,7 @@ v1::SearchSummary SummaryView(const SearchSummaryRecord& row) {
   s.set_trials_done(row.trials_done);
   s.set_trials_planned(std::max(row.search.trials_planned, row.trials_done));
   if (row.search.recommendation) s.set_recommendation(*row.search.recommendation);
+  if (!IsFinished(row.search.state)) s.set_message(row.search.message);
   s.set_created_unix_ms(row.search.created_unix_ms);
   return s;
 }

@@ -6,8 +6,11 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string_view>
+#include <vector>
 
 #include "common/read_file.h"
 #include "search/limits.h"
@@ -43,46 +46,53 @@ std::string KeyPath(const std::string& path, const std::string& key) {
 // tree is small once aliases are expanded (an alias bomb is a few lines of text).
 class TreeCheck {
  public:
-  Status Check(const YAML::Node& node, const std::string& path, int depth) {
+  // The path of each node is kept as parts and spelled out only for an error: a spec is checked
+  // on every read (and by the fuzzer millions of times), and building a string per node was most
+  // of the check's cost.
+  Status Check(const YAML::Node& node, int depth) {
     if (++nodes_ > limits::kMaxYamlNodes) {
       return InvalidArgument("spec: more than " + std::to_string(limits::kMaxYamlNodes) +
                              " values (aliases that expand?)");
     }
-    const std::string where = path.empty() ? "spec" : path;
-    if (depth > limits::kMaxYamlDepth) return InvalidArgument(where + ": nested too deeply");
+    if (depth > limits::kMaxYamlDepth) return InvalidArgument(Where() + ": nested too deeply");
     switch (node.Type()) {
       case YAML::NodeType::Scalar: {
         const std::string& v = node.Scalar();
-        if (!search::IsValidUtf8(v)) return InvalidArgument(where + ": not valid UTF-8");
+        if (!search::IsValidUtf8(v)) return InvalidArgument(Where() + ": not valid UTF-8");
         if (v.size() > limits::kMaxStringValueBytes) {
-          return InvalidArgument(where + ": a value longer than " +
+          return InvalidArgument(Where() + ": a value longer than " +
                                  std::to_string(limits::kMaxStringValueBytes) + " bytes");
         }
         return search::OkStatus();
       }
       case YAML::NodeType::Sequence:
         for (size_t i = 0; i < node.size(); ++i) {
-          REMAT_SEARCH_RETURN_IF_ERROR(Check(node[i], path + "[" + std::to_string(i) + "]",
-                                             depth + 1));
+          parts_.push_back({nullptr, i});
+          Status st = Check(node[i], depth + 1);
+          parts_.pop_back();
+          if (!st.ok()) return st;
         }
         return search::OkStatus();
       case YAML::NodeType::Map: {
-        std::set<std::string> keys;
+        std::set<std::string_view> keys;
         for (const auto& kv : node) {
           if (!kv.first.IsScalar()) {
-            return InvalidArgument(where + ": a key must be a plain string, got a " +
+            return InvalidArgument(Where() + ": a key must be a plain string, got a " +
                                    (kv.first.IsSequence() ? "list" : "mapping"));
           }
-          const std::string& key = kv.first.Scalar();
+          const std::string& key = kv.first.Scalar();  // owned by the tree, which outlives this
           if (!search::IsValidUtf8(key) || key.size() > limits::kMaxNameBytes) {
-            return InvalidArgument(where + ": a key must be UTF-8 of at most " +
+            return InvalidArgument(Where() + ": a key must be UTF-8 of at most " +
                                    std::to_string(limits::kMaxNameBytes) + " bytes, got " +
                                    Quote(key));
           }
           if (!keys.insert(key).second) {
-            return InvalidArgument(KeyPath(path, key) + ": duplicate key");
+            return InvalidArgument(KeyPath(Path(), key) + ": duplicate key");
           }
-          REMAT_SEARCH_RETURN_IF_ERROR(Check(kv.second, KeyPath(path, key), depth + 1));
+          parts_.push_back({&key, 0});
+          Status st = Check(kv.second, depth + 1);
+          parts_.pop_back();
+          if (!st.ok()) return st;
         }
         return search::OkStatus();
       }
@@ -92,7 +102,26 @@ class TreeCheck {
   }
 
  private:
+  struct Part {
+    const std::string* key;  // null: a list index
+    size_t index;
+  };
+
+  // `model.num_layers`, `search.proxy_layers[1]` ("" at the top).
+  std::string Path() const {
+    std::string path;
+    for (const Part& p : parts_) {
+      path = p.key != nullptr ? KeyPath(path, *p.key) : path + "[" + std::to_string(p.index) + "]";
+    }
+    return path;
+  }
+  std::string Where() const {
+    std::string path = Path();
+    return path.empty() ? "spec" : path;
+  }
+
   size_t nodes_ = 0;
+  std::vector<Part> parts_;
 };
 
 // YAML text is UTF-8 unless a byte-order mark says UTF-16 or UTF-32 (which yaml-cpp reads).
@@ -121,7 +150,15 @@ Status CheckEncoding(const std::string& text) {
 // be refused by name. Type errors name the full key path.
 class Section {
  public:
-  Section(const YAML::Node& node, std::string path) : node_(node), path_(std::move(path)) {}
+  // Indexes the mapping's keys once (TreeCheck made them unique scalars): yaml-cpp looks a key
+  // up by converting every key of the mapping to a string and comparing, and a non-const lookup
+  // of an absent key adds a node to the mapping; a section asks for ~60 keys.
+  Section(const YAML::Node& node, std::string path) : node_(node), path_(std::move(path)) {
+    if (!node_ || !node_.IsMap()) return;
+    for (const auto& kv : node_) {
+      if (kv.first.IsScalar()) index_.emplace(kv.first.Scalar(), Field{kv.second, false});
+    }
+  }
 
   Status CheckIsMap() const {
     if (node_ && !node_.IsNull() && !node_.IsMap()) {
@@ -134,9 +171,10 @@ class Section {
 
   // The node for `key`, or an undefined/null node when absent.
   YAML::Node Get(const std::string& key) {
-    seen_.insert(key);
-    if (!node_ || !node_.IsMap()) return YAML::Node();
-    return node_[key];
+    auto it = index_.find(key);
+    if (it == index_.end()) return absent_;
+    it->second.seen = true;
+    return it->second.node;
   }
 
   Status Int(const std::string& key, int* out) {
@@ -234,7 +272,8 @@ class Section {
     for (const auto& kv : node_) {
       // Keys are scalars: TreeCheck ran first.
       const std::string& key = kv.first.Scalar();
-      if (!seen_.count(key)) return InvalidArgument(Key(key) + ": unknown key");
+      auto it = index_.find(key);
+      if (it == index_.end() || !it->second.seen) return InvalidArgument(Key(key) + ": unknown key");
     }
     return search::OkStatus();
   }
@@ -262,7 +301,12 @@ class Section {
  private:
   YAML::Node node_;
   std::string path_;
-  std::set<std::string> seen_;
+  struct Field {
+    YAML::Node node;
+    bool seen;  // asked for: RejectUnknown refuses the keys nobody asked for
+  };
+  std::map<std::string, Field, std::less<>> index_;
+  YAML::Node absent_{YAML::NodeType::Undefined};  // what Get returns for a key not there
 };
 
 Status ReadModel(Section& s, search::ModelSpec* m) {
@@ -559,7 +603,7 @@ StatusOr<search::SearchSpec> ParseSpecYaml(const std::string& yaml_text) {
     return InvalidArgument("spec: not valid YAML: " + OneLine(e.what()));
   }
   if (!root || !root.IsMap()) return InvalidArgument("spec: must be a YAML mapping");
-  REMAT_SEARCH_RETURN_IF_ERROR(TreeCheck().Check(root, "", 0));
+  REMAT_SEARCH_RETURN_IF_ERROR(TreeCheck().Check(root, 0));
   // Whatever the tree check missed, a conversion that throws is bad input, not a crash.
   try {
     return ReadSpec(root);

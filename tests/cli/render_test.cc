@@ -576,6 +576,14 @@ TEST(Render, ListTable) {
   RenderList(list, out);
   EXPECT_NE(out.str().find("s-1  llama  alice  running   2/9      -"), std::string::npos)
       << out.str();
+  // Why a search waits is on its row (issue 14).
+  s->set_state(v1::SEARCH_STATE_QUEUED);
+  s->set_message("waiting: no connected worker offers command template \"x\"");
+  std::ostringstream waiting;
+  RenderList(list, waiting);
+  EXPECT_NE(waiting.str().find("-  (waiting: no connected worker offers command template \"x\")"),
+            std::string::npos)
+      << waiting.str();
 }
 
 }  // namespace

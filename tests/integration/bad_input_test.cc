@@ -65,6 +65,8 @@ TEST_F(BadInputTest, RematPlanValidateAndSearchRefuseBadSpecs) {
        "parallel.data_parallel_size: 100000000 is above"},
       {Write("steps.yaml", kModel + "search:\n  measure_steps: 2147483647\n"),
        "search.measure_steps: 2147483647 is above"},
+      {Write("dense-moe-freq.yaml", kModel + "  moe_layer_freq: [1, 2, 3]\n"),
+       "model.moe_layer_freq: needs a mixture-of-experts model"},
   };
   for (const Case& c : cases) {
     ExpectRefused(cluster_.Remat({"plan", c.path, "--json"}, false), c.start, "plan " + c.path);

@@ -273,6 +273,55 @@ TEST_F(ServiceTest, TlsForClientsAndWorkers) {
   ExpectCorrectFrontier(result, table);
 }
 
+// Issue 14: the same guided spec submitted twice, the second while the first's trials are in
+// flight, gives the same trials and the same answer: the second search joins the first's running
+// trials and takes its cached results without getting ahead of what the first knew when it chose.
+// Each round: one worker with `slots` slots, the second submit after `head_start` trials of the
+// first are done (0: at once, so the second's trials join the first's running ones).
+TEST_F(ServiceTest, IdenticalSearchesGiveIdenticalAnswersWhateverTheirTiming) {
+  cluster_.StartCoordinator();
+  struct Round {
+    int slots;
+    int head_start;
+  };
+  const Round rounds[] = {{1, 0}, {1, 3}, {2, 2}, {2, 0}};
+  int n = 0;
+  for (const Round& round : rounds) {
+    SCOPED_TRACE("slots " + std::to_string(round.slots) + ", head start " +
+                 std::to_string(round.head_start));
+    Daemon* worker = cluster_.StartWorker(round.slots);
+    const json table = MakeReplayTable(/*seed=*/60 + n, /*wall_s=*/0.3);
+    const std::string spec = cluster_.WriteReplaySpec("same" + std::to_string(n++), table,
+                                                      "guided", /*budget_gib=*/8);
+    const std::string first = cluster_.Submit(spec);
+    cluster_.WaitFor(first, [&](const json& j) {
+      return j["trials_done"].get<int>() >= round.head_start;
+    });
+    const std::string second = cluster_.Submit(spec);
+    const json a = cluster_.WaitFinal(first, 90);
+    const json b = cluster_.WaitFinal(second, 90);
+    ASSERT_EQ(a["state"], "succeeded") << a.dump();
+    ASSERT_EQ(b["state"], "succeeded") << b.dump();
+    std::vector<std::string> pa = Policies(a), pb = Policies(b);
+    EXPECT_EQ(pa.size(), pb.size()) << a.dump() << "\n" << b.dump();
+    EXPECT_EQ(std::set<std::string>(pa.begin(), pa.end()),
+              std::set<std::string>(pb.begin(), pb.end()));
+    EXPECT_EQ(a["frontier"], b["frontier"]);
+    EXPECT_EQ(a["recommendation"], b["recommendation"]);
+    // Each policy measured once between the two: the other search's trial joined it while it
+    // ran, or took its result from the cache after (re-measures of near-ties excepted).
+    std::map<std::string, int> measured;
+    for (const json* j : {&a, &b}) {
+      for (const auto& t : (*j)["trials"]) {
+        if (!t["remeasure"].get<bool>() && !t["reused"].get<bool>()) ++measured[t["policy"]];
+      }
+    }
+    for (const std::string& p : pa) EXPECT_EQ(measured[p], 1) << p << "\n" << a.dump() << "\n" << b.dump();
+    worker->Kill(SIGTERM);
+    worker->Wait(10);
+  }
+}
+
 TEST_F(ServiceTest, PromtoolAcceptsTheMetricsPage) {
   if (access("/usr/bin/promtool", X_OK) != 0 && access("/usr/local/bin/promtool", X_OK) != 0) {
     GTEST_SKIP() << "promtool not installed (Debian package prometheus)";

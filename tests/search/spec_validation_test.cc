@@ -82,6 +82,10 @@ TEST(SpecValidationTest, EveryBadFieldIsNamed) {
        [](SearchSpec& s) { s.model.num_moe_experts = 4; s.model.moe_layer_pattern = {1, 0}; }},
       {"model.moe_shared_expert_intermediate_size",
        [](SearchSpec& s) { s.model.moe_shared_expert_intermediate_size = 128; }},
+      // Issue 14: an MoE layer pattern (or frequency) on a dense model describes nothing.
+      {"model.moe_layer_freq", [](SearchSpec& s) { s.model.moe_layer_pattern = {1, 2, 3}; }},
+      {"model.moe_layer_freq", [](SearchSpec& s) { s.model.moe_layer_pattern = {0, 1, 0, 1}; }},
+      {"model.moe_layer_freq", [](SearchSpec& s) { s.model.moe_layer_freq = 2; }},
       {"model.experimental_attention_variant",
        [](SearchSpec& s) { s.model.experimental_attention_variant = "mamba"; }},
       {"parallel.tensor_model_parallel_size",

@@ -440,6 +440,40 @@ TEST_F(GrpcTest, ServesTlsWhenGivenACertificate) {
             grpc::StatusCode::UNAUTHENTICATED);
 }
 
+// Issue 14: one user over their request rate is refused with RESOURCE_EXHAUSTED and a one-line
+// reason; another user is not slowed down.
+TEST_F(GrpcTest, UsersOverTheirRequestRateAreRefused) {
+  TempDir dir;
+  CoordinatorOptions o;
+  o.user_tokens_file = dir.Write("users", "alice-token alice\nbob-token bob\n");
+  o.user_rate_limit = 0.01;  // no refill within the test
+  o.user_rate_burst = 3;
+  Start(o);
+  v1::ListSearchesRequest list;
+  v1::ListSearchesResponse got;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(users_->ListSearches(Ctx("alice-token").get(), list, &got).ok()) << i;
+  }
+  grpc::Status over = users_->ListSearches(Ctx("alice-token").get(), list, &got);
+  EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(over.error_message().rfind("user alice is over 0.01 requests/s (burst 3); retry in ", 0),
+            0u)
+      << over.error_message();
+  EXPECT_EQ(over.error_message().find('\n'), std::string::npos);
+  // Every user call counts, a watch too.
+  v1::WatchSearchRequest watch;
+  watch.set_id("s-none");
+  auto ctx = Ctx("alice-token");
+  auto stream = users_->WatchSearch(ctx.get(), watch);
+  v1::SearchProgress p;
+  EXPECT_FALSE(stream->Read(&p));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(users_->ListSearches(Ctx("bob-token").get(), list, &got).ok());
+  // A bad token is refused as such, not counted against anyone.
+  EXPECT_EQ(users_->ListSearches(Ctx("nope").get(), list, &got).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+}
+
 TEST(CoordinatorOptionsTest, BadOptionsNameTheOption) {
   CoordinatorOptions o;
   o.db_path = ":memory:";
@@ -454,6 +488,16 @@ TEST(CoordinatorOptionsTest, BadOptionsNameTheOption) {
   o.tls_cert_file.clear();
   o.user_tokens_file = "/nonexistent/users";
   EXPECT_NE(Coordinator::Create(o).status().message().find("user-tokens"), std::string::npos);
+  o.user_tokens_file.clear();
+  o.user_rate_limit = -1;
+  EXPECT_NE(Coordinator::Create(o).status().message().find("user-rate-limit"), std::string::npos);
+  o.user_rate_limit = 20;
+  o.user_rate_burst = 0.5;
+  EXPECT_NE(Coordinator::Create(o).status().message().find("user-rate-burst"), std::string::npos);
+  o.user_rate_burst = 100;
+  o.unserved_search_timeout_s = -1;
+  EXPECT_NE(Coordinator::Create(o).status().message().find("unserved-search-timeout"),
+            std::string::npos);
 }
 
 // ------------------------------------------------------------------------------ metrics page

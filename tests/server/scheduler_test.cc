@@ -521,6 +521,137 @@ TEST_F(SchedulerTest, ResultsCacheReusesMeasurementsOnTheSameHardware) {
   EXPECT_EQ(b.search_id(), budget->id());
 }
 
+// Issue 14: a trial identical to one running for another search joins it instead of running
+// twice: it takes an ok/oom result as reused, and runs itself when the one it joined fails or its
+// search is cancelled.
+TEST_F(SchedulerTest, IdenticalTrialsJoinTheOneInFlight) {
+  const std::string w = Register(1);
+  const Principal anyone = Principal::Anonymous();
+  const std::string lead = SubmitScripted("lead", kTable, {"selective:[]"}, anyone, 7);
+  v1::TrialAssignment running = LeaseOne(w);
+  ASSERT_EQ(running.search_id(), lead);
+  // Submitted while the first runs (queued after it: joins at once).
+  const std::string follow = SubmitScripted("follow", kTable, {"selective:[]"}, anyone, 7);
+  EXPECT_EQ(Get(follow).state(), v1::SEARCH_STATE_RUNNING);
+  const std::string w2 = Register(1);
+  auto none = LeaseNow(w2, 1);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->trials_size(), 0) << "the joined trial must not be handed out";
+  ASSERT_TRUE(*Report(w, running));
+  v1::Trial taken = TrialOf(Get(follow), "selective:[]");
+  EXPECT_EQ(taken.status(), v1::TRIAL_STATUS_OK);
+  EXPECT_TRUE(taken.result().reused());
+  EXPECT_EQ(Get(follow).state(), v1::SEARCH_STATE_SUCCEEDED);
+
+  // Queued before the other is leased (a second slot busy elsewhere): joins at the lease; the
+  // one it joined fails, so it goes back to its queue and runs.
+  const std::string a = SubmitScripted("a", kTable, {"full:uniform:1"}, anyone, 8);
+  const std::string b = SubmitScripted("b", kTable, {"full:uniform:1"}, anyone, 8);
+  v1::TrialAssignment first = LeaseOne(w);
+  const std::string other = first.search_id() == a ? b : a;
+  EXPECT_EQ(LeaseNow(w2, 1)->trials_size(), 0);
+  v1::TrialResult failed;
+  failed.set_status(v1::TRIAL_STATUS_FAILED);
+  failed.set_message("boom");
+  ASSERT_TRUE(*Report(w, first, failed));
+  v1::TrialAssignment again = LeaseOne(w2);
+  EXPECT_EQ(again.search_id(), other);
+  ASSERT_TRUE(*Report(w2, again));
+  EXPECT_FALSE(TrialOf(Get(other), "full:uniform:1").result().reused());
+
+  // The search it joined is cancelled: it runs itself.
+  const std::string c = SubmitScripted("c", kTable, {"selective:[core_attn]"}, anyone, 9);
+  v1::TrialAssignment c_trial = LeaseOne(w);
+  ASSERT_EQ(c_trial.search_id(), c);
+  const std::string d = SubmitScripted("d", kTable, {"selective:[core_attn]"}, anyone, 9);
+  EXPECT_EQ(LeaseNow(w2, 1)->trials_size(), 0);
+  ASSERT_TRUE(sched_->CancelSearch(anyone, c).ok());
+  v1::TrialAssignment d_trial = LeaseOne(w2);
+  EXPECT_EQ(d_trial.search_id(), d);
+  ASSERT_TRUE(*Report(w2, d_trial));
+  EXPECT_EQ(Get(d).state(), v1::SEARCH_STATE_SUCCEEDED);
+}
+
+// Issue 14: a search no connected worker can run says why at once (get, watch, list), runs as
+// soon as one that can registers, and fails after unserved_search_timeout_s of it otherwise.
+TEST_F(SchedulerTest, UnservedSearchSaysWhyAndFailsAfterABoundedWait) {
+  sched_.reset();
+  options_.unserved_search_timeout_s = 60;
+  StartScheduler();
+  search::SearchSpec spec = SmallSpec("cmd");
+  spec.search.backend = search::Backend::kCommand;
+  spec.search.command_template = "megatron-8b";
+  auto submit = [&] {
+    auto r = sched_->SubmitSearch(Principal::Anonymous(), Submit(spec, {}));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->id() : "";
+  };
+  // No worker at all: it says so and waits without a deadline.
+  const std::string id = submit();
+  sched_->Tick();
+  EXPECT_EQ(Get(id).message(), "waiting: no worker is connected");
+  clock_.Advance(3600);
+  sched_->Tick();
+  EXPECT_EQ(Get(id).state(), v1::SEARCH_STATE_QUEUED);
+
+  // A worker without the template: the reason names it, in get, watch and list.
+  v1::RegisterRequest plain = Worker(1);
+  plain.add_backends("command");
+  const std::string w = sched_->Register(plain)->worker_id();
+  sched_->Tick();
+  const std::string why = "waiting: no connected worker offers command template \"megatron-8b\"";
+  EXPECT_EQ(Get(id).message(), why);
+  v1::SearchProgress progress;
+  auto watch = sched_->Watch(Principal::Anonymous(), id, [] {});
+  ASSERT_TRUE(watch.ok());
+  ASSERT_EQ(sched_->PollWatch(*watch, &progress), Scheduler::WatchPoll::kUpdate);
+  EXPECT_EQ(progress.message(), why);
+  sched_->Unwatch(*watch);
+  auto list = sched_->ListSearches(Principal::Anonymous(), 10);
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->searches(0).message(), why);
+  EXPECT_EQ(LeaseNow(w, 1)->trials_size(), 0);
+
+  // One that offers it arrives: the message goes, its trial is leased.
+  clock_.Advance(30);
+  v1::RegisterRequest with = plain;
+  with.add_command_templates("megatron-8b");
+  const std::string w2 = sched_->Register(with)->worker_id();
+  sched_->Tick();
+  EXPECT_EQ(Get(id).message(), "");
+  EXPECT_EQ(LeaseOne(w2).search_id(), id);
+  ASSERT_TRUE(sched_->CancelSearch(Principal::Anonymous(), id).ok());
+
+  // Only the worker without it stays connected: the next search fails after 60 s of waiting.
+  clock_.Advance(20);
+  sched_->Heartbeat([&] {
+    v1::HeartbeatRequest h;
+    h.set_worker_id(w);
+    return h;
+  }());
+  sched_->Tick();  // w2 is silent: lost
+  const std::string second = submit();
+  sched_->Tick();
+  EXPECT_EQ(Get(second).message(), why);
+  for (int i = 0; i < 7; ++i) {
+    clock_.Advance(10);
+    sched_->Heartbeat([&] {
+      v1::HeartbeatRequest h;
+      h.set_worker_id(w);
+      return h;
+    }());
+    sched_->Tick();
+  }
+  const v1::Search failed = Get(second);
+  EXPECT_EQ(failed.state(), v1::SEARCH_STATE_FAILED);
+  EXPECT_EQ(failed.message(),
+            "no trial ran: no connected worker offers command template \"megatron-8b\" for 60 s "
+            "(rematd --unserved-search-timeout)");
+  for (const v1::Trial& t : failed.trials()) {
+    EXPECT_EQ(t.result().status(), v1::TRIAL_STATUS_CANCELLED);
+  }
+}
+
 // A measured (not replayed) result: one rank with these steps and this reserved peak.
 v1::TrialResult Measured(double reserved_gib, std::vector<double> steps, double loss = 2.0) {
   v1::TrialResult r = Entry(reserved_gib, 1).result();
