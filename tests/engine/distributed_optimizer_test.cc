@@ -15,6 +15,7 @@
 #include "search/memory_model.h"
 #include "search/policy.h"
 #include "specfile/spec_file.h"
+#include "tests/engine/test_models.h"
 #include "tests/engine/test_process.h"
 
 namespace remat::engine {
@@ -29,22 +30,7 @@ const std::string kTrial = REMAT_TRIAL_PATH;
 // A tiny model in fp32; `parallel` and `extra_model` are YAML lines added to their sections.
 std::string Yaml(bool distributed, const std::string& parallel, const std::string& extra_model = "",
                  const std::string& extra_train = "") {
-  return "name: tiny-distopt\n"
-         "model:\n"
-         "  num_layers: 2\n"
-         "  hidden_size: 64\n"
-         "  num_attention_heads: 4\n"
-         "  num_query_groups: 2\n"
-         "  ffn_hidden_size: 128\n"
-         "  gated_linear_unit: true\n"
-         "  normalization: RMSNorm\n"
-         "  seq_length: 32\n"
-         "  vocab_size: 256\n"
-         "  attention_dropout: 0.0\n"
-         "  hidden_dropout: 0.0\n"
-         "  add_bias_linear: false\n"
-         "  position_embedding_type: rope\n" +
-         extra_model +
+  return "name: tiny-distopt\n" + testing::TinyRankModelYaml(2, 32, extra_model) +
          "train:\n"
          "  micro_batch_size: 2\n"
          "  precision: fp32\n" + extra_train +

@@ -18,6 +18,7 @@
 #include "search/policy.h"
 #include "search/spec.h"
 #include "specfile/spec_file.h"
+#include "tests/engine/test_models.h"
 #include "tests/engine/test_process.h"
 
 namespace remat::engine {
@@ -30,21 +31,7 @@ const std::string kTrial = REMAT_TRIAL_PATH;
 // The tiny model of these layouts (bench/engine/proxy_vs_real.py writes the same specs).
 std::string Yaml(const std::string& parallel, const std::string& model_extra,
                  const std::string& train_extra, int layers, int seq = 32) {
-  return "name: tiny-layout\n"
-         "model:\n"
-         "  num_layers: " + std::to_string(layers) + "\n"
-         "  hidden_size: 64\n"
-         "  num_attention_heads: 4\n"
-         "  num_query_groups: 2\n"
-         "  ffn_hidden_size: 128\n"
-         "  gated_linear_unit: true\n"
-         "  normalization: RMSNorm\n"
-         "  seq_length: " + std::to_string(seq) + "\n"
-         "  vocab_size: 256\n"
-         "  attention_dropout: 0.0\n"
-         "  hidden_dropout: 0.0\n"
-         "  add_bias_linear: false\n"
-         "  position_embedding_type: rope\n" + model_extra +
+  return "name: tiny-layout\n" + testing::TinyRankModelYaml(layers, seq, model_extra) +
          "train:\n"
          "  micro_batch_size: 2\n"
          "  global_batch_size: 8\n"

@@ -14,6 +14,7 @@
 #include "search/memory_model.h"
 #include "search/policy.h"
 #include "specfile/spec_file.h"
+#include "tests/engine/test_models.h"
 #include "tests/engine/test_process.h"
 
 namespace remat::engine {
@@ -29,21 +30,7 @@ const std::string kTrial = REMAT_TRIAL_PATH;
 
 // A tiny dense model; `train` and `parallel` are YAML lines added to their sections.
 std::string Yaml(const std::string& train, const std::string& parallel, int layers = 4) {
-  return "name: tiny-pp\n"
-         "model:\n"
-         "  num_layers: " + std::to_string(layers) + "\n"
-         "  hidden_size: 64\n"
-         "  num_attention_heads: 4\n"
-         "  num_query_groups: 2\n"
-         "  ffn_hidden_size: 128\n"
-         "  gated_linear_unit: true\n"
-         "  normalization: RMSNorm\n"
-         "  seq_length: 32\n"
-         "  vocab_size: 256\n"
-         "  attention_dropout: 0.0\n"
-         "  hidden_dropout: 0.0\n"
-         "  add_bias_linear: false\n"
-         "  position_embedding_type: rope\n"
+  return "name: tiny-pp\n" + testing::TinyRankModelYaml(layers, 32) +
          "train:\n"
          "  precision: fp32\n" + train +
          "parallel:\n" + (parallel.empty() ? "  tensor_model_parallel_size: 1\n" : parallel) +

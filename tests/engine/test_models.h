@@ -5,9 +5,32 @@
 // layer's backward transient.
 #pragma once
 
+#include <string>
+
 #include "search/spec.h"
 
 namespace remat::engine::testing {
+
+// The `model:` section of the tiny dense model the multi-rank tests write as YAML for their
+// remat-trial processes (pipeline, distributed optimizer, layout proxies): hidden 64, 4 heads in 2
+// query groups, SwiGLU FFN 128, RMSNorm, vocabulary 256, RoPE, no dropout, no biases.
+// `extra` lines are added to the section.
+inline std::string TinyRankModelYaml(int layers, int seq_length, const std::string& extra = "") {
+  return "model:\n"
+         "  num_layers: " + std::to_string(layers) + "\n"
+         "  hidden_size: 64\n"
+         "  num_attention_heads: 4\n"
+         "  num_query_groups: 2\n"
+         "  ffn_hidden_size: 128\n"
+         "  gated_linear_unit: true\n"
+         "  normalization: RMSNorm\n"
+         "  seq_length: " + std::to_string(seq_length) + "\n"
+         "  vocab_size: 256\n"
+         "  attention_dropout: 0.0\n"
+         "  hidden_dropout: 0.0\n"
+         "  add_bias_linear: false\n"
+         "  position_embedding_type: rope\n" + extra;
+}
 
 inline search::SearchSpec TinyBase() {
   search::SearchSpec s;
