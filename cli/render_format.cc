@@ -88,6 +88,26 @@ uint64_t MemoryOf(const v1::TrialResult& r, const std::string& metric) {
   return metric == "allocated" ? MaxAllocated(r) : MaxReserved(r);
 }
 
+bool IsLayoutProxy(const v1::TrialResult& r) {
+  return r.proxies_size() > 0 && !r.proxies(0).role().empty();
+}
+
+int StageOfRank(const v1::TrialResult& r, int pipeline_stages, int rank) {
+  const int stages = std::max(1, pipeline_stages);
+  const int per_stage = std::max(1, r.ranks_size() / stages);
+  return std::min(stages - 1, rank / per_stage);
+}
+
+std::vector<uint64_t> StagePeaks(const v1::TrialResult& r, int pipeline_stages,
+                                 const std::string& metric) {
+  std::vector<uint64_t> peak(std::max(1, pipeline_stages), 0);
+  for (const auto& rr : r.ranks()) {
+    uint64_t& p = peak[StageOfRank(r, pipeline_stages, rr.rank())];
+    p = std::max(p, metric == "allocated" ? rr.peak_allocated_bytes() : rr.peak_reserved_bytes());
+  }
+  return peak;
+}
+
 v1::TrialStatus StatusOf(const v1::Trial& t) {
   if (t.has_result() && t.result().status() != v1::TRIAL_STATUS_UNSPECIFIED &&
       t.status() != v1::TRIAL_STATUS_PENDING && t.status() != v1::TRIAL_STATUS_RUNNING) {

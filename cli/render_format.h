@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "proto/convert.h"
 #include "remat/v1/remat.pb.h"
@@ -47,6 +48,15 @@ uint64_t MaxAllocated(const v1::TrialResult& r);
 uint64_t MaxReserved(const v1::TrialResult& r);
 // Per the search's memory metric ("allocated" or "reserved").
 uint64_t MemoryOf(const v1::TrialResult& r, const std::string& metric);
+
+// A layout proxy's prediction (search/layout_proxy.h): its proxies name the stages they stood for.
+bool IsLayoutProxy(const v1::TrialResult& r);
+// Each pipeline stage's peak (per the memory metric) over the ranks of a result that lists every
+// rank of a layout of `pipeline_stages` stages in Megatron's order (a stage's ranks consecutive);
+std::vector<uint64_t> StagePeaks(const v1::TrialResult& r, int pipeline_stages,
+                                 const std::string& metric);
+// The stage of a global rank of such a result.
+int StageOfRank(const v1::TrialResult& r, int pipeline_stages, int rank);
 
 // The trial's status: its own while pending/running, the result's once final.
 v1::TrialStatus StatusOf(const v1::Trial& t);

@@ -15,8 +15,10 @@ namespace remat::cli {
 namespace {
 
 using render::Format;
+using render::IsLayoutProxy;
 using render::MemoryOf;
 using render::MemUnit;
+using render::StagePeaks;
 using render::StatusOf;
 using render::UnitFor;
 
@@ -152,15 +154,9 @@ std::string ResultSvg(const v1::Search& s) {
     p.on_frontier = frontier.count(p.policy) > 0;
     if (p.ok) std::tie(p.tps_lo, p.tps_hi) = ThroughputSpread(result);
     if (p.oom && p.mem <= 0) p.mem = static_cast<double>(budget_bytes);  // hit the budget
-    if (p.ok && result.proxies_size() > 0 && !result.proxies(0).role().empty()) {
-      const int pp = std::max(1, s.spec().parallel().pipeline_model_parallel_size());
-      const int per_stage = std::max(1, result.ranks_size() / pp);
-      p.stage_mem.assign(pp, 0);
-      for (const auto& rr : result.ranks()) {
-        double& m = p.stage_mem[std::min(pp - 1, rr.rank() / per_stage)];
-        m = std::max(m, static_cast<double>(metric == "allocated" ? rr.peak_allocated_bytes()
-                                                                  : rr.peak_reserved_bytes()));
-      }
+    if (p.ok && IsLayoutProxy(result)) {
+      const int pp = s.spec().parallel().pipeline_model_parallel_size();
+      for (uint64_t m : StagePeaks(result, pp, metric)) p.stage_mem.push_back(static_cast<double>(m));
     }
     if (p.ok || p.oom) {
       points.push_back(p);

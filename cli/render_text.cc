@@ -12,12 +12,15 @@ namespace remat::cli {
 using render::Duration;
 using render::Format;
 using render::IsFinalStatus;
+using render::IsLayoutProxy;
 using render::MaxAllocated;
 using render::MaxReserved;
 using render::Memory;
 using render::MemoryOf;
 using render::MemUnit;
 using render::Pad;
+using render::StageOfRank;
+using render::StagePeaks;
 using render::StatusOf;
 using render::StepTime;
 using render::Tokens;
@@ -38,19 +41,10 @@ void RenderStagePeaks(const v1::Search& s, const std::string& metric, const MemU
   out << "\n";
   for (const auto& t : s.trials()) {
     const v1::TrialResult& r = t.result();
-    if (StatusOf(t) != v1::TRIAL_STATUS_OK || r.proxies_size() == 0 ||
-        r.proxies(0).role().empty() || r.ranks_size() == 0) {
-      continue;
-    }
-    const int per_stage = std::max(1, r.ranks_size() / pp);
-    std::vector<uint64_t> peak(pp, 0);
-    for (const auto& rr : r.ranks()) {
-      const int stage = std::min(pp - 1, rr.rank() / per_stage);
-      peak[stage] = std::max(peak[stage], metric == "allocated" ? rr.peak_allocated_bytes()
-                                                                : rr.peak_reserved_bytes());
-    }
+    if (StatusOf(t) != v1::TRIAL_STATUS_OK || !IsLayoutProxy(r) || r.ranks_size() == 0) continue;
+    const std::vector<uint64_t> peak = StagePeaks(r, pp, metric);
     std::set<int> measured;
-    for (const auto& pm : r.proxies()) measured.insert(pm.rank() / per_stage);
+    for (const auto& pm : r.proxies()) measured.insert(StageOfRank(r, pp, pm.rank()));
     out << "  " << Pad(t.policy().canonical(), policy_width);
     for (int p = 0; p < pp; ++p) {
       out << Pad(unit.Of(peak[p]) + (measured.count(p) ? "*" : " "), 8, true);
@@ -116,7 +110,7 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
     }
     if (r.predicted()) {
       std::string mark = "predicted";
-      if (r.proxies_size() > 0 && !r.proxies(0).role().empty()) {
+      if (IsLayoutProxy(r)) {
         mark += " from " + std::to_string(r.proxies_size()) + " stage prox" +
                 (r.proxies_size() == 1 ? "y" : "ies");
         any_layout_proxy = true;

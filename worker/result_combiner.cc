@@ -30,6 +30,8 @@ search::TrialResult CombineRankResults(const Assignment& assignment,
                                        const std::vector<search::TrialResult>& per_rank) {
   search::TrialResult out;
   const int world = std::max(1, assignment.world_size);
+  // A layout proxy's one process speaks for every rank of the layout: no rank to name.
+  const bool layout_proxy = assignment.spec.search.layout_proxy;
 
   TrialStatus status = TrialStatus::kOk;
   std::map<int, search::RankResult> ranks;
@@ -53,9 +55,6 @@ search::TrialResult CombineRankResults(const Assignment& assignment,
     }
     if (!r.message.empty()) {
       if (!message.empty()) message += "; ";
-      // A layout proxy's one process speaks for every rank: no rank to name.
-      const bool layout_proxy = assignment.spec.search.layout_proxy ||
-                                (!r.proxies.empty() && !r.proxies.front().role.empty());
       if (first_rank != std::numeric_limits<int>::max() && r.message.rfind("rank ", 0) != 0 &&
           !layout_proxy) {
         message += "rank " + std::to_string(first_rank) + ": ";

@@ -586,11 +586,6 @@ TEST(Render, ListTable) {
       << waiting.str();
 }
 
-}  // namespace
-}  // namespace remat::cli
-
-namespace remat::cli {
-namespace {
 
 // A layout proxy's trial (search/layout_proxy.h): every rank of a PP 4 layout (2 ranks per
 // stage), the stages measured named in proxies[]. The report lists each stage's peak with the

@@ -114,35 +114,9 @@ TEST(ResultCombiner, MergesDepthProxiesOfAllRanks) {
   EXPECT_DOUBLE_EQ(c.proxies[1].step_time_s, 1.4);  // the slower rank
 }
 
-// A layout proxy trial is one process whose result names one proxy per stage role; stages of
-// equal depth stay apart, with their roles and measured ranks.
-TEST(ResultCombiner, KeepsLayoutProxyRolesApart) {
-  search::TrialResult r = Rank(0, TrialStatus::kOk, 0.5, 100);
-  r.predicted = true;
-  for (int stage : {0, 1}) {
-    search::ProxyMeasurement& p = r.proxies.emplace_back();
-    p.num_layers = 2;
-    p.role = stage == 0 ? "stage 0 (first)" : "stage 1 (last)";
-    p.rank = 2 * stage;
-    p.ranks.emplace_back().rank = 2 * stage;
-  }
-  search::TrialResult c = CombineRankResults(MakeAssignment(1), {r});
-  ASSERT_EQ(c.proxies.size(), 2u);
-  EXPECT_EQ(c.proxies[0].role, "stage 0 (first)");
-  EXPECT_EQ(c.proxies[1].role, "stage 1 (last)");
-  EXPECT_EQ(c.proxies[1].rank, 2);
-  EXPECT_EQ(c.proxies[1].ranks.size(), 1u);
-}
-
-}  // namespace
-}  // namespace remat::worker
-
-namespace remat::worker {
-namespace {
-
 // A layout proxy is one process whose result lists every rank of the layout (search/
-// layout_proxy.h): its stage proxies stay one per role, in pipeline order (stage 10 after
-// stage 2), and its message is not pinned on "rank 0".
+// layout_proxy.h): its stage proxies stay one per role even at equal depths, in pipeline order
+// (stage 10 after stage 2), and its message is not pinned on "rank 0".
 TEST(ResultCombiner, KeepsALayoutProxysStagesAndItsMessage) {
   search::TrialResult r;
   r.status = TrialStatus::kOk;
@@ -157,7 +131,9 @@ TEST(ResultCombiner, KeepsALayoutProxysStagesAndItsMessage) {
     p.num_layers = 8;
     p.ranks.emplace_back().rank = stage;
   }
-  search::TrialResult c = CombineRankResults(MakeAssignment(1), {r});
+  Assignment assignment = MakeAssignment(1);
+  assignment.spec.search.layout_proxy = true;
+  search::TrialResult c = CombineRankResults(assignment, {r});
   EXPECT_EQ(c.status, TrialStatus::kOk);
   EXPECT_EQ(c.ranks.size(), 12u);
   EXPECT_EQ(c.message, "layout proxy: 4 of 12 pipeline stages measured");
