@@ -133,6 +133,9 @@ class Session:
             clip_grad=1.0, bf16=config.bf16, params_dtype=dtype,
             use_distributed_optimizer=train["use_distributed_optimizer"])
         optimizer = get_megatron_optimizer(opt_config, [model], use_gloo_process_groups=False)
+        from megatron.core import optimizer as mcore_optimizer  # noqa: PLC0415
+        if getattr(mcore_optimizer, "USING_PYTORCH_OPTIMIZER", False):
+            notes.append(shims.use_fused_torch_adam(optimizer))
         config.finalize_model_grads_func = finalize_model_grads
         config.grad_scale_func = optimizer.scale_loss
         config.no_sync_func = model.no_sync

@@ -18,6 +18,16 @@ mla_core_attention_channels
     sizes its output view by v_channels; MLA passes its own softmax scale, so nothing else
     depends on k_channels.
 
+fused_torch_adam
+    megatron/core/optimizer/__init__.py falls back to torch.optim.AdamW when neither Transformer
+    Engine nor Apex imports. Torch's default AdamW step on CUDA is the foreach implementation,
+    whose intermediate lists (e.g. the square roots of exp_avg_sq) are about one fp32 copy of the
+    parameters at the optimizer step: ~11 GiB on the 2.8-billion-parameter MoE example, a peak
+    that TE's and Apex's FusedAdam (what a Megatron job runs) never allocate. The stand-in turns
+    each torch Adam/AdamW parameter group to torch's fused kernel (foreach off) before the first
+    step: the same update in place, without the temporaries. Not applied when TE or Apex provide
+    the optimizer.
+
 Needs torch and Megatron Core (import inside the functions).
 """
 
@@ -93,3 +103,31 @@ def drop_mla_q_norm(layer_spec):
 
     layer_spec.submodules.self_attention.submodules.q_layernorm = IdentityOp
     return "mla_no_q_norm: q_lora_rank null, so no q norm (kv norm kept)"
+
+
+def use_fused_torch_adam(optimizer):
+    """Switches the torch Adam/AdamW optimizers inside Megatron's `optimizer` (a chained or a
+    mixed-precision optimizer) to torch's fused step. Call before the first step (the fused step
+    keeps its step counters on the device, created at the first step). Returns a note."""
+    import torch  # noqa: PLC0415
+
+    found, switched, todo = [], 0, [optimizer]
+    while todo:
+        o = todo.pop()
+        if isinstance(o, torch.optim.Optimizer):
+            found.append(o)
+            continue
+        todo.extend(getattr(o, "chained_optimizers", None) or [])
+        inner = getattr(o, "optimizer", None)
+        if inner is not None and inner is not o:
+            todo.append(inner)
+    for o in found:
+        if not isinstance(o, (torch.optim.Adam, torch.optim.AdamW)):
+            return "fused_torch_adam: not applied (%s is not torch's Adam)" % type(o).__name__
+        for group in o.param_groups:
+            if "fused" in group:
+                group["foreach"] = False
+                group["fused"] = True
+                switched += 1
+    return "fused_torch_adam: %d parameter groups of %d torch Adam optimizers on the fused step" % (
+        switched, len(found))
