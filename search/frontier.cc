@@ -171,51 +171,90 @@ double Hypervolume(const std::vector<FrontierPoint>& frontier, uint64_t budget_b
   return area;
 }
 
+namespace {
+
+// "rank 3", "ranks 0-7", "ranks 0-7, 16-23": the ranks (ascending) with consecutive ones joined.
+std::string NameRanks(const std::vector<const RankResult*>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    size_t last = i;
+    while (last + 1 < ranks.size() && ranks[last + 1]->rank == ranks[last]->rank + 1) ++last;
+    if (i > 0) out += ", ";
+    out += std::to_string(ranks[i]->rank);
+    if (last > i) out += "-" + std::to_string(ranks[last]->rank);
+    i = last;
+  }
+  return out;
+}
+
+std::string Percent(double x) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%.0f%%", 100.0 * x);
+  return buf;
+}
+
+}  // namespace
+
 std::vector<std::string> DiagnoseFragmentation(const TrialResult& trial, uint64_t budget_bytes,
                                                double ratio) {
   constexpr uint64_t kMinGap = 256ull << 20;
+  // One finding of each kind per trial, whatever the number of ranks: a layout proxy lists every
+  // rank of a 1,024-GPU layout, and its stages differ by a few MiB each.
+  std::vector<const RankResult*> capacity, fragmented;
+  for (const RankResult& r : trial.ranks) {
+    if (r.peak_allocated_bytes == 0 || r.peak_reserved_bytes < r.peak_allocated_bytes + kMinGap ||
+        r.peak_reserved_bytes <= ratio * r.peak_allocated_bytes) {
+      continue;
+    }
+    (budget_bytes > 0 && r.peak_allocated_bytes > budget_bytes ? capacity : fragmented)
+        .push_back(&r);
+  }
+  std::sort(capacity.begin(), capacity.end(),
+            [](const RankResult* a, const RankResult* b) { return a->rank < b->rank; });
+  std::sort(fragmented.begin(), fragmented.end(),
+            [](const RankResult* a, const RankResult* b) { return a->rank < b->rank; });
   std::vector<std::string> out;
-  // Consecutive ranks with the same figures (a layout proxy's stage, a TP group) make one finding
-  // that names them as a range.
-  for (size_t i = 0; i < trial.ranks.size(); ++i) {
-    const RankResult& r = trial.ranks[i];
-    size_t last = i;
-    while (last + 1 < trial.ranks.size()) {
-      const RankResult& n = trial.ranks[last + 1];
-      if (n.rank != trial.ranks[last].rank + 1 ||
-          n.peak_allocated_bytes != r.peak_allocated_bytes ||
-          n.peak_reserved_bytes != r.peak_reserved_bytes || n.alloc_retries != r.alloc_retries) {
-        break;
-      }
-      ++last;
+  const std::string policy = trial.policy.ToString() + ": ";
+  if (!capacity.empty()) {
+    const RankResult* worst = *std::max_element(
+        capacity.begin(), capacity.end(), [](const RankResult* a, const RankResult* b) {
+          return a->peak_allocated_bytes < b->peak_allocated_bytes;
+        });
+    out.push_back(policy + NameRanks(capacity) + " allocated " +
+                  (capacity.size() > 1 ? "up to " : "") + Gib(worst->peak_allocated_bytes) +
+                  ", over the budget of " + Gib(budget_bytes) +
+                  " by itself: capacity, not fragmentation (reserved " +
+                  Gib(worst->peak_reserved_bytes) +
+                  "); allocator settings cannot fix it, recompute or less static "
+                  "memory can");
+  }
+  if (!fragmented.empty()) {
+    // The figures quoted are those of the rank with the highest reserved peak (the one that
+    // decides the fit); the percentage spans every rank named.
+    const RankResult* worst = fragmented[0];
+    double lo = 1e300, hi = 0;
+    uint64_t retries = 0;
+    for (const RankResult* r : fragmented) {
+      if (r->peak_reserved_bytes > worst->peak_reserved_bytes) worst = r;
+      const double extra = static_cast<double>(r->peak_reserved_bytes - r->peak_allocated_bytes) /
+                           static_cast<double>(r->peak_allocated_bytes);
+      lo = std::min(lo, extra);
+      hi = std::max(hi, extra);
+      retries = std::max(retries, r->alloc_retries);
     }
-    const std::string who = last == i ? "rank " + std::to_string(r.rank)
-                                      : "ranks " + std::to_string(r.rank) + "-" +
-                                            std::to_string(trial.ranks[last].rank);
-    i = last;
-    if (r.peak_allocated_bytes == 0) continue;
-    const uint64_t gap = r.peak_reserved_bytes > r.peak_allocated_bytes
-                             ? r.peak_reserved_bytes - r.peak_allocated_bytes
-                             : 0;
-    if (gap >= kMinGap && r.peak_reserved_bytes > ratio * r.peak_allocated_bytes) {
-      char pct[16];
-      std::snprintf(pct, sizeof(pct), "%.0f%%", 100.0 * gap / r.peak_allocated_bytes);
-      if (budget_bytes > 0 && r.peak_allocated_bytes > budget_bytes) {
-        out.push_back(trial.policy.ToString() + ": " + who + " allocated " + Gib(r.peak_allocated_bytes) + ", over the budget of " +
-                      Gib(budget_bytes) + " by itself: capacity, not fragmentation (reserved " +
-                      Gib(r.peak_reserved_bytes) + "); allocator settings cannot fix it, "
-                      "recompute or less static memory can");
-        continue;
-      }
-      std::string s = trial.policy.ToString() + ": " + who + " reserved " + Gib(r.peak_reserved_bytes) + " but allocated only " +
-                      Gib(r.peak_allocated_bytes) + " (" + pct +
-                      " more): allocator fragmentation or caching, not activations";
-      if (r.alloc_retries > 0) {
-        s += ", with " + std::to_string(r.alloc_retries) + " allocator retries";
-      }
-      s += "; try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before adding recompute";
-      out.push_back(std::move(s));
+    const bool several = fragmented.size() > 1;
+    std::string pct = Percent(hi);
+    if (Percent(lo) != pct) pct = Percent(lo).substr(0, Percent(lo).size() - 1) + "-" + pct;
+    std::string s = policy + NameRanks(fragmented) + " reserved " + (several ? "up to " : "") +
+                    Gib(worst->peak_reserved_bytes) + " but allocated only " +
+                    Gib(worst->peak_allocated_bytes) + (several ? " there (" : " (") + pct +
+                    " more" + (several ? " across them" : "") +
+                    "): allocator fragmentation or caching, not activations";
+    if (retries > 0) {
+      s += ", with " + std::to_string(retries) + " allocator retries" + (several ? " at most" : "");
     }
+    s += "; try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before adding recompute";
+    out.push_back(std::move(s));
   }
   return out;
 }

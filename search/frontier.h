@@ -79,11 +79,12 @@ std::string NothingFitsMessage(const std::vector<TrialResult>& trials, MemoryMet
 double Hypervolume(const std::vector<FrontierPoint>& frontier, uint64_t budget_bytes, double t_ref);
 
 // Fragmentation diagnosis: ranks whose reserved peak exceeds allocated by more than `ratio`
-// (default 1.15) and by at least 256 MiB. Each finding is a readable sentence naming the rank
-// (or the range of consecutive ranks with the same figures: "ranks 0-7"),
-// both peaks and the usual fix (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True). A rank whose
-// allocated peak is itself over `budget_bytes` (0: no budget) is named a capacity finding
-// instead: allocator settings cannot bring it under the budget.
+// (default 1.15) and by at least 256 MiB. At most two findings per trial, each one readable
+// sentence: the fragmentation finding names the ranks ("rank 3", "ranks 64-1023"), the peaks of
+// the one with the highest reserved peak, the spread of the excess over all of them, and the
+// usual fix (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); ranks whose allocated peak is
+// itself over `budget_bytes` (0: no budget) make the capacity finding instead: allocator
+// settings cannot bring them under the budget.
 std::vector<std::string> DiagnoseFragmentation(const TrialResult& trial, uint64_t budget_bytes,
                                                double ratio = 1.15);
 
