@@ -3,17 +3,14 @@
 # the remat CLI (issue 12): default examples/large/llama3-70b-proxy-search.yaml.
 #   bench/gpu/pack_service.sh build .carry/svc          # here, where gRPC exists
 #   bench/gpu/layout_proxy_search.sh OUT_DIR [SPEC] [SVC_DIR]   # on the GPU node
-# A search longer than one device call (10 minutes) runs in parts: REMAT_WATCH_TIMEOUT_S ends a
-# part (or REMAT_DEADLINE, an epoch second; the daemons stop, the store keeps every finished trial); the next part, given the earlier
-# OUT_DIR's remat.db* and search.id in REMAT_RESUME_DIR, restarts rematd on that store, which
-# resumes the search (a trial cut off in flight runs again after one lease timeout).
+# The watch ends after REMAT_WATCH_TIMEOUT_S seconds or at REMAT_DEADLINE (an epoch second: keep
+# the whole run inside one device call); OUT_DIR/remat.db keeps every finished trial either way.
 set -u; W=${1:?OUT_DIR}; mkdir -p "$W"; export NCCL_NVLS_ENABLE=0; S=$(date +%s)
 cd "$(dirname "$0")/../.." || exit 1
 SPEC=${2:-examples/large/llama3-70b-proxy-search.yaml}; SVC=${3:-$PWD/.carry/svc}
 bench/gpu/build_engine.sh build-gpu > "$W/build.log" 2>&1 || tail -20 "$W/build.log"
 echo "built at $(( $(date +%s) - S )) s"
 svc() { local b=$1; shift; LD_LIBRARY_PATH="$SVC/lib" "$SVC/bin/$b" "$@"; }
-if [ -n "${REMAT_RESUME_DIR:-}" ]; then cp "$REMAT_RESUME_DIR"/remat.db* "$REMAT_RESUME_DIR"/search.id "$W/"; fi
 ADDR=127.0.0.1:50071
 svc rematd --listen $ADDR --db "$W/remat.db" > "$W/rematd.log" 2>&1 &
 RD=$!
@@ -22,8 +19,7 @@ svc remat-worker --coordinator $ADDR --trial-binary "$PWD/build-gpu/bin/remat-tr
 WK=$!
 trap 'kill $WK $RD 2>/dev/null; wait 2>/dev/null' EXIT
 sleep 2
-if [ -s "$W/search.id" ]; then id=$(cat "$W/search.id"); echo "resuming $id"
-else id=$(svc remat submit "$SPEC" --coordinator $ADDR | tail -1); echo "$id" > "$W/search.id"; fi
+id=$(svc remat submit "$SPEC" --coordinator $ADDR | tail -1); echo "$id" > "$W/search.id"
 T=${REMAT_WATCH_TIMEOUT_S:-380}  # or until REMAT_DEADLINE (seconds since the epoch)
 if [ -n "${REMAT_DEADLINE:-}" ]; then T=$(( REMAT_DEADLINE - $(date +%s) )); fi
 timeout $T env LD_LIBRARY_PATH="$SVC/lib" "$SVC/bin/remat" watch "$id" --coordinator $ADDR \
