@@ -15,7 +15,7 @@ run (the same model with SequentialMLP experts): it measures how far the engine'
 are from what Megatron Core keeps, not a grouped-GEMM Megatron run.
 
   fidelity.py --build BUILD_DIR --megatron DIR --out OUT_DIR [--deadline UNIX_S]
-              [--families dense,mla,moe-seq,moe-grouped]
+              [--families dense,mla,moe-seq,moe-grouped] [--policies 'P1;P2;...']
 
 Writes OUT_DIR/fidelity.json (every figure), OUT_DIR/fidelity.md (the table, bench/fidelity/
 to_doc.py), the specs, engine.jsonl / megatron.jsonl and their logs.
@@ -64,6 +64,11 @@ FAMILIES = {
                 "moe_layer_freq": 1},
 }
 FAMILIES["moe-grouped"] = dict(FAMILIES["moe-seq"], moe_grouped_gemm=True)
+# The sequential MoE family at 2 and 6 layers: with the 4-layer one, a change of the peak that
+# grows with the layers (what each layer keeps for backward) is told from one that does not
+# (what is live at the peak in backward), on each side.
+FAMILIES["moe-seq-2l"] = dict(FAMILIES["moe-seq"], num_layers=2)
+FAMILIES["moe-seq-6l"] = dict(FAMILIES["moe-seq"], num_layers=6)
 # Whose Megatron Core run a family is compared with (see the module comment).
 MEGATRON_REFERENCE = {"moe-grouped": "moe-seq"}
 
@@ -153,6 +158,8 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--deadline", type=float, default=time.time() + 420)
     p.add_argument("--families", default="dense,mla,moe-seq,moe-grouped")
+    p.add_argument("--policies", default="",
+                   help="only these of each family's policies (';'-separated), control first")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     families = [f for f in a.families.split(",") if f]
@@ -169,6 +176,9 @@ def main():
             json.dump(specs[fam], f, indent=1)
         est = json.loads(subprocess.check_output([estimate, "--spec", yaml_path]))
         policies[fam] = choose_policies(est["valid_policies"])
+        if a.policies:
+            only = set(a.policies.split(";"))
+            policies[fam] = [q for q in policies[fam] if q in only]
         print("%s: %d policies" % (fam, len(policies[fam])), flush=True)
 
     # The engine first (fast), one process per family.

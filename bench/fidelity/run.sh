@@ -7,7 +7,9 @@
 #
 #   bench/fidelity/run.sh [OUT_DIR]     # default $OUT, else build-gpu/fidelity-out
 #   env: REMAT_MEGATRON_PATH (default .carry/megatron-lm: a folder holding megatron/core),
-#        REMAT_FIDELITY_FAMILIES (default dense,mla,moe-seq,moe-grouped)
+#        REMAT_FIDELITY_FAMILIES (default dense,mla,moe-seq,moe-grouped; also moe-seq-2l and
+#        moe-seq-6l, the sequential MoE at 2 and 6 layers), REMAT_FIDELITY_POLICIES (only these
+#        policies of each family, ';'-separated)
 # Writes OUT_DIR/fidelity.md (the table; bench/fidelity/to_doc.py turns fidelity.json into
 # docs/fidelity.md), fidelity.json, the specs, engine.jsonl/.log, megatron.jsonl/.log, build.log.
 set -uo pipefail
@@ -39,7 +41,8 @@ rev=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
 export REMAT_FIDELITY_COMMAND="bench/fidelity/run.sh (remat $rev)"
 python3 bench/fidelity/fidelity.py --build build-gpu --megatron "$MEGATRON" --out "$OUT_DIR" \
   --deadline $(( START + BUDGET - 10 )) \
-  --families "${REMAT_FIDELITY_FAMILIES:-dense,mla,moe-seq,moe-grouped}"
+  --families "${REMAT_FIDELITY_FAMILIES:-dense,mla,moe-seq,moe-grouped}" \
+  --policies "${REMAT_FIDELITY_POLICIES:-}"
 rc=$?
 echo "== done in $(( $(date +%s) - START )) s; table: $OUT_DIR/fidelity.md"
 [ -f "$OUT_DIR/fidelity.md" ] && grep -A 200 '^## ' "$OUT_DIR/fidelity.md" | grep -E '^(## |\| `)' | cut -c1-160
