@@ -24,6 +24,7 @@
 #include "search/depth_proxy.h"
 #include "search/layout_proxy.h"
 #include "search/pipeline.h"
+#include "search/rank_layout.h"
 #include "search/rules.h"
 #include "search/steady_state.h"
 #include "search/trial.h"
@@ -708,34 +709,24 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
     Runtime rt;
     rt.comm = comm.get();
     rt.device = device;
-    // Megatron Core's default rank order tp-cp-ep-dp-pp (CP is 1 here; EP is carved out of DP):
-    // rank = tp_rank + TP x (dp_rank + DP x pp_rank). TP groups are consecutive ranks, DP groups
-    // stride by TP, pipeline groups by TP x DP.
-    const int tp = spec.parallel.tensor_model_parallel_size;
-    const int dp = spec.parallel.data_parallel_size;
+    // Megatron Core's rank order (search/rank_layout.h; CP is 1 here).
     const int pp = spec.parallel.pipeline_model_parallel_size;
-    std::vector<std::vector<int>> tp_groups(dp * pp), dp_groups(tp * pp), pp_groups(tp * dp);
-    for (int r = 0; r < o.world_size; ++r) {
-      const int tp_rank = r % tp, dp_rank = r / tp % dp, pp_rank = r / (tp * dp);
-      tp_groups[r / tp].push_back(r);
-      dp_groups[tp_rank + tp * pp_rank].push_back(r);
-      pp_groups[tp_rank + tp * dp_rank].push_back(r);
-    }
+    const search::ParallelGroups groups = search::GroupsOf(spec.parallel);
     // Stand-ins record every call under its group's name (search::CommRecord::group).
     auto name = [&](const Group& g, const char* n) {
       if (stand_ins != nullptr) stand_ins->NameGroup(g, n);
     };
-    rt.tp = comm->CreateGroup(tp_groups);
+    rt.tp = comm->CreateGroup(groups.tp);
     name(rt.tp, "tp");
-    rt.dp = comm->CreateGroup(dp_groups);
+    rt.dp = comm->CreateGroup(groups.dp);
     name(rt.dp, "dp");
     if (pp > 1) {
-      rt.pp = comm->CreateGroup(pp_groups);
+      rt.pp = comm->CreateGroup(groups.pp);
       name(rt.pp, "pp");
       if (spec.model.share_embeddings_and_output_weights) {
         // Megatron's embedding group: the first and the last stage of each pipeline.
         std::vector<std::vector<int>> emb_groups;
-        for (const auto& g : pp_groups) {
+        for (const auto& g : groups.pp) {
           emb_groups.push_back({g.front(), g.back()});
           for (size_t i = 1; i + 1 < g.size(); ++i) emb_groups.push_back({g[i]});
         }
@@ -743,19 +734,11 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
         name(rt.embedding, "embedding");
       }
     }
-    // Expert parallel, carved out of DP (UnsupportedReason: TP = 1 then): EP groups are blocks of
-    // `ep` consecutive DP ranks of one stage; the expert-data-parallel groups hold the same
-    // experts (same stage, same EP rank).
-    const int ep = spec.parallel.expert_model_parallel_size;
-    if (ep > 1) {
-      std::vector<std::vector<int>> ep_groups(o.world_size / ep), edp_groups(ep * pp);
-      for (int r = 0; r < o.world_size; ++r) {
-        ep_groups[r / ep].push_back(r);
-        edp_groups[r / (tp * dp) * ep + r / tp % dp % ep].push_back(r);
-      }
-      rt.ep = comm->CreateGroup(ep_groups);
+    // Expert parallel (UnsupportedReason: TP = 1 then): the groups of Megatron's expert grid.
+    if (spec.parallel.expert_model_parallel_size > 1) {
+      rt.ep = comm->CreateGroup(groups.ep);
       name(rt.ep, "ep");
-      rt.expert_dp = comm->CreateGroup(edp_groups);
+      rt.expert_dp = comm->CreateGroup(groups.expert_dp);
       name(rt.expert_dp, "expert_dp");
     } else {
       rt.ep.id = -1;  // a group of one: never reaches the transport
@@ -763,7 +746,8 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
       rt.ep.rank = 0;
       rt.expert_dp = rt.dp;
     }
-    rt.sequence_parallel = spec.parallel.sequence_parallel && tp > 1;
+    rt.sequence_parallel =
+        spec.parallel.sequence_parallel && spec.parallel.tensor_model_parallel_size > 1;
 
     const at::ScalarType dtype =
         spec.train.precision == search::Precision::kBf16 ? at::kBFloat16 : at::kFloat;
@@ -852,7 +836,7 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
         if (rt.pp.size() > 1) AllReduceTensor(rt, rt.pp, mean_loss, ReduceOp::kSum);
         AllReduceTensor(rt, rt.dp, mean_loss, ReduceOp::kSum);
         comm->Synchronize();
-        result.loss = mean_loss.item<double>() / dp;
+        result.loss = mean_loss.item<double>() / spec.parallel.data_parallel_size;
         result.grad_norm = norm.item<double>();
       }
       const double seconds = Seconds(t0, t1);
@@ -942,9 +926,7 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
 search::RoleMeasurement RunStandInRank(const TrialOptions& o) {
   search::RoleMeasurement m;
   m.role.rank = o.rank;
-  const auto& par = o.spec.parallel;
-  const int per_stage = std::max(1, par.tensor_model_parallel_size * par.data_parallel_size);
-  m.role.pp_rank = o.rank / per_stage;
+  m.role.pp_rank = search::PlaceOf(o.spec.parallel, o.rank).pp;
   m.role.name = "rank " + std::to_string(o.rank);
   m.result = RunRank(o, /*stand_in=*/true, &m);
   return m;

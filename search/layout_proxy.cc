@@ -7,17 +7,10 @@
 
 #include "search/memory_model.h"
 #include "search/pipeline.h"
+#include "search/rank_layout.h"
 
 namespace remat::search {
 namespace {
-
-// Ranks per pipeline stage in Megatron Core's order tp-cp-ep-dp-pp: stage p holds the global
-// ranks [p x this, (p + 1) x this).
-int RanksPerStage(const SearchSpec& spec) {
-  const ParallelSpec& p = spec.parallel;
-  return std::max(1, p.tensor_model_parallel_size * p.context_parallel_size *
-                         p.data_parallel_size);
-}
 
 std::string StageName(int stage, int stages) {
   std::string name = "stage " + std::to_string(stage);
@@ -113,7 +106,7 @@ std::vector<ProxyRole> ProxyRoles(const SearchSpec& spec) {
     stages = {0, 1, pp - 2, pp - 1};
   }
   std::vector<ProxyRole> roles;
-  for (int s : stages) roles.push_back({StageName(s, pp), s * RanksPerStage(spec), s});
+  for (int s : stages) roles.push_back({StageName(s, pp), s * RanksPerStage(spec.parallel), s});
   return roles;
 }
 
@@ -265,7 +258,7 @@ TrialResult CombineLayoutProxies(const SearchSpec& spec,
 
   double spread = 0;
   for (const RoleMeasurement& m : measured) spread = std::max(spread, m.result.RelativeSpread());
-  const int per_stage = RanksPerStage(spec);
+  const int per_stage = RanksPerStage(spec.parallel);
   const int world = std::max(1, spec.parallel.WorldSize());
   out.ranks.reserve(world);
   for (int r = 0; r < world; ++r) {

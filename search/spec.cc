@@ -8,6 +8,7 @@
 
 #include "search/limits.h"
 #include "search/pipeline.h"
+#include "search/rank_layout.h"
 #include "search/text.h"
 
 namespace remat::search {
@@ -207,7 +208,7 @@ Status ValidateParallel(const ModelSpec& m, const ParallelSpec& p) {
     }
     // Megatron's expert grid is ETP x EP x expert-DP x PP over the same world size; with EP > 1
     // the expert tensor parallel size is 1 (Megatron Bridge's choice, see memory_model.cc).
-    const int ranks_per_stage = tp * cp * p.data_parallel_size;
+    const int ranks_per_stage = RanksPerStage(p);
     if (ranks_per_stage % ep != 0) {
       return InvalidArgument(
           "parallel.expert_model_parallel_size: " + std::to_string(ep) +
