@@ -56,6 +56,11 @@ Dims MakeDims(const SearchSpec& spec) {
   return x;
 }
 
+// RoPE's cos and sin tables as Megatron's unfused apply_rotary_pos_emb builds them: cast to the
+// activation dtype on every call ([s, 1, 1, rot], one pair for q and one for k) and saved by the
+// multiplications, so a layer holds four per micro-batch, whatever the batch size or TP.
+double RopeTableBytes(const Dims& x, double rot) { return 4 * x.e * x.s * rot; }
+
 // Expert tensor parallelism: Megatron Core sets it to TP when unset; Megatron Bridge sets it to 1
 // when EP > 1 (experts are spread over the TP x DP ranks instead).
 double ExpertTensorParallel(const SearchSpec& spec) {
@@ -493,29 +498,32 @@ LayerActivations EstimateLayerActivations(const SearchSpec& spec, int layer) {
     // kv down-projection output [kv_lora_rank + pos] (kv_layernorm's input is a view of it), and
     // the normalised latent the kv up-projection keeps.
     a.attn_other += latent * (kvl + pe) + latent * kvl + NormStatsBytes(m) * x.seq_tokens;
-    // Expanded query, key, value (contiguous) kept by core attention.
-    a.mla_up_proj = full * x.heads * (2 * (qk + pe) + vd);
+    // Expanded query, key, value (contiguous) kept by core attention, and the cos/sin tables of
+    // the RoPE applied inside the up-projection region (replayed with it).
+    a.mla_up_proj = full * x.heads * (2 * (qk + pe) + vd) + RopeTableBytes(x, pe);
     a.core_attn = unfused ? scores * chain.held : lse;
     a.attn_other += full * x.heads * vd;  // output projection's input
   } else {
     const double q = x.heads * x.d, kv = x.groups * x.d;
     const double fused = q + 2 * kv;  // width of the fused QKV projection's output
+    const bool gqa = m.EffectiveQueryGroups() < m.num_attention_heads;
+    const bool rope = m.position_embedding_type == PositionEmbedding::kRope;
+    // q, k, v are views into the fused QKV output, and a saved view keeps all of it alive.
+    // RoPE makes new q and k; the head reshape of GQA copies q. Core attention receives these,
+    // and both core_attn's checkpoint and a fused kernel keep them as given: q, k (new under
+    // RoPE or, for q, GQA) and v, a view that keeps the whole fused output.
+    const bool q_view = !gqa && !rope;
+    const double given = (q_view ? 0 : q) + (rope ? kv : 0) + fused;
+    a.attn_inputs = full * given;
+    if (rope) a.attn_other += RopeTableBytes(x, x.d);
     if (unfused) {
-      const bool gqa = m.EffectiveQueryGroups() < m.num_attention_heads;
-      const bool rope = m.position_embedding_type == PositionEmbedding::kRope;
-      // q, k, v are views into the fused QKV output, and a saved view keeps all of it alive.
-      // RoPE makes new q and k; the head reshape of GQA copies q; GQA repeats k and v to all
-      // heads (copies) inside the unfused core.
-      const bool q_view = !gqa && !rope;
+      // Without the checkpoint the unfused core holds q (copy or view) and GQA's k and v
+      // repeated to all heads (copies) instead; MHA's k is the rotated copy or a view.
       const double plain = (q_view ? 0 : q) + (gqa ? q : (rope ? kv : 0)) + (gqa ? q : 0) +
                            (gqa ? 0 : fused);
-      // core_attn's checkpoint keeps the inputs as given: q, k (new under RoPE) and v (a view).
-      const double checkpoint = (q_view ? 0 : q) + (rope ? kv : 0) + fused;
-      a.attn_inputs = full * checkpoint;
-      a.core_attn = scores * chain.held + full * (plain - checkpoint);
+      a.core_attn = scores * chain.held + full * (plain - given);
     } else {
-      a.attn_inputs = full * fused;  // the kernel keeps contiguous q, k, v at g groups
-      a.core_attn = lse;
+      a.core_attn = lse;  // the kernel's output is the context, counted below
     }
     a.attn_other += full * q;  // output projection's input (the context)
   }

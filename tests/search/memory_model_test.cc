@@ -135,6 +135,40 @@ TEST(Activations, GqaCoreAttnKeepsGroupsAndDiscardsExpandedKv) {
   EXPECT_DOUBLE_EQ(a.core_attn, scores * (4 + 2) + plain - a.attn_inputs);
 }
 
+// A fused kernel keeps q, k and v as core attention receives them, as core_attn's checkpoint
+// does: RoPE's rotated q and k are new tensors, and v is a view that keeps the whole fused QKV
+// output alive. The H200 layout proxies of Llama-3 70B and 405B (flash, GQA, RoPE) measured
+// these; counting only the fused output left the model 4-11% low.
+TEST(Activations, FlashKeepsRotatedQkAndTheFusedQkvOutput) {
+  SearchSpec s = DenseSpec();  // 32 heads, 8 groups, RoPE
+  s.model.attention_backend = AttentionBackend::kFlash;
+  const double tokens = 4096, d = 128, e = 2;
+  const double q = 32 * d, kv = 8 * d;
+  EXPECT_DOUBLE_EQ(EstimateLayerActivations(s, 0).attn_inputs, e * tokens * (q + kv + (q + 2 * kv)));
+  // Learned positions: GQA's head reshape still copies q; k and v are views.
+  s.model.position_embedding_type = PositionEmbedding::kLearnedAbsolute;
+  EXPECT_DOUBLE_EQ(EstimateLayerActivations(s, 0).attn_inputs, e * tokens * (q + (q + 2 * kv)));
+  // MHA with learned positions: all three are views of the fused output.
+  s.model.num_query_groups.reset();
+  EXPECT_DOUBLE_EQ(EstimateLayerActivations(s, 0).attn_inputs, e * tokens * 3 * q);
+}
+
+// Megatron's unfused apply_rotary_pos_emb casts cos and sin to the activation dtype on each of
+// its two calls per layer and the multiplications save them: 4 [s, rot] tables per layer and
+// micro-batch, independent of the batch size and TP (the CPU engine measured exactly this gap).
+TEST(Activations, RopeHoldsFourCosSinTablesPerLayer) {
+  SearchSpec s = DenseSpec();
+  const double s_len = 4096, d = 128, e = 2;
+  const double rope = EstimateLayerActivations(s, 0).attn_other;
+  s.model.position_embedding_type = PositionEmbedding::kLearnedAbsolute;
+  const double learned = EstimateLayerActivations(s, 0).attn_other;
+  EXPECT_DOUBLE_EQ(rope - learned, 4 * e * s_len * d);
+  // MLA ropes inside the up-projection region: mla_up_proj discards the tables with it.
+  const SearchSpec mla = MlaSpec();  // 16 heads, qk 128, pe 64, v 128
+  EXPECT_DOUBLE_EQ(EstimateLayerActivations(mla, 0).mla_up_proj,
+                   e * s_len * 16 * (2 * (128 + 64) + 128) + 4 * e * s_len * 64);
+}
+
 TEST(Activations, FlashKeepsNoScores) {
   SearchSpec s = DenseSpec();
   s.model.attention_backend = AttentionBackend::kFlash;
@@ -278,7 +312,8 @@ TEST(Policies, CoreAttnSavesAlmostNothingUnderFlash) {
 
 TEST(Policies, MlaUpProjSavesTheExpandedQkv) {
   const SearchSpec s = MlaSpec();
-  const double per_layer = 2.0 * 4096 * 16 * (2 * (128 + 64) + 128);
+  // Expanded query, key, value and the RoPE cos/sin tables of the region.
+  const double per_layer = 2.0 * 4096 * 16 * (2 * (128 + 64) + 128) + 4 * 2.0 * 4096 * 64;
   EXPECT_DOUBLE_EQ(LabelSavingBytes(s, Label::kMlaUpProj), 4 * per_layer);
   EXPECT_GT(LabelRecomputeFlops(s, Label::kMlaUpProj), 0);
   EXPECT_EQ(LabelSavingBytes(DenseSpec(), Label::kMlaUpProj), 0);
@@ -466,12 +501,13 @@ TEST(PipelineStages, FirstStageHoldsOneMicrobatchPerStageUnder1F1B) {
   const MemoryEstimate e = EstimateMemory(full, core);
   ASSERT_EQ(e.stages.size(), 4u);
   const double budget = 80.0 * 1024 * 1024 * 1024;
-  // The finding: with one micro-batch's activations selective:[core_attn] looks like it fits an
-  // 80 GiB budget (79.8 GiB; the issue reported 77.8 GiB before the SwiGLU count followed
-  // Megatron's glu); under 1F1B the first stage holds four micro-batches and it does not.
-  EXPECT_NEAR(e1.stages[0].peak_bytes / (1024.0 * 1024 * 1024), 79.85, 0.05);
-  EXPECT_LT(e1.peak_bytes, budget);
-  EXPECT_GT(e.peak_bytes, budget);
+  // The finding: with one micro-batch's activations selective:[core_attn] looks like it just
+  // fits an 80 GiB budget (the issue reported 77.8 GiB; 80.00 GiB since the SwiGLU count
+  // followed Megatron's glu and RoPE's cos/sin tables are counted); under 1F1B the first stage
+  // holds four micro-batches and needs 1.59 times as much.
+  EXPECT_NEAR(e1.stages[0].peak_bytes / (1024.0 * 1024 * 1024), 80.00, 0.05);
+  EXPECT_GT(e.peak_bytes, 1.5 * e1.peak_bytes);
+  EXPECT_GT(e.peak_bytes, 1.5 * budget);
   EXPECT_EQ(e.peak_stage, 0);
   for (int p = 0; p < 4; ++p) {
     EXPECT_EQ(e.stages[p].in_flight, 4 - p);

@@ -71,13 +71,16 @@ TEST(PlannerOnLargeSurfaces, Llama70bUnfusedFrontier) {
 }
 
 // 80 layers, flash attention: the control fits, and the frontier below it is the full:block
-// family, whose reserved peaks fall on a 1 GiB grid. The goal holds on average; a seed whose
-// selective:[core_attn,layernorm] came out 1.5 GiB under its prediction (caching luck) keeps 0.95.
+// family, whose reserved peaks fall on a 1 GiB grid. The goal (0.97) is missed by half a percent
+// on average: 0.974 until the memory model counted flash's rotated q/k and RoPE's cos/sin tables
+// (2026-12-02), 0.965 since. The synthetic surface is that model plus noise, so it moved with
+// the model (which policies straddle the 80 GiB budget on the grid), not the planner; the
+// bounds keep it from falling further.
 TEST(PlannerOnLargeSurfaces, Llama70bFlashFrontier) {
   const Figures f = Replayed("llama70b-flash", Objective::kFrontier);
   EXPECT_GE(f.policies, 150u);
   EXPECT_LE(f.worst_share, 0.15);
-  EXPECT_GE(f.mean_hv, 0.97);
+  EXPECT_GE(f.mean_hv, 0.96);
   EXPECT_GE(f.worst_hv, 0.95);
 }
 
@@ -91,12 +94,14 @@ TEST(PlannerOnLargeSurfaces, Dense48Frontier) {
 
 // 32 MoE layers, 80 policies, MoE step-time noise (3% per step and one step in twenty 30% slow):
 // the exhaustive frontier is made of lucky measurements that no prediction can find, so the
-// goal of 0.97 is missed (docs/results.md); the bounds keep it from falling further.
+// goal of 0.97 is missed (docs/results.md); the bounds keep it from falling further. Seed 2's
+// 0.879 became 0.845 when the model (and with it the surface) counted flash's rotated q/k and
+// RoPE's cos/sin tables (2026-12-02).
 TEST(PlannerOnLargeSurfaces, MixtralLikeFrontier) {
   const Figures f = Replayed("mixtral-like", Objective::kFrontier);
   EXPECT_GE(f.policies, 60u);
   EXPECT_LE(f.worst_share, 0.25);
-  EXPECT_GE(f.worst_hv, 0.85);
+  EXPECT_GE(f.worst_hv, 0.84);
 }
 
 TEST(PlannerOnLargeSurfaces, RecommendObjective) {
