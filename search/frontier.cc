@@ -243,8 +243,9 @@ std::vector<std::string> DiagnoseFragmentation(const TrialResult& trial, uint64_
       retries = std::max(retries, r->alloc_retries);
     }
     const bool several = fragmented.size() > 1;
-    std::string pct = Percent(hi);
-    if (Percent(lo) != pct) pct = Percent(lo).substr(0, Percent(lo).size() - 1) + "-" + pct;
+    const std::string lo_pct = Percent(lo), hi_pct = Percent(hi);  // "15-19%" when they differ
+    const std::string pct =
+        lo_pct == hi_pct ? hi_pct : lo_pct.substr(0, lo_pct.size() - 1) + "-" + hi_pct;
     std::string s = policy + NameRanks(fragmented) + " reserved " + (several ? "up to " : "") +
                     Gib(worst->peak_reserved_bytes) + " but allocated only " +
                     Gib(worst->peak_allocated_bytes) + (several ? " there (" : " (") + pct +

@@ -21,6 +21,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "worker"))
 
 import fidelity  # noqa: E402
+from megatron_side import _free_port  # noqa: E402
 
 
 def census(session, plan, torch):
@@ -87,7 +88,7 @@ def main():
     for policy in policies:
         plan = mapping.map_trial(spec, policy, have_te=False, have_apex=False)
         if session is None:
-            session = runner.Session(plan["parallel"], 0, 1, "tcp://127.0.0.1:29517", 300,
+            session = runner.Session(plan["parallel"], 0, 1, "tcp://127.0.0.1:%d" % _free_port(), 300,
                                      lambda m: print("#", m, file=sys.stderr))
         kept[policy], deltas[policy] = census(session, plan, torch)
         torch.cuda.empty_cache()

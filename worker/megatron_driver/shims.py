@@ -121,13 +121,13 @@ def use_fused_torch_adam(optimizer):
         inner = getattr(o, "optimizer", None)
         if inner is not None and inner is not o:
             todo.append(inner)
-    for o in found:
-        if not isinstance(o, (torch.optim.Adam, torch.optim.AdamW)):
-            return "fused_torch_adam: not applied (%s is not torch's Adam)" % type(o).__name__
+    adams = [o for o in found if isinstance(o, (torch.optim.Adam, torch.optim.AdamW))]
+    for o in adams:
         for group in o.param_groups:
             if "fused" in group:
                 group["foreach"] = False
                 group["fused"] = True
                 switched += 1
-    return "fused_torch_adam: %d parameter groups of %d torch Adam optimizers on the fused step" % (
-        switched, len(found))
+    return ("fused_torch_adam: %d parameter groups of %d torch Adam optimizers on the fused step"
+            "%s" % (switched, len(adams), "" if len(adams) == len(found) else
+                    " (%d other optimizers left as they are)" % (len(found) - len(adams))))
