@@ -160,7 +160,7 @@ struct GptModel::Impl {
 
   void AddNorm(const std::string& name, int64_t size, int* w, int* b) {
     *w = Add(name + ".weight", {size}, -1, 0, 1.0, 1, true);
-    if (m.normalization == search::Normalization::kLayerNorm) {
+    if (m.EffectiveNormalization() == search::Normalization::kLayerNorm) {
       *b = Add(name + ".bias", {size}, -1, 0, 0.0, 1, true);
     }
   }
@@ -296,7 +296,7 @@ struct GptModel::Impl {
   // ---- Building blocks --------------------------------------------------------------------------
 
   at::Tensor Norm(const at::Tensor& x, int w, int b) const {
-    if (m.normalization == search::Normalization::kRMSNorm) return RmsNorm(x, P(w), kNormEps);
+    if (m.EffectiveNormalization() == search::Normalization::kRMSNorm) return RmsNorm(x, P(w), kNormEps);
     return LayerNorm(x, P(w), P(b), kNormEps);
   }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "search/compatibility.h"
 #include "search/spec.h"
 
 namespace remat::search {
@@ -11,6 +12,18 @@ namespace {
 
 bool OneOf(const std::string& v, std::initializer_list<const char*> names) {
   return std::any_of(names.begin(), names.end(), [&](const char* n) { return v == n; });
+}
+
+// Whether the graph scope names `module` explicitly.
+bool ScopeLists(const ModelSpec& m, const char* module) {
+  return std::find(m.cuda_graph_scope.begin(), m.cuda_graph_scope.end(), module) !=
+         m.cuda_graph_scope.end();
+}
+
+// A scope of the whole layer: empty, or Megatron Bridge's "full".
+bool WholeLayerScope(const ModelSpec& m) {
+  return m.cuda_graph_scope.empty() ||
+         (m.cuda_graph_scope.size() == 1 && m.cuda_graph_scope[0] == "full");
 }
 
 Status ValidateMoe(const ModelSpec& m) {
@@ -48,21 +61,22 @@ Status ValidateCudaGraphs(const ModelSpec& m) {
         "model.cuda_graph_impl: must be one of none, local, transformer_engine, full_iteration, "
         "got '" + m.cuda_graph_impl + "'");
   }
-  for (const std::string& s : m.cuda_graph_scope) {
-    if (!OneOf(s, {"attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba"})) {
-      return InvalidArgument(
-          "model.cuda_graph_scope: unknown module '" + s +
-          "' (attn, mlp, moe, moe_router, moe_preprocess, mamba; empty: the whole layer)");
+  if (!WholeLayerScope(m)) {
+    for (const std::string& s : m.cuda_graph_scope) {
+      if (!OneOf(s, {"attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba"})) {
+        return InvalidArgument(
+            "model.cuda_graph_scope: unknown module '" + s +
+            "' (attn, mlp, moe, moe_router, moe_preprocess, mamba; empty or full: the whole layer)");
+      }
     }
   }
-  const auto& scope = m.cuda_graph_scope;
-  auto has = [&](const char* s) { return std::find(scope.begin(), scope.end(), s) != scope.end(); };
-  if (!scope.empty() && !m.HasCudaGraphs()) {
+  auto has = [&](const char* s) { return ScopeLists(m, s); };
+  if (!WholeLayerScope(m) && !m.HasCudaGraphs()) {
     return InvalidArgument(
         "model.cuda_graph_scope: has no effect without CUDA graphs (set model.cuda_graph_impl "
         "local or transformer_engine, or leave the scope empty)");
   }
-  if (!scope.empty() && m.cuda_graph_impl == "full_iteration") {
+  if (!WholeLayerScope(m) && m.cuda_graph_impl == "full_iteration") {
     return InvalidArgument(
         "model.cuda_graph_scope: must be empty with cuda_graph_impl full_iteration (the whole "
         "forward-backward is one graph)");
@@ -170,6 +184,44 @@ std::string BuiltinBackendProblem(const SearchSpec& spec) {
     return "model.distribute_saved_activations: not supported by the builtin engine";
   }
   return "";
+}
+
+// Megatron Core's rules for selective labels under FP8 and CUDA graphs
+// (NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py@d98e8a6,
+// TransformerConfig.__post_init__; megatron/core/tensor_parallel/random.py@d98e8a6, checkpoint
+// skipped during graph capture).
+std::string Fp8AndGraphLabelProblem(const ModelSpec& m, Label label) {
+  if (!m.fp8.empty() && m.fp8_recipe == "delayed" &&
+      (label == Label::kMoeAct || label == Label::kLayernorm)) {
+    return std::string(LabelName(label)) +
+           " recompute is not supported with FP8 delayed scaling (model.fp8_recipe delayed); use "
+           "another recipe or another label";
+  }
+  if (!m.HasCudaGraphs()) return "";
+  if (label == Label::kCoreAttn && m.attention_dropout != 0 && m.GraphCaptures("attn")) {
+    return "core_attn recompute inside a captured attention graph does not support attention "
+           "dropout (model.attention_dropout must be 0, or leave attn out of cuda_graph_scope)";
+  }
+  if (label == Label::kMlp && m.hidden_dropout != 0 && m.GraphCaptures("mlp")) {
+    return "mlp recompute inside a captured MLP graph does not support hidden dropout "
+           "(model.hidden_dropout must be 0, or leave mlp out of cuda_graph_scope)";
+  }
+  if (label == Label::kMoe && m.hidden_dropout != 0 && m.GraphCaptures("moe")) {
+    return "moe recompute inside a captured MoE graph does not support hidden dropout "
+           "(model.hidden_dropout must be 0, or leave moe out of cuda_graph_scope)";
+  }
+  if (label == Label::kMoe && m.cuda_graph_impl == "transformer_engine" &&
+      ScopeLists(m, "moe_router")) {
+    return "moe recompute is not supported with the moe_router CUDA graph under cuda_graph_impl "
+           "transformer_engine (the checkpoint would straddle the graph)";
+  }
+  return "";
+}
+
+bool ModelSpec::GraphCaptures(const std::string& name) const {
+  if (!HasCudaGraphs()) return false;
+  if (cuda_graph_impl == "full_iteration" || WholeLayerScope(*this)) return true;
+  return ScopeLists(*this, name.c_str());
 }
 
 }  // namespace remat::search

@@ -52,7 +52,8 @@ std::string ProxyPolicyProblem(const SearchSpec& spec, const Policy& policy) {
 SearchSpec AtDepth(const SearchSpec& spec, int layers) {
   SearchSpec cut = spec;
   cut.model.num_layers = layers;
-  if (!cut.model.moe_layer_pattern.empty()) cut.model.moe_layer_pattern.resize(layers);
+  std::vector<int>& pattern = cut.model.moe_layer_freq.pattern;
+  if (!pattern.empty()) pattern.resize(layers);
   cut.search.proxy_layers.clear();
   return cut;
 }

@@ -16,7 +16,7 @@ constexpr double kSiluFlops = 4;       // exp, add, divide, multiply
 
 // Bytes of fp32 statistics a norm keeps per token: LayerNorm mean + rstd, RMSNorm rstd.
 double NormStatsBytes(const ModelSpec& m) {
-  return m.normalization == Normalization::kLayerNorm ? 8 : 4;
+  return m.EffectiveNormalization() == Normalization::kLayerNorm ? 8 : 4;
 }
 
 // The shape of one micro-batch on one rank. Sizes are doubles: products overflow 32 bits and
@@ -198,7 +198,7 @@ LayerFlops EstimateLayerFlops(const SearchSpec& spec, int layer) {
     f.core = 2 * x.b * x.s * x.s_kv * x.heads * x.d;
   }
   f.norms = 2 * x.seq_tokens * x.h *
-            (m.normalization == Normalization::kLayerNorm ? kLayerNormFlops : kRmsNormFlops);
+            (m.EffectiveNormalization() == Normalization::kLayerNorm ? kLayerNormFlops : kRmsNormFlops);
   if (m.IsMoeLayer(layer)) {
     const MoeDims moe = MakeMoeDims(spec, x);
     f.router = 2 * moe.routed_tokens * x.h * moe.experts;
@@ -322,7 +322,7 @@ struct ParamCount {
 ParamCount CountParams(const SearchSpec& spec, int pp_rank) {
   const ModelSpec& m = spec.model;
   const double h = m.hidden_size, t = std::max(1, spec.parallel.tensor_model_parallel_size);
-  const bool ln = m.normalization == Normalization::kLayerNorm;
+  const bool ln = m.EffectiveNormalization() == Normalization::kLayerNorm;
   const double bias = m.add_bias_linear ? 1 : 0;
   auto norm = [&](double width) { return (ln ? 2 : 1) * width; };
   const double gl = m.gated_linear_unit ? 2 : 1;

@@ -4,6 +4,7 @@
 #include <set>
 #include <sstream>
 
+#include "search/compatibility.h"
 #include "search/depth_proxy.h"
 #include "search/pipeline.h"
 
@@ -21,41 +22,9 @@ int LayersPerStage(const SearchSpec& spec) {
   return std::min(MaxChunkLayers(spec), spec.model.num_layers / pp);
 }
 
-// Megatron Core's rules for selective labels under FP8 and CUDA graphs (reference:
-// recompute-semantics.md 3.3 items 6 and 9): a checkpoint must lie wholly inside or outside a
-// captured graph, and graphed regions replay no dropout.
-std::string Fp8AndGraphProblem(const ModelSpec& m, Label label) {
-  if (!m.fp8.empty() && m.fp8_recipe == "delayed" &&
-      (label == Label::kMoeAct || label == Label::kLayernorm)) {
-    return std::string(LabelName(label)) +
-           " recompute is not supported with FP8 delayed scaling (model.fp8_recipe delayed); use "
-           "another recipe or another label";
-  }
-  if (!m.HasCudaGraphs()) return "";
-  if (label == Label::kCoreAttn && m.attention_dropout != 0 && m.GraphCaptures("attn")) {
-    return "core_attn recompute inside a captured attention graph does not support attention "
-           "dropout (model.attention_dropout must be 0, or leave attn out of cuda_graph_scope)";
-  }
-  if (label == Label::kMlp && m.hidden_dropout != 0 && m.GraphCaptures("mlp")) {
-    return "mlp recompute inside a captured MLP graph does not support hidden dropout "
-           "(model.hidden_dropout must be 0, or leave mlp out of cuda_graph_scope)";
-  }
-  if (label == Label::kMoe && m.hidden_dropout != 0 && m.GraphCaptures("moe")) {
-    return "moe recompute inside a captured MoE graph does not support hidden dropout "
-           "(model.hidden_dropout must be 0, or leave moe out of cuda_graph_scope)";
-  }
-  if (label == Label::kMoe && m.cuda_graph_impl == "transformer_engine" &&
-      std::find(m.cuda_graph_scope.begin(), m.cuda_graph_scope.end(), "moe_router") !=
-          m.cuda_graph_scope.end()) {
-    return "moe recompute is not supported with the moe_router CUDA graph under cuda_graph_impl "
-           "transformer_engine (the checkpoint would straddle the graph)";
-  }
-  return "";
-}
-
 std::string LabelProblem(const SearchSpec& spec, Label label) {
   const ModelSpec& m = spec.model;
-  if (std::string problem = Fp8AndGraphProblem(m, label); !problem.empty()) return problem;
+  if (std::string problem = Fp8AndGraphLabelProblem(m, label); !problem.empty()) return problem;
   switch (label) {
     case Label::kCoreAttn:
       return "";

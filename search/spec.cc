@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -112,14 +113,15 @@ Status ValidateModel(const ModelSpec& m, const ParallelSpec& p) {
       REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.moe_shared_expert_intermediate_size",
                                             *m.moe_shared_expert_intermediate_size));
     }
-    REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.moe_layer_freq", m.moe_layer_freq));
-    if (!m.moe_layer_pattern.empty()) {
-      if (static_cast<int>(m.moe_layer_pattern.size()) != m.num_layers) {
+    REMAT_SEARCH_RETURN_IF_ERROR(Positive("model.moe_layer_freq", m.moe_layer_freq.every));
+    const std::vector<int>& pattern = m.moe_layer_freq.pattern;
+    if (!pattern.empty()) {
+      if (static_cast<int>(pattern.size()) != m.num_layers) {
         return InvalidArgument("model.moe_layer_freq: a pattern must have num_layers (" +
                                std::to_string(m.num_layers) + ") entries, got " +
-                               std::to_string(m.moe_layer_pattern.size()));
+                               std::to_string(pattern.size()));
       }
-      for (int v : m.moe_layer_pattern) {
+      for (int v : pattern) {
         if (v != 0 && v != 1) {
           return InvalidArgument("model.moe_layer_freq: a pattern holds only 0 (dense) and 1 (MoE)");
         }
@@ -135,7 +137,7 @@ Status ValidateModel(const ModelSpec& m, const ParallelSpec& p) {
     if (m.overlap_moe_expert_parallel_comm) moe_only = "model.overlap_moe_expert_parallel_comm";
     // A layer pattern, or a frequency other than Megatron's default of 1, places MoE layers in a
     // model that has none: the spec says two contradicting things, so neither is guessed.
-    if (!m.moe_layer_pattern.empty() || m.moe_layer_freq != 1) moe_only = "model.moe_layer_freq";
+    if (m.moe_layer_freq != MoeLayerFreq()) moe_only = "model.moe_layer_freq";
     if (moe_only) {
       return InvalidArgument(std::string(moe_only) +
                              ": needs a mixture-of-experts model (set model.num_moe_experts)");
@@ -400,9 +402,9 @@ Status ValidateLimits(const SearchSpec& spec) {
   REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.vocab_size", m.vocab_size, l::kMaxVocabSize));
   REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.num_moe_experts", m.num_moe_experts, l::kMaxExperts));
   REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.moe_router_topk", m.moe_router_topk, l::kMaxExperts));
-  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.moe_layer_freq", m.moe_layer_freq, l::kMaxLayers));
-  if (m.moe_layer_pattern.size() > static_cast<size_t>(l::kMaxLayers)) {
-    return AtMost("model.moe_layer_freq", static_cast<long long>(m.moe_layer_pattern.size()),
+  REMAT_SEARCH_RETURN_IF_ERROR(AtMost("model.moe_layer_freq", m.moe_layer_freq.every, l::kMaxLayers));
+  if (m.moe_layer_freq.pattern.size() > static_cast<size_t>(l::kMaxLayers)) {
+    return AtMost("model.moe_layer_freq", static_cast<long long>(m.moe_layer_freq.pattern.size()),
                   l::kMaxLayers);
   }
   if (m.experimental_attention_variant) {
@@ -466,10 +468,11 @@ Status ValidateLimits(const SearchSpec& spec) {
 
 bool ModelSpec::IsMoeLayer(int i) const {
   if (!IsMoe()) return false;
-  if (!moe_layer_pattern.empty()) {
-    return i >= 0 && i < static_cast<int>(moe_layer_pattern.size()) && moe_layer_pattern[i] == 1;
+  const std::vector<int>& pattern = moe_layer_freq.pattern;
+  if (!pattern.empty()) {
+    return i >= 0 && i < static_cast<int>(pattern.size()) && pattern[i] == 1;
   }
-  return moe_layer_freq > 0 && i % moe_layer_freq == 0;
+  return moe_layer_freq.every > 0 && i % moe_layer_freq.every == 0;
 }
 
 int ModelSpec::NumMoeLayers() const {
@@ -529,5 +532,37 @@ std::optional<Backend> ParseBackend(const std::string& s) {
   return ParseByName<Backend>(s, kBackend);
 }
 std::optional<Device> ParseDevice(const std::string& s) { return ParseByName<Device>(s, kDevice); }
+
+#define REMAT_SPEC_ENUM(E, names, parse)                                   \
+  template <>                                                             \
+  const std::vector<std::string>& EnumNames<E>() {                        \
+    static const std::vector<std::string> k(std::begin(names), std::end(names)); \
+    return k;                                                             \
+  }                                                                       \
+  template <>                                                             \
+  std::optional<E> ParseEnum<E>(const std::string& s) {                   \
+    return parse(s);                                                      \
+  }
+REMAT_SPEC_ENUM(Normalization, kNormalization, ParseNormalization)
+REMAT_SPEC_ENUM(AttentionBackend, kAttentionBackend, ParseAttentionBackend)
+REMAT_SPEC_ENUM(PositionEmbedding, kPositionEmbedding, ParsePositionEmbedding)
+REMAT_SPEC_ENUM(Precision, kPrecision, ParsePrecision)
+REMAT_SPEC_ENUM(MemoryMetric, kMemoryMetric, ParseMemoryMetric)
+REMAT_SPEC_ENUM(StrategyKind, kStrategy, ParseStrategyKind)
+REMAT_SPEC_ENUM(Objective, kObjective, ParseObjective)
+REMAT_SPEC_ENUM(Backend, kBackend, ParseBackend)
+REMAT_SPEC_ENUM(Device, kDevice, ParseDevice)
+#undef REMAT_SPEC_ENUM
+
+SearchSpec ResolveDefaults(const SearchSpec& spec) {
+  SearchSpec r = spec;
+  ModelSpec& m = r.model;
+  m.num_query_groups = m.EffectiveQueryGroups();
+  m.ffn_hidden_size = m.EffectiveFfnHiddenSize();
+  m.kv_channels = m.EffectiveKvChannels();
+  m.normalization = m.EffectiveNormalization();
+  if (m.IsMoe()) m.moe_ffn_hidden_size = m.EffectiveMoeFfnHiddenSize();
+  return r;
+}
 
 }  // namespace remat::search

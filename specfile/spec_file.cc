@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <functional>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -15,6 +14,7 @@
 #include "common/read_file.h"
 #include "search/limits.h"
 #include "search/policy.h"
+#include "search/spec_fields.h"
 #include "search/text.h"
 
 namespace remat::spec {
@@ -177,92 +177,11 @@ class Section {
     return it->second.node;
   }
 
-  Status Int(const std::string& key, int* out) {
-    YAML::Node n = Get(key);
-    if (!n || n.IsNull()) return search::OkStatus();
-    return ParseInt(n, Key(key), out);
-  }
-
-  Status OptionalInt(const std::string& key, std::optional<int>* out) {
-    YAML::Node n = Get(key);
-    if (!n || n.IsNull()) return search::OkStatus();
-    int v = 0;
-    REMAT_SEARCH_RETURN_IF_ERROR(ParseInt(n, Key(key), &v));
-    *out = v;
-    return search::OkStatus();
-  }
-
-  Status Uint64(const std::string& key, uint64_t* out) {
-    YAML::Node n = Get(key);
-    if (!n || n.IsNull()) return search::OkStatus();
-    if (!n.IsScalar()) return InvalidArgument(Key(key) + ": must be a non-negative integer");
-    try {
-      *out = n.as<uint64_t>();
-    } catch (const YAML::Exception&) {
-      return InvalidArgument(Key(key) + ": must be a non-negative integer, got " +
-                             Quote(n.Scalar()));
-    }
-    return search::OkStatus();
-  }
-
-  Status Double(const std::string& key, double* out) {
-    YAML::Node n = Get(key);
-    if (!n || n.IsNull()) return search::OkStatus();
-    if (!n.IsScalar()) return InvalidArgument(Key(key) + ": must be a number");
-    try {
-      double v = n.as<double>();
-      if (!std::isfinite(v)) throw YAML::Exception(YAML::Mark(), "not finite");
-      *out = v;
-    } catch (const YAML::Exception&) {
-      return InvalidArgument(Key(key) + ": must be a number, got " + Quote(n.Scalar()));
-    }
-    return search::OkStatus();
-  }
-
-  Status Bool(const std::string& key, bool* out) {
-    YAML::Node n = Get(key);
-    if (!n || n.IsNull()) return search::OkStatus();
-    const std::string s = n.IsScalar() ? n.Scalar() : "";
-    if (s == "true" || s == "True" || s == "TRUE") {
-      *out = true;
-    } else if (s == "false" || s == "False" || s == "FALSE") {
-      *out = false;
-    } else {
-      return InvalidArgument(Key(key) + ": must be true or false, got " + Quote(s));
-    }
-    return search::OkStatus();
-  }
-
   Status String(const std::string& key, std::string* out) {
     YAML::Node n = Get(key);
     if (!n || n.IsNull()) return search::OkStatus();
     if (!n.IsScalar()) return InvalidArgument(Key(key) + ": must be a string");
     *out = n.Scalar();
-    return search::OkStatus();
-  }
-
-  Status OptionalString(const std::string& key, std::optional<std::string>* out) {
-    YAML::Node n = Get(key);
-    if (!n || n.IsNull()) return search::OkStatus();
-    if (!n.IsScalar()) return InvalidArgument(Key(key) + ": must be a string");
-    *out = n.Scalar();
-    return search::OkStatus();
-  }
-
-  // A string naming an enum value; `parse` returns nullopt for unknown names.
-  template <typename E>
-  Status Enum(const std::string& key, std::function<std::optional<E>(const std::string&)> parse,
-              const char* allowed, E* out) {
-    std::string s;
-    YAML::Node n = Get(key);
-    if (!n || n.IsNull()) return search::OkStatus();
-    if (!n.IsScalar()) return InvalidArgument(Key(key) + ": must be one of " + allowed);
-    auto v = parse(n.Scalar());
-    if (!v) {
-      return InvalidArgument(Key(key) + ": must be one of " + allowed + ", got " +
-                             Quote(n.Scalar()));
-    }
-    *out = *v;
     return search::OkStatus();
   }
 
@@ -309,183 +228,119 @@ class Section {
   YAML::Node absent_{YAML::NodeType::Undefined};  // what Get returns for a key not there
 };
 
-Status ReadModel(Section& s, search::ModelSpec* m) {
-  REMAT_SEARCH_RETURN_IF_ERROR(s.CheckIsMap());
-  for (const char* key : {"num_layers", "hidden_size", "num_attention_heads", "seq_length",
-                          "vocab_size"}) {
-    YAML::Node n = s.Get(key);
-    if (!n || n.IsNull()) return InvalidArgument(s.Key(key) + ": required");
-  }
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("num_layers", &m->num_layers));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("hidden_size", &m->hidden_size));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("num_attention_heads", &m->num_attention_heads));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("seq_length", &m->seq_length));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("vocab_size", &m->vocab_size));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.OptionalInt("num_query_groups", &m->num_query_groups));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.OptionalInt("ffn_hidden_size", &m->ffn_hidden_size));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.OptionalInt("kv_channels", &m->kv_channels));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("gated_linear_unit", &m->gated_linear_unit));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Enum<search::Normalization>(
-      "normalization", search::ParseNormalization, "LayerNorm, RMSNorm", &m->normalization));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Enum<search::AttentionBackend>(
-      "attention_backend", search::ParseAttentionBackend,
-      "unfused, flash, or Megatron's auto, fused, local",
-      &m->attention_backend));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Double("attention_dropout", &m->attention_dropout));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Double("hidden_dropout", &m->hidden_dropout));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("attention_softmax_in_fp32", &m->attention_softmax_in_fp32));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("add_bias_linear", &m->add_bias_linear));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Enum<search::PositionEmbedding>(
-      "position_embedding_type", search::ParsePositionEmbedding, "learned_absolute, rope, none",
-      &m->position_embedding_type));
-  REMAT_SEARCH_RETURN_IF_ERROR(
-      s.Bool("share_embeddings_and_output_weights", &m->share_embeddings_and_output_weights));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("multi_latent_attention", &m->multi_latent_attention));
-  {  // MLATransformerConfig's default normalization is RMSNorm (TransformerConfig's LayerNorm)
-    YAML::Node n = s.Get("normalization");
-    if (m->multi_latent_attention && (!n || n.IsNull())) {
-      m->normalization = search::Normalization::kRMSNorm;
+// Reads one field's value from its YAML node (present and not null) by the member's type.
+template <typename T>
+Status ReadValue(const YAML::Node& n, const std::string& field, T* out) {
+  if constexpr (search::IsOptional<T>::value) {
+    typename search::IsOptional<T>::Value v{};
+    REMAT_SEARCH_RETURN_IF_ERROR(ReadValue(n, field, &v));
+    *out = std::move(v);
+    return search::OkStatus();
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    out->clear();
+    if (n.IsScalar()) {  // one item, as Megatron also accepts
+      out->push_back(n.Scalar());
+      return search::OkStatus();
     }
-  }
-  {  // absent: MLATransformerConfig's 512; null: no q compression
-    YAML::Node q = s.Get("q_lora_rank");
-    if (q && q.IsNull()) {
-      m->q_lora_rank.reset();
-    } else if (q) {
-      int v = 0;
-      REMAT_SEARCH_RETURN_IF_ERROR(Section::ParseInt(q, s.Key("q_lora_rank"), &v));
-      m->q_lora_rank = v;
-    }
-  }
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("kv_lora_rank", &m->kv_lora_rank));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("qk_head_dim", &m->qk_head_dim));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("qk_pos_emb_head_dim", &m->qk_pos_emb_head_dim));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("v_head_dim", &m->v_head_dim));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.OptionalInt("num_moe_experts", &m->num_moe_experts));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("moe_router_topk", &m->moe_router_topk));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.OptionalInt("moe_ffn_hidden_size", &m->moe_ffn_hidden_size));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.OptionalInt("moe_shared_expert_intermediate_size",
-                                             &m->moe_shared_expert_intermediate_size));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("moe_grouped_gemm", &m->moe_grouped_gemm));
-  YAML::Node freq = s.Get("moe_layer_freq");
-  if (freq && !freq.IsNull()) {
-    if (freq.IsSequence()) {
-      for (size_t i = 0; i < freq.size(); ++i) {
-        int v = 0;
-        REMAT_SEARCH_RETURN_IF_ERROR(Section::ParseInt(
-            freq[i], s.Key("moe_layer_freq") + "[" + std::to_string(i) + "]", &v));
-        m->moe_layer_pattern.push_back(v);
+    if (!n.IsSequence()) return InvalidArgument(field + ": must be a list of strings");
+    for (size_t i = 0; i < n.size(); ++i) {
+      if (!n[i].IsScalar()) {
+        return InvalidArgument(field + "[" + std::to_string(i) + "]: must be a string");
       }
+      out->push_back(n[i].Scalar());
+    }
+    return search::OkStatus();
+  } else if constexpr (search::IsVector<T>::value) {
+    out->clear();
+    if (!n.IsSequence()) return InvalidArgument(field + ": must be a list of integers, e.g. [2, 4]");
+    for (size_t i = 0; i < n.size(); ++i) {
+      typename search::IsVector<T>::Value v{};
+      REMAT_SEARCH_RETURN_IF_ERROR(ReadValue(n[i], field + "[" + std::to_string(i) + "]", &v));
+      out->push_back(v);
+    }
+    return search::OkStatus();
+  } else if constexpr (std::is_same_v<T, search::MoeLayerFreq>) {
+    if (n.IsSequence()) {
+      out->every = 1;
+      return ReadValue(n, field, &out->pattern);
+    }
+    out->pattern.clear();
+    return ReadValue(n, field, &out->every);
+  } else if constexpr (std::is_same_v<T, int>) {
+    return Section::ParseInt(n, field, out);
+  } else if constexpr (std::is_same_v<T, uint64_t>) {
+    if (!n.IsScalar()) return InvalidArgument(field + ": must be a non-negative integer");
+    try {
+      *out = n.as<uint64_t>();
+    } catch (const YAML::Exception&) {
+      return InvalidArgument(field + ": must be a non-negative integer, got " + Quote(n.Scalar()));
+    }
+    return search::OkStatus();
+  } else if constexpr (std::is_same_v<T, double>) {
+    if (!n.IsScalar()) return InvalidArgument(field + ": must be a number");
+    try {
+      double v = n.as<double>();
+      if (!std::isfinite(v)) throw YAML::Exception(YAML::Mark(), "not finite");
+      *out = v;
+    } catch (const YAML::Exception&) {
+      return InvalidArgument(field + ": must be a number, got " + Quote(n.Scalar()));
+    }
+    return search::OkStatus();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    const std::string s = n.IsScalar() ? n.Scalar() : "";
+    if (s == "true" || s == "True" || s == "TRUE") {
+      *out = true;
+    } else if (s == "false" || s == "False" || s == "FALSE") {
+      *out = false;
     } else {
-      REMAT_SEARCH_RETURN_IF_ERROR(Section::ParseInt(freq, s.Key("moe_layer_freq"),
-                                                     &m->moe_layer_freq));
+      return InvalidArgument(field + ": must be true or false, got " + Quote(s));
     }
-  }
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("moe_shared_expert_overlap", &m->moe_shared_expert_overlap));
-  REMAT_SEARCH_RETURN_IF_ERROR(
-      s.Bool("overlap_moe_expert_parallel_comm", &m->overlap_moe_expert_parallel_comm));
-  REMAT_SEARCH_RETURN_IF_ERROR(
-      s.OptionalString("experimental_attention_variant", &m->experimental_attention_variant));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("cpu_offloading", &m->cpu_offloading));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("cpu_offloading_num_layers", &m->cpu_offloading_num_layers));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.String("fp8", &m->fp8));  // null: no FP8
-  REMAT_SEARCH_RETURN_IF_ERROR(s.String("fp8_recipe", &m->fp8_recipe));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.String("cuda_graph_impl", &m->cuda_graph_impl));
-  YAML::Node scope = s.Get("cuda_graph_scope");
-  if (scope && !scope.IsNull()) {
-    if (scope.IsScalar()) {  // one module, as Megatron also accepts
-      m->cuda_graph_scope.push_back(scope.Scalar());
-    } else if (scope.IsSequence()) {
-      for (size_t i = 0; i < scope.size(); ++i) {
-        if (!scope[i].IsScalar()) {
-          return InvalidArgument(s.Key("cuda_graph_scope") + "[" + std::to_string(i) +
-                                 "]: must be a module name");
-        }
-        m->cuda_graph_scope.push_back(scope[i].Scalar());
-      }
-    } else {
-      return InvalidArgument(s.Key("cuda_graph_scope") + ": must be a list of module names");
+    return search::OkStatus();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!n.IsScalar()) return InvalidArgument(field + ": must be a string");
+    *out = n.Scalar();
+    return search::OkStatus();
+  } else {
+    static_assert(std::is_enum_v<T>, "a spec field of a type the reader does not know");
+    std::string allowed;
+    for (const std::string& name : search::EnumNames<T>()) {
+      allowed += (allowed.empty() ? "" : ", ") + name;
     }
+    if (!n.IsScalar()) return InvalidArgument(field + ": must be one of " + allowed);
+    auto v = search::ParseEnum<T>(n.Scalar());
+    if (!v) {
+      return InvalidArgument(field + ": must be one of " + allowed + ", got " + Quote(n.Scalar()));
+    }
+    *out = *v;
+    return search::OkStatus();
   }
-  REMAT_SEARCH_RETURN_IF_ERROR(
-      s.Bool("distribute_saved_activations", &m->distribute_saved_activations));
-  return s.RejectUnknown();
 }
 
-Status ReadTrain(Section& s, search::TrainSpec* t) {
+// Reads every declared field of `section` (search/spec_fields.def) from its mapping: required
+// fields first, then each present field by its type; null keeps the default, except for a field
+// whose null means something (an optional: MLA's q_lora_rank null is no q compression); then
+// refuses the keys no field claimed.
+Status ReadSection(Section& s, const char* section, search::SearchSpec* spec) {
   REMAT_SEARCH_RETURN_IF_ERROR(s.CheckIsMap());
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("micro_batch_size", &t->micro_batch_size));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.OptionalInt("global_batch_size", &t->global_batch_size));
-  REMAT_SEARCH_RETURN_IF_ERROR(
-      s.Enum<search::Precision>("precision", search::ParsePrecision, "bf16, fp32", &t->precision));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("use_distributed_optimizer", &t->use_distributed_optimizer));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Uint64("seed", &t->seed));
-  return s.RejectUnknown();
-}
-
-Status ReadParallel(Section& s, search::ParallelSpec* p) {
-  REMAT_SEARCH_RETURN_IF_ERROR(s.CheckIsMap());
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("tensor_model_parallel_size", &p->tensor_model_parallel_size));
-  REMAT_SEARCH_RETURN_IF_ERROR(
-      s.Int("pipeline_model_parallel_size", &p->pipeline_model_parallel_size));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("sequence_parallel", &p->sequence_parallel));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("expert_model_parallel_size", &p->expert_model_parallel_size));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("data_parallel_size", &p->data_parallel_size));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.OptionalInt("virtual_pipeline_model_parallel_size",
-                                             &p->virtual_pipeline_model_parallel_size));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("context_parallel_size", &p->context_parallel_size));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.OptionalInt("num_layers_in_first_pipeline_stage",
-                                             &p->num_layers_in_first_pipeline_stage));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.OptionalInt("num_layers_in_last_pipeline_stage",
-                                             &p->num_layers_in_last_pipeline_stage));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("account_for_embedding_in_pipeline_split",
-                                      &p->account_for_embedding_in_pipeline_split));
-  REMAT_SEARCH_RETURN_IF_ERROR(
-      s.Bool("account_for_loss_in_pipeline_split", &p->account_for_loss_in_pipeline_split));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("overlap_grad_reduce", &p->overlap_grad_reduce));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("overlap_param_gather", &p->overlap_param_gather));
-  return s.RejectUnknown();
-}
-
-Status ReadSearch(Section& s, search::SearchOptions* o) {
-  REMAT_SEARCH_RETURN_IF_ERROR(s.CheckIsMap());
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Double("memory_budget_gib", &o->memory_budget_gib));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Enum<search::MemoryMetric>(
-      "memory_metric", search::ParseMemoryMetric, "reserved, allocated", &o->memory_metric));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Enum<search::StrategyKind>(
-      "strategy", search::ParseStrategyKind, "guided, exhaustive", &o->strategy));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Enum<search::Objective>(
-      "objective", search::ParseObjective, "frontier, recommend", &o->objective));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Double("memory_headroom_gib", &o->memory_headroom_gib));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("max_trials", &o->max_trials));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("warmup_steps", &o->warmup_steps));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("warmup_max_steps", &o->warmup_max_steps));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("steady_window", &o->steady_window));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Double("steady_tolerance", &o->steady_tolerance));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("measure_steps", &o->measure_steps));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Enum<search::Backend>(
-      "backend", search::ParseBackend, "builtin, command, replay, megatron", &o->backend));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.String("replay_table", &o->replay_table));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.String("command_template", &o->command_template));
-  REMAT_SEARCH_RETURN_IF_ERROR(
-      s.Enum<search::Device>("device", search::ParseDevice, "auto, cuda, cpu", &o->device));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Double("trial_timeout_s", &o->trial_timeout_s));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Bool("layout_proxy", &o->layout_proxy));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Int("gpus_per_node", &o->gpus_per_node));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Double("nvlink_gb_s", &o->nvlink_gb_s));
-  REMAT_SEARCH_RETURN_IF_ERROR(s.Double("network_gb_s", &o->network_gb_s));
-  YAML::Node proxy = s.Get("proxy_layers");
-  if (proxy && !proxy.IsNull()) {
-    if (!proxy.IsSequence()) {
-      return InvalidArgument(s.Key("proxy_layers") + ": must be a list of two depths, e.g. [2, 4]");
-    }
-    for (size_t i = 0; i < proxy.size(); ++i) {
-      int v = 0;
-      REMAT_SEARCH_RETURN_IF_ERROR(Section::ParseInt(
-          proxy[i], s.Key("proxy_layers") + "[" + std::to_string(i) + "]", &v));
-      o->proxy_layers.push_back(v);
+  for (const search::FieldInfo& f : search::SpecFields()) {
+    if (f.required && std::string(f.section) == section) {
+      YAML::Node n = s.Get(f.name);
+      if (!n || n.IsNull()) return InvalidArgument(s.Key(f.name) + ": required");
     }
   }
+  Status status;
+  search::VisitFields(*spec, [&](const search::FieldInfo& f, auto& member) {
+    if (!status.ok() || std::string(f.section) != section) return;
+    YAML::Node n = s.Get(f.name);
+    if (!n) return;
+    if (n.IsNull()) {
+      using T = std::decay_t<decltype(member)>;
+      if constexpr (search::IsOptional<T>::value) member.reset();
+      return;
+    }
+    status = ReadValue(n, s.Key(f.name), &member);
+  });
+  REMAT_SEARCH_RETURN_IF_ERROR(status);
   return s.RejectUnknown();
 }
 
@@ -619,14 +474,10 @@ StatusOr<search::SearchSpec> ReadSpec(const YAML::Node& root) {
   REMAT_SEARCH_RETURN_IF_ERROR(top.String("name", &spec.name));
   YAML::Node model = top.Get("model");
   if (!model || model.IsNull()) return InvalidArgument("model: required");
-  Section ms(model, "model");
-  REMAT_SEARCH_RETURN_IF_ERROR(ReadModel(ms, &spec.model));
-  Section ts(top.Get("train"), "train");
-  REMAT_SEARCH_RETURN_IF_ERROR(ReadTrain(ts, &spec.train));
-  Section ps(top.Get("parallel"), "parallel");
-  REMAT_SEARCH_RETURN_IF_ERROR(ReadParallel(ps, &spec.parallel));
-  Section ss(top.Get("search"), "search");
-  REMAT_SEARCH_RETURN_IF_ERROR(ReadSearch(ss, &spec.search));
+  for (const char* section : {"model", "train", "parallel", "search"}) {
+    Section s(top.Get(section), section);
+    REMAT_SEARCH_RETURN_IF_ERROR(ReadSection(s, section, &spec));
+  }
   REMAT_SEARCH_RETURN_IF_ERROR(top.RejectUnknown());
   REMAT_SEARCH_RETURN_IF_ERROR(search::ValidateSpec(spec));
   return spec;

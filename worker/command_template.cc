@@ -186,8 +186,8 @@ std::map<std::string, std::string> CommandValues(const CommandRun& run) {
           : 1.0;
   const int layers = spec.model.num_layers;
   std::string pattern;  // an explicit MoE pattern has one entry per layer: it is cut with them
-  for (size_t i = 0; i < spec.model.moe_layer_pattern.size(); ++i) {
-    pattern += (i ? "," : "") + std::to_string(spec.model.moe_layer_pattern[i]);
+  for (size_t i = 0; i < spec.model.moe_layer_freq.pattern.size(); ++i) {
+    pattern += (i ? "," : "") + std::to_string(spec.model.moe_layer_freq.pattern[i]);
   }
   std::string depth_overrides = "model.num_layers=" + std::to_string(layers);
   std::string depth_flags = "--num-layers " + std::to_string(layers);

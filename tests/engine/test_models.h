@@ -102,7 +102,7 @@ inline search::SearchSpec TinyMoe() {
   m.moe_ffn_hidden_size = 64;
   m.moe_shared_expert_intermediate_size = 96;
   m.moe_grouped_gemm = true;
-  m.moe_layer_pattern = {0, 1, 1, 1};  // a dense first layer, as DeepSeek-V2-Lite
+  m.moe_layer_freq.pattern = {0, 1, 1, 1};  // a dense first layer, as DeepSeek-V2-Lite
   return s;
 }
 

@@ -32,7 +32,7 @@ TEST(ConvertTest, SpecRoundTripsWithDefaultsResolved) {
   s.model.multi_latent_attention = true;
   s.model.q_lora_rank = 64;
   s.model.num_moe_experts = 4;
-  s.model.moe_layer_pattern = {0, 1, 1, 1};
+  s.model.moe_layer_freq.pattern = {0, 1, 1, 1};
   s.model.moe_shared_expert_intermediate_size = 256;
   s.model.normalization = search::Normalization::kRMSNorm;
   s.parallel.tensor_model_parallel_size = 2;
@@ -43,7 +43,7 @@ TEST(ConvertTest, SpecRoundTripsWithDefaultsResolved) {
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(ToProto(*back).SerializeAsString(), ToProto(s).SerializeAsString());
   EXPECT_EQ(*back->model.q_lora_rank, 64);
-  EXPECT_EQ(back->model.moe_layer_pattern, s.model.moe_layer_pattern);
+  EXPECT_EQ(back->model.moe_layer_freq.pattern, s.model.moe_layer_freq.pattern);
   EXPECT_EQ(*back->model.ffn_hidden_size, 512);  // resolved default travels explicitly
   EXPECT_EQ(back->search.strategy, search::StrategyKind::kExhaustive);
 }
@@ -82,7 +82,7 @@ TEST(ConvertTest, QLoraNullAndCompatibilityFieldsRoundTrip) {
   ASSERT_TRUE(defaulted.ok());
   EXPECT_EQ(defaulted->model.q_lora_rank, std::optional<int>(512));
   unset.mutable_model()->clear_normalization();  // MLATransformerConfig's RMSNorm
-  EXPECT_EQ(FromProto(unset)->model.normalization, search::Normalization::kRMSNorm);
+  EXPECT_EQ(FromProto(unset)->model.EffectiveNormalization(), search::Normalization::kRMSNorm);
 }
 
 TEST(ConvertTest, PipelineLayoutFieldsRoundTrip) {

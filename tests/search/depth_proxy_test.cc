@@ -45,11 +45,11 @@ TEST(DepthProxyTest, ValidatesDepths) {
   EXPECT_NE(ValidateSpec(s).message().find("multiples"), std::string::npos);
   SearchSpec moe = testing::MoeSpec();
   moe.model.num_layers = 8;
-  moe.model.moe_layer_freq = 2;  // alternating: no single per-layer cost
+  moe.model.moe_layer_freq.every = 2;  // alternating: no single per-layer cost
   moe.search.proxy_layers = {2, 4};
   EXPECT_NE(ValidateSpec(moe).message().find("one kind"), std::string::npos);
-  moe.model.moe_layer_freq = 1;
-  moe.model.moe_layer_pattern = {0, 1, 1, 1, 1, 1, 1, 1};  // a leading dense layer is fine
+  moe.model.moe_layer_freq.every = 1;
+  moe.model.moe_layer_freq.pattern = {0, 1, 1, 1, 1, 1, 1, 1};  // a leading dense layer is fine
   EXPECT_TRUE(ValidateSpec(moe).ok()) << ValidateSpec(moe).message();
 }
 
@@ -67,11 +67,11 @@ TEST(DepthProxyTest, BlockDeeperThanTheShallowProxyCannotBeExtrapolated) {
 TEST(DepthProxyTest, AtDepthCutsLayersAndPattern) {
   SearchSpec s = testing::MoeSpec();
   s.model.num_layers = 8;
-  s.model.moe_layer_pattern = {0, 1, 1, 1, 1, 1, 1, 1};
+  s.model.moe_layer_freq.pattern = {0, 1, 1, 1, 1, 1, 1, 1};
   s.search.proxy_layers = {2, 4};
   SearchSpec cut = AtDepth(s, 4);
   EXPECT_EQ(cut.model.num_layers, 4);
-  EXPECT_EQ(cut.model.moe_layer_pattern.size(), 4u);
+  EXPECT_EQ(cut.model.moe_layer_freq.pattern.size(), 4u);
   EXPECT_TRUE(cut.search.proxy_layers.empty());
   EXPECT_TRUE(ValidateSpec(cut).ok());
 }

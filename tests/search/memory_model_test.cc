@@ -340,7 +340,7 @@ TEST(Policies, MlpSavesNothingOnAnAllMoeModel) {
   EXPECT_DOUBLE_EQ(EstimateMemory(s, P("selective:[mlp]")).peak_bytes,
                    EstimateMemory(s, Policy::None()).peak_bytes);
   // With a dense first layer, mlp acts there only; moe_act only on the MoE layers.
-  s.model.moe_layer_pattern = {0, 1, 1, 1};
+  s.model.moe_layer_freq.pattern = {0, 1, 1, 1};
   EXPECT_DOUBLE_EQ(LabelSavingBytes(s, Label::kMlp), EstimateLayerActivations(s, 0).mlp);
   EXPECT_DOUBLE_EQ(LabelSavingBytes(s, Label::kMoeAct), 3 * EstimateLayerActivations(s, 1).moe_act);
 }

@@ -110,7 +110,7 @@ TEST(RulesTest, NoOpLabelsAreRefusedWithTheReason) {
   ExpectInvalid(DenseSpec(), "selective:[shared_experts]", "no shared experts");
   ExpectInvalid(MoeSpec(), "selective:[mlp]", "every layer's MLP is a mixture of experts");
   SearchSpec mixed = MoeSpec();
-  mixed.model.moe_layer_freq = 2;  // dense layers exist: mlp has an effect there
+  mixed.model.moe_layer_freq.every = 2;  // dense layers exist: mlp has an effect there
   ExpectValid(mixed, "selective:[mlp]");
 }
 

@@ -31,20 +31,20 @@ TEST(SpecValidationTest, DefaultsAreMegatronCores) {
   EXPECT_EQ(m.q_lora_rank, std::optional<int>(512));  // MLATransformerConfig
   EXPECT_EQ(m.fp8_recipe, "delayed");
   EXPECT_EQ(m.cuda_graph_impl, "none");
-  EXPECT_EQ(m.normalization, Normalization::kLayerNorm);
+  EXPECT_EQ(m.EffectiveNormalization(), Normalization::kLayerNorm);
   EXPECT_EQ(m.position_embedding_type, PositionEmbedding::kLearnedAbsolute);
   EXPECT_FALSE(m.gated_linear_unit);
   EXPECT_FALSE(m.moe_grouped_gemm);
-  EXPECT_EQ(m.moe_layer_freq, 1);
+  EXPECT_EQ(m.moe_layer_freq.every, 1);
 }
 
 TEST(SpecValidationTest, MoeLayerFrequencyFollowsMegatron) {
   SearchSpec s = MoeSpec();
-  s.model.moe_layer_freq = 2;
+  s.model.moe_layer_freq.every = 2;
   EXPECT_TRUE(s.model.IsMoeLayer(0));
   EXPECT_FALSE(s.model.IsMoeLayer(1));
   EXPECT_EQ(s.model.NumMoeLayers(), 2);
-  s.model.moe_layer_pattern = {0, 1, 1, 1};
+  s.model.moe_layer_freq.pattern = {0, 1, 1, 1};
   EXPECT_FALSE(s.model.IsMoeLayer(0));
   EXPECT_EQ(s.model.NumMoeLayers(), 3);
   EXPECT_EQ(DenseSpec().model.NumMoeLayers(), 0);
@@ -79,13 +79,13 @@ TEST(SpecValidationTest, EveryBadFieldIsNamed) {
       {"model.moe_router_topk",
        [](SearchSpec& s) { s.model.num_moe_experts = 4; s.model.moe_router_topk = 5; }},
       {"model.moe_layer_freq",
-       [](SearchSpec& s) { s.model.num_moe_experts = 4; s.model.moe_layer_pattern = {1, 0}; }},
+       [](SearchSpec& s) { s.model.num_moe_experts = 4; s.model.moe_layer_freq.pattern = {1, 0}; }},
       {"model.moe_shared_expert_intermediate_size",
        [](SearchSpec& s) { s.model.moe_shared_expert_intermediate_size = 128; }},
       // Issue 14: an MoE layer pattern (or frequency) on a dense model describes nothing.
-      {"model.moe_layer_freq", [](SearchSpec& s) { s.model.moe_layer_pattern = {1, 2, 3}; }},
-      {"model.moe_layer_freq", [](SearchSpec& s) { s.model.moe_layer_pattern = {0, 1, 0, 1}; }},
-      {"model.moe_layer_freq", [](SearchSpec& s) { s.model.moe_layer_freq = 2; }},
+      {"model.moe_layer_freq", [](SearchSpec& s) { s.model.moe_layer_freq.pattern = {1, 2, 3}; }},
+      {"model.moe_layer_freq", [](SearchSpec& s) { s.model.moe_layer_freq.pattern = {0, 1, 0, 1}; }},
+      {"model.moe_layer_freq", [](SearchSpec& s) { s.model.moe_layer_freq.every = 2; }},
       {"model.experimental_attention_variant",
        [](SearchSpec& s) { s.model.experimental_attention_variant = "mamba"; }},
       {"parallel.tensor_model_parallel_size",

@@ -479,7 +479,7 @@ TEST(CommandTemplate, BudgetAndDepthValues) {
   wire.mutable_spec()->mutable_model()->set_num_layers(4);
   wire.mutable_spec()->mutable_search()->set_memory_budget_gib(70.5);
   worker::Assignment a = ToAssignment(wire);
-  a.spec.model.moe_layer_pattern = {0, 1, 1, 1};
+  a.spec.model.moe_layer_freq.pattern = {0, 1, 1, 1};
   CommandRun run;
   run.assignment = &a;
   run.spec = &a.spec;

@@ -1,0 +1,126 @@
+#include "search/spec_fields.h"
+
+#include <cstdio>
+
+namespace remat::search {
+
+const char* Name(MegatronHome home) {
+  switch (home) {
+    case MegatronHome::kRemat: return "remat";
+    case MegatronHome::kTransformerConfig: return "TransformerConfig";
+    case MegatronHome::kGptModel: return "GPTModel";
+    case MegatronHome::kDdpConfig: return "DistributedDataParallelConfig";
+    case MegatronHome::kOptimizerConfig: return "OptimizerConfig";
+    case MegatronHome::kTraining: return "training";
+  }
+  return "?";
+}
+
+std::vector<std::string> FieldInfo::BridgeKeys() const {
+  std::vector<std::string> keys;
+  std::string key;
+  for (const char* c = bridge; *c != '\0'; ++c) {
+    if (*c == '|') {
+      keys.push_back(key);
+      key.clear();
+    } else {
+      key += *c;
+    }
+  }
+  if (!key.empty()) keys.push_back(key);
+  return keys;
+}
+
+const std::vector<FieldInfo>& SpecFields() {
+  static const std::vector<FieldInfo> kFields = {
+#define REMAT_FIELD_INFO(section, type, name, default_value, number, required, home, bridge, lm, \
+                         doc)                                                                    \
+  {section, #name, number, required, MegatronHome::k##home, bridge, lm, doc},
+#define REMAT_MODEL(...) REMAT_FIELD_INFO("model", __VA_ARGS__)
+#define REMAT_TRAIN(...) REMAT_FIELD_INFO("train", __VA_ARGS__)
+#define REMAT_PARALLEL(...) REMAT_FIELD_INFO("parallel", __VA_ARGS__)
+#define REMAT_SEARCH(...) REMAT_FIELD_INFO("search", __VA_ARGS__)
+#include "search/spec_fields.def"
+#undef REMAT_FIELD_INFO
+  };
+  return kFields;
+}
+
+const FieldInfo* FindField(const std::string& section, const std::string& name) {
+  for (const FieldInfo& f : SpecFields()) {
+    if (section == f.section && name == f.name) return &f;
+  }
+  return nullptr;
+}
+
+const FieldInfo* FindFieldByBridgeKey(const std::string& key) {
+  for (const FieldInfo& f : SpecFields()) {
+    for (const std::string& k : f.BridgeKeys()) {
+      if (k == key) return &f;
+    }
+  }
+  return nullptr;
+}
+
+namespace {
+std::string Underscores(std::string s) {
+  for (char& c : s) {
+    if (c == '-') c = '_';
+  }
+  return s;
+}
+}  // namespace
+
+const FieldInfo* FindFieldByMegatronLmFlag(const std::string& flag, bool* sets_false) {
+  std::string want = Underscores(flag);
+  while (!want.empty() && want[0] == '_') want.erase(0, 1);
+  for (const FieldInfo& f : SpecFields()) {
+    std::string lm = f.megatron_lm;
+    const bool inverted = !lm.empty() && lm[0] == '!';
+    if (inverted) lm.erase(0, 1);
+    lm = Underscores(lm);
+    while (!lm.empty() && lm[0] == '_') lm.erase(0, 1);
+    if (!lm.empty() && lm == want) {
+      *sets_false = inverted;
+      return &f;
+    }
+  }
+  return nullptr;
+}
+
+std::string FormatValue(int v) { return std::to_string(v); }
+std::string FormatValue(uint64_t v) { return std::to_string(v); }
+std::string FormatValue(bool v) { return v ? "true" : "false"; }
+std::string FormatValue(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.15g", v);
+  return buf;
+}
+std::string FormatValue(const std::string& v) { return v.empty() ? "null" : v; }
+std::string FormatValue(const MoeLayerFreq& v) {
+  return v.pattern.empty() ? FormatValue(v.every) : FormatValue(v.pattern);
+}
+
+std::string SpecFieldsMarkdown() {
+  std::string out =
+      "| field | default | values | Megatron | Megatron Bridge | Megatron-LM | notes |\n"
+      "| --- | --- | --- | --- | --- | --- | --- |\n";
+  const SearchSpec defaults;
+  VisitFields(defaults, [&](const FieldInfo& f, const auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    const auto code = [](const std::string& s) { return s.empty() ? "" : "`" + s + "`"; };
+    std::string bridge;
+    for (const std::string& k : f.BridgeKeys()) bridge += (bridge.empty() ? "" : ", ") + code(k);
+    std::string lm = f.megatron_lm;
+    if (!lm.empty() && lm[0] == '!') lm = lm.substr(1) + "` (sets false)";
+    else if (!lm.empty()) lm += "`";
+    if (!lm.empty()) lm = "`" + lm;
+    out += "| `" + f.Path() + "` | " + (f.required ? "required" : code(FormatValue(value))) +
+           " | " + TypeDescription<T>() + " | " +
+           (f.home == MegatronHome::kRemat ? "" : Name(f.home)) + " | " + bridge + " | " + lm +
+           " | " + f.doc + " |\n";
+  });
+  return out;
+}
+
+}  // namespace remat::search
