@@ -5,6 +5,7 @@
 
 #include "cli/import_spec.h"
 #include "cli/import_yaml_util.h"
+#include "search/spec_fields.h"
 #include "search/text.h"
 
 namespace remat::cli {
@@ -73,8 +74,7 @@ std::string ModelFieldReason(const std::string& key) {
   if (key == "activation_func") {
     return "remat's MLP is SwiGLU with gated_linear_unit, GELU without";
   }
-  if (key.find("fusion") != std::string::npos || key == "persist_layer_norm" ||
-      key == "masked_softmax_fusion") {
+  if (key.find("fusion") != std::string::npos || key == "persist_layer_norm") {
     return "kernel fusion: not modelled; remat counts the unfused intermediates";
   }
   return "not modelled by remat";
@@ -116,6 +116,34 @@ bool IsTrue(const YAML::Node& n) {
 }  // namespace
 
 namespace {
+
+// The keys of the model section as remat reads them: the model provider's own fields, and those
+// of a nested `transformer` mapping (newer Bridge recipes keep the TransformerConfig there).
+std::vector<std::pair<std::string, YAML::Node>> ModelKeys(const YAML::Node& model) {
+  std::vector<std::pair<std::string, YAML::Node>> keys;
+  for (const auto& kv : model) {
+    const std::string key = kv.first.as<std::string>();
+    if (key == "transformer" && kv.second.IsMap()) {
+      for (const auto& t : kv.second) {
+        const std::string tk = t.first.as<std::string>();
+        if (tk != "_target_" && tk != "_builder_") keys.emplace_back(tk, t.second);
+      }
+      continue;
+    }
+    keys.emplace_back(key, kv.second);
+  }
+  return keys;
+}
+
+// Fields whose Bridge value remat reads by hand, below (not a one-to-one mapping).
+bool ReadByHand(const std::string& key) {
+  static const std::set<std::string> k = {
+      "_target_", "recompute_granularity", "recompute_method", "recompute_num_layers",
+      "recompute_modules", "attention_backend", "bf16", "fp16", "params_dtype", "pipeline_dtype",
+      "autocast_dtype", "seq_length"};
+  return k.count(key) > 0;
+}
+
 search::StatusOr<std::string> ImportBridgeUnguarded(const std::string& yaml_text,
                                                     const std::vector<std::string>& overrides,
                                                     const std::string& name) {
@@ -151,6 +179,14 @@ search::StatusOr<std::string> ImportBridgeUnguarded(const std::string& yaml_text
     return InvalidArgument("model: required (a Megatron Bridge ConfigContainer has a model "
                            "section with the architecture and the parallel layout)");
   }
+  const std::vector<std::pair<std::string, YAML::Node>> model_keys = ModelKeys(model);
+  auto model_value = [&](const std::string& key) {
+    YAML::Node found;
+    for (const auto& [k, v] : model_keys) {
+      if (k == key) found = v;
+    }
+    return found;
+  };
 
   ImportedSpec out("imported by `remat import bridge` from a Megatron Bridge ConfigContainer");
   out.Set("", "name", Flow(YAML::Node(name)));
@@ -158,14 +194,28 @@ search::StatusOr<std::string> ImportBridgeUnguarded(const std::string& yaml_text
     out.Note("model provider: " + target);
   }
 
-  // ---- model.*: the architecture, the layout, and what memory depends on that remat lacks
+  // ---- every declared field with a Bridge key (search/spec_fields.def): the first of its
+  // alternatives that the config has
+  std::map<std::string, std::set<std::string>> taken;  // section -> keys read
+  for (const search::FieldInfo& f : search::SpecFields()) {
+    for (const std::string& bridge_key : f.BridgeKeys()) {
+      const size_t dot = bridge_key.find('.');
+      const std::string section = bridge_key.substr(0, dot), key = bridge_key.substr(dot + 1);
+      const YAML::Node v = Plain(section == "model" ? model_value(key)
+                                                    : Child(Child(root, section), key));
+      if (!v) continue;
+      out.SetField(f, Flow(v));
+      taken[section].insert(key);
+      break;
+    }
+  }
+
+  // ---- model.*: what is read by hand, and a note for every other field
   std::string granularity, method, num_layers;
   std::vector<std::string> modules;
   int quiet = 0;
-  for (const auto& kv : model) {
-    const std::string key = kv.first.as<std::string>();
-    const YAML::Node v = Plain(kv.second);
-    if (key == "_target_") continue;
+  for (const auto& [key, raw] : model_keys) {
+    const YAML::Node v = Plain(raw);
     if (key == "recompute_granularity") {
       granularity = Text(v);
     } else if (key == "recompute_method") {
@@ -190,35 +240,8 @@ search::StatusOr<std::string> ImportBridgeUnguarded(const std::string& yaml_text
       }
       out.Set("model", "attention_backend", remat);
       if (!why.empty()) out.Note("model.attention_backend=" + text + " -> " + remat + " (" + why + ")");
-    } else if (key == "bf16" || key == "fp16" || key == "params_dtype" || key == "pipeline_dtype" ||
-               key == "autocast_dtype" || key == "seq_length") {
-      continue;  // read below, together with mixed_precision and dataset.sequence_length
-    } else if (key == "fp8") {
-      if (!Neutral(v)) {
-        out.Carry("model", "fp8", Flow(v), "FP8 changes what is stored for backward");
-      }
-    } else if (key == "fp8_recipe") {
-      if (!Neutral(v)) out.Carry("model", "fp8_recipe", Flow(v), "FP8 delayed scaling refuses "
-                                 "moe_act and layernorm recompute");
-    } else if (key == "cuda_graph_impl") {
-      if (!Neutral(v) && Text(v) != "none") {
-        out.Carry("model", "cuda_graph_impl", Flow(v),
-                  "CUDA graphs keep static buffers and constrain the recompute boundaries");
-      }
-    } else if (key == "cuda_graph_scope") {
-      if (!Neutral(v) && !(v.IsSequence() && v.size() == 0) && Text(v) != "full") {
-        out.Carry("model", "cuda_graph_scope", Flow(v),
-                  "a checkpoint must lie wholly inside or outside the captured modules");
-      }
-    } else if (key == "q_lora_rank" && v.IsNull()) {
-      out.Set("model", "q_lora_rank", "null");  // explicit: absent would mean 512
-    } else if (key == "moe_layer_freq" && v.IsScalar() && !v.IsNull() &&
-               Text(v).find_first_not_of("0123456789") != std::string::npos) {
-      return InvalidArgument("model.moe_layer_freq: '" + Text(v) +
-                             "' is a Python expression; pass model.moe_layer_freq=[0,1,...] "
-                             "(one 0/1 per layer) or an integer");
-    } else if (const std::string section = RematSectionOf(key); !section.empty()) {
-      if (!v.IsNull()) out.Set(section, key, Flow(v));
+    } else if (ReadByHand(key) || taken["model"].count(key)) {
+      continue;
     } else if (Neutral(v)) {
       ++quiet;
     } else {
@@ -237,9 +260,11 @@ search::StatusOr<std::string> ImportBridgeUnguarded(const std::string& yaml_text
              " more model fields left null, false or empty (not modelled by remat)");
   }
 
-  // Sequence length: what the data loader feeds (dataset.sequence_length) is what trains.
-  const YAML::Node seq = Plain(Child(Child(root, "dataset"), "sequence_length"));
-  const YAML::Node model_seq = Plain(Child(model, "seq_length"));
+  // Sequence length: what the data loader feeds (dataset.sequence_length, or dataset.seq_length
+  // as newer Bridge writes it) is what trains.
+  YAML::Node seq = Plain(Child(Child(root, "dataset"), "sequence_length"));
+  if (!seq || seq.IsNull()) seq = Plain(Child(Child(root, "dataset"), "seq_length"));
+  const YAML::Node model_seq = Plain(model_value("seq_length"));
   if (seq && !seq.IsNull()) {
     out.Set("model", "seq_length", Flow(seq));
     if (model_seq && !model_seq.IsNull() && Flow(model_seq) != Flow(seq)) {
@@ -251,7 +276,7 @@ search::StatusOr<std::string> ImportBridgeUnguarded(const std::string& yaml_text
   }
 
   // Vocabulary: recipes often leave it to the tokenizer.
-  if (Neutral(Plain(Child(model, "vocab_size")))) {
+  if (Neutral(Plain(model_value("vocab_size")))) {
     const YAML::Node tv = Plain(Child(Child(root, "tokenizer"), "vocab_size"));
     if (!Neutral(tv)) {
       out.Set("model", "vocab_size", Flow(tv));
@@ -264,8 +289,8 @@ search::StatusOr<std::string> ImportBridgeUnguarded(const std::string& yaml_text
 
   // Bridge turns sequence parallelism off at TP 1 (its finalize step); remat refuses SP there.
   {
-    const std::string tp = Text(Plain(Child(model, "tensor_model_parallel_size")));
-    if (IsTrue(Plain(Child(model, "sequence_parallel"))) && (tp.empty() || tp == "1")) {
+    const std::string tp = Text(Plain(model_value("tensor_model_parallel_size")));
+    if (IsTrue(Plain(model_value("sequence_parallel"))) && (tp.empty() || tp == "1")) {
       out.Set("parallel", "sequence_parallel", "false");
       out.Note("parallel.sequence_parallel=false: Bridge turns it off at tensor_model_parallel_size 1");
     }
@@ -281,26 +306,18 @@ search::StatusOr<std::string> ImportBridgeUnguarded(const std::string& yaml_text
       else if (recipe.find("fp16") != std::string::npos) precision = "fp16";
       else if (recipe.find("32") != std::string::npos) precision = "fp32";
       if (recipe.find("fp8") != std::string::npos && !out.Has("model", "fp8")) {
-        out.Note("not modelled: mixed_precision=" + recipe +
-                 " trains in FP8 (set model.fp8 in the config to carry it)");
+        out.Note("not carried: mixed_precision=" + recipe +
+                 " names an FP8 recipe by name only; set model.fp8 (and model.fp8_recipe) to "
+                 "carry it");
       }
     } else if (mp && mp.IsMap()) {
       if (IsTrue(Plain(Child(mp, "bf16")))) precision = "bf16";
       else if (IsTrue(Plain(Child(mp, "fp16")))) precision = "fp16";
-      const YAML::Node fp8 = Plain(Child(mp, "fp8"));
-      if (!Neutral(fp8) && !out.Has("model", "fp8")) {
-        out.Carry("model", "fp8", Flow(fp8), "FP8 changes what is stored for backward");
-      }
-      const YAML::Node recipe = Plain(Child(mp, "fp8_recipe"));
-      if (!Neutral(fp8) && !Neutral(recipe) && !out.Has("model", "fp8_recipe")) {
-        out.Carry("model", "fp8_recipe", Flow(recipe),
-                  "FP8 delayed scaling refuses moe_act and layernorm recompute");
-      }
     }
     if (precision.empty()) {
-      if (IsTrue(Plain(Child(model, "bf16")))) precision = "bf16";
-      else if (IsTrue(Plain(Child(model, "fp16")))) precision = "fp16";
-      else if (Child(model, "bf16") || Child(model, "fp16")) precision = "fp32";
+      if (IsTrue(Plain(model_value("bf16")))) precision = "bf16";
+      else if (IsTrue(Plain(model_value("fp16")))) precision = "fp16";
+      else if (model_value("bf16") || model_value("fp16")) precision = "fp32";
     }
     if (precision == "fp16") {
       out.Note("train.precision=bf16 for fp16 (same bytes per value; remat has bf16 and fp32)");
@@ -309,57 +326,33 @@ search::StatusOr<std::string> ImportBridgeUnguarded(const std::string& yaml_text
     if (!precision.empty()) out.Set("train", "precision", precision);
   }
 
-  // ---- train.*, rng.seed, the distributed optimizer
-  std::map<std::string, std::vector<std::string>> ignored;  // section -> fields
-  const YAML::Node train = Child(root, "train");
-  if (train && train.IsMap()) {
-    for (const auto& kv : train) {
-      const std::string key = kv.first.as<std::string>();
-      const YAML::Node v = Plain(kv.second);
-      if (key == "micro_batch_size" || key == "global_batch_size") {
-        if (!v.IsNull()) out.Set("train", key, Flow(v));
-      } else if (key != "_target_" && !Neutral(v)) {
-        ignored["train"].push_back(key);
-      }
-    }
-  }
-  const YAML::Node seed = Plain(Child(Child(root, "rng"), "seed"));
-  if (!Neutral(seed)) out.Set("train", "seed", Flow(seed));
-  for (const char* section : {"optimizer", "ddp"}) {
-    if (IsTrue(Plain(Child(Child(root, section), "use_distributed_optimizer")))) {
-      out.Set("train", "use_distributed_optimizer", "true");
-    }
-  }
-  for (const char* key : {"overlap_grad_reduce", "overlap_param_gather"}) {
-    if (IsTrue(Plain(Child(Child(root, "ddp"), key)))) out.Set("parallel", key, "true");
-  }
   const std::string optimizer = Text(Plain(Child(Child(root, "optimizer"), "optimizer")));
   if (!optimizer.empty() && optimizer != "adam") {
     out.Note("not modelled: optimizer.optimizer=" + optimizer +
              " (remat's static memory assumes Adam's two fp32 moments)");
   }
 
-  // ---- every other section: one line each, naming the fields it set
-  static const std::set<std::string> kTaken = {"model", "train"};
-  static const std::map<std::string, std::set<std::string>> kTakenFields = {
-      {"dataset", {"sequence_length"}}, {"rng", {"seed"}},
-      {"optimizer", {"use_distributed_optimizer", "optimizer"}},
-      {"ddp", {"use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"}},
+  // ---- every other section: one line each, naming the fields it set that remat did not read
+  static const std::map<std::string, std::set<std::string>> kReadByHand = {
+      {"dataset", {"sequence_length", "seq_length"}},
+      {"optimizer", {"optimizer"}},
       {"tokenizer", {"vocab_size"}},
-      {"mixed_precision", {"bf16", "fp16", "fp8", "fp8_recipe"}}};
+      {"mixed_precision", {"bf16", "fp16"}}};
+  std::map<std::string, std::vector<std::string>> ignored;  // section -> fields
   for (const auto& kv : root) {
     const std::string section = kv.first.as<std::string>();
-    if (kTaken.count(section)) continue;
+    if (section == "model") continue;
     const YAML::Node v = kv.second;
     if (!v.IsMap()) {
       if (section != "mixed_precision" && !Neutral(v)) ignored[section].push_back("");
       continue;
     }
-    auto taken = kTakenFields.find(section);
+    auto by_hand = kReadByHand.find(section);
     for (const auto& f : v) {
       const std::string field = f.first.as<std::string>();
       if (field == "_target_" || Neutral(Plain(f.second))) continue;
-      if (taken != kTakenFields.end() && taken->second.count(field)) continue;
+      if (taken[section].count(field)) continue;
+      if (by_hand != kReadByHand.end() && by_hand->second.count(field)) continue;
       ignored[section].push_back(field);
     }
   }

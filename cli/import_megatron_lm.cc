@@ -5,6 +5,7 @@
 
 #include "cli/import_spec.h"
 #include "cli/import_yaml_util.h"
+#include "search/spec_fields.h"
 
 namespace remat::cli {
 namespace {
@@ -29,18 +30,6 @@ std::string Yaml(const std::string& value) { return yaml_util::Flow(YAML::Node(v
 
 bool IsInt(const std::string& s) {
   return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
-}
-
-// Switches Megatron-LM spells as the TransformerConfig field they set to true.
-const std::set<std::string>& TrueSwitches() {
-  static const std::set<std::string> k = {
-      "multi_latent_attention", "moe_grouped_gemm", "moe_shared_expert_overlap",
-      "overlap_moe_expert_parallel_comm", "sequence_parallel", "distribute_saved_activations",
-      "cpu_offloading", "account_for_embedding_in_pipeline_split",
-      "account_for_loss_in_pipeline_split", "attention_softmax_in_fp32", "gated_linear_unit",
-      "add_bias_linear", "share_embeddings_and_output_weights", "overlap_grad_reduce",
-      "overlap_param_gather"};
-  return k;
 }
 
 }  // namespace
@@ -100,89 +89,42 @@ search::StatusOr<std::string> ImportMegatronLm(const std::vector<std::string>& a
       modules = f.values;
     } else if (n == "recompute_activations") {
       granularity = "selective";
-    } else if (n == "swiglu") {
-      REMAT_SEARCH_RETURN_IF_ERROR(is_switch());
-      out.Set("model", "gated_linear_unit", "true");
-    } else if (n == "disable_bias_linear") {
-      REMAT_SEARCH_RETURN_IF_ERROR(is_switch());
-      out.Set("model", "add_bias_linear", "false");
-    } else if (n == "untie_embeddings_and_output_weights") {
-      REMAT_SEARCH_RETURN_IF_ERROR(is_switch());
-      out.Set("model", "share_embeddings_and_output_weights", "false");
     } else if (n == "group_query_attention") {
       gqa = true;
     } else if (n == "num_query_groups") {
       REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
       query_groups = value;
-    } else if (n == "num_experts") {
-      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
-      out.Set("model", "num_moe_experts", Yaml(value));
-    } else if (n == "moe_layer_freq") {
-      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
-      if (!IsInt(value) && value.find_first_not_of("[], 01") != std::string::npos) {
-        return InvalidArgument(f.spelled + ": '" + value + "' is a Python expression; give an "
-                               "integer or a list [0,1,...] of one 0/1 per layer");
-      }
-      out.Set("model", "moe_layer_freq", value);
-    } else if (n == "decoder_first_pipeline_num_layers" || n == "decoder_last_pipeline_num_layers") {
-      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
-      out.Set("parallel",
-              n == "decoder_first_pipeline_num_layers" ? "num_layers_in_first_pipeline_stage"
-                                                       : "num_layers_in_last_pipeline_stage",
-              Yaml(value));
     } else if (n == "num_layers_per_virtual_pipeline_stage") {
       REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
       per_virtual_stage = value;
-    } else if (n == "micro_batch_size" || n == "global_batch_size" || n == "seed") {
-      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
-      out.Set("train", n, Yaml(value));
     } else if (n == "bf16" || n == "fp16") {
       REMAT_SEARCH_RETURN_IF_ERROR(is_switch());
       out.Set("train", "precision", "bf16");
       if (n == "fp16") {
         out.Note("train.precision=bf16 for --fp16 (same bytes per value; remat has bf16 and fp32)");
       }
-    } else if (n == "use_distributed_optimizer") {
-      REMAT_SEARCH_RETURN_IF_ERROR(is_switch());
-      out.Set("train", "use_distributed_optimizer", "true");
     } else if (n == "attention_backend") {
       REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
       attention_backend = value;
     } else if (n == "transformer_impl") {
       REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
       transformer_impl = value;
-    } else if (n == "fp8_format") {
-      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
-      out.Carry("model", "fp8", Yaml(value), "FP8 changes what is stored for backward");
-    } else if (n == "fp8_recipe") {
-      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
-      out.Carry("model", "fp8_recipe", Yaml(value),
-                "FP8 delayed scaling refuses moe_act and layernorm recompute");
-    } else if (n == "cuda_graph_scope" || n == "cuda_graph_modules") {
-      if (f.values.empty()) return InvalidArgument(f.spelled + ": takes module names");
-      std::string list;
-      for (const std::string& v : f.values) list += (list.empty() ? "" : ", ") + Yaml(v);
-      if (list != "full") {
-        out.Carry("model", "cuda_graph_scope", "[" + list + "]",
-                  "a checkpoint must lie wholly inside or outside the captured modules");
-      }
-    } else if (n == "cuda_graph_impl") {
-      REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
-      if (value != "none") {
-        out.Carry("model", "cuda_graph_impl", Yaml(value),
-                  "CUDA graphs keep static buffers and constrain the recompute boundaries");
-      }
     } else if (n == "optimizer" && value != "adam") {
       out.Note("not modelled: --optimizer " + value +
                " (remat's static memory assumes Adam's two fp32 moments)");
-    } else if (const std::string section = RematSectionOf(n);
-               !section.empty() && n != "attention_backend") {
-      if (TrueSwitches().count(n)) {
+    } else if (bool sets_false = false;
+               const search::FieldInfo* field = search::FindFieldByMegatronLmFlag(n, &sets_false)) {
+      if (field->kind == search::FieldKind::kBool) {
         REMAT_SEARCH_RETURN_IF_ERROR(is_switch());
-        out.Set(section, n, "true");
+        out.SetField(*field, sets_false ? "false" : "true");
+      } else if (field->kind == search::FieldKind::kList) {
+        if (f.values.empty()) return InvalidArgument(f.spelled + ": takes one or more values");
+        std::string list;
+        for (const std::string& v : f.values) list += (list.empty() ? "" : ", ") + Yaml(v);
+        out.SetField(*field, "[" + list + "]");
       } else {
         REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
-        out.Set(section, n, Yaml(value));
+        out.SetField(*field, Yaml(value));
       }
     } else if (n != "optimizer") {
       std::string shown = f.spelled;

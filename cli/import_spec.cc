@@ -1,6 +1,5 @@
 #include "cli/import_spec.h"
 
-#include <cstdio>
 #include <sstream>
 
 #include "search/policy.h"
@@ -12,29 +11,18 @@ namespace {
 
 constexpr const char* kSections[] = {"model", "train", "parallel", "search"};
 
-std::string Num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.15g", v);
-  return buf;
-}
-
-// The search section's defaults (search::SearchOptions), spelled out in the output.
+// The search section's defaults, spelled out in the output (those that say something: not the
+// empty strings and lists of options that only matter with another setting).
 std::vector<std::pair<std::string, std::string>> SearchDefaults() {
-  const search::SearchOptions d;
-  return {{"memory_budget_gib", Num(d.memory_budget_gib)},
-          {"memory_metric", search::Name(d.memory_metric)},
-          {"strategy", search::Name(d.strategy)},
-          {"objective", search::Name(d.objective)},
-          {"memory_headroom_gib", Num(d.memory_headroom_gib)},
-          {"max_trials", std::to_string(d.max_trials)},
-          {"warmup_steps", std::to_string(d.warmup_steps)},
-          {"warmup_max_steps", std::to_string(d.warmup_max_steps)},
-          {"steady_window", std::to_string(d.steady_window)},
-          {"steady_tolerance", Num(d.steady_tolerance)},
-          {"measure_steps", std::to_string(d.measure_steps)},
-          {"backend", search::Name(d.backend)},
-          {"device", search::Name(d.device)},
-          {"trial_timeout_s", Num(d.trial_timeout_s)}};
+  std::vector<std::pair<std::string, std::string>> out;
+  search::VisitFields(search::SearchSpec(), [&](const search::FieldInfo& f, const auto& value) {
+    const std::string text = search::FormatValue(value);
+    if (std::string(f.section) == "search" && text != "null" && text != "[]" &&
+        f.kind != search::FieldKind::kBool) {
+      out.emplace_back(f.name, text);
+    }
+  });
+  return out;
 }
 
 }  // namespace
@@ -44,19 +32,15 @@ void ImportedSpec::Set(const std::string& section, const std::string& key,
   for (Field& f : fields_) {
     if (f.section == section && f.key == key) {
       f.value = yaml_value;
-      f.why.clear();
       return;
     }
   }
-  fields_.push_back({section, key, yaml_value, ""});
+  fields_.push_back({section, key, yaml_value});
 }
 
-void ImportedSpec::Carry(const std::string& section, const std::string& key,
-                         const std::string& yaml_value, const std::string& why) {
-  Set(section, key, yaml_value);
-  for (Field& f : fields_) {
-    if (f.section == section && f.key == key) f.why = why;
-  }
+void ImportedSpec::SetField(const search::FieldInfo& f, const std::string& yaml_value) {
+  if (yaml_value == "null" && !search::NullDiffersFromDefault(f)) return;
+  Set(f.section, f.name, yaml_value);
 }
 
 bool ImportedSpec::Has(const std::string& section, const std::string& key) const {
@@ -94,28 +78,10 @@ std::string ImportedSpec::Render(const std::vector<Field>& fields,
 }
 
 search::StatusOr<std::string> ImportedSpec::Finish() const {
-  std::vector<Field> fields = fields_;
-  std::vector<std::string> notes = notes_;
-  // Each pass either succeeds, fails for good, or drops one carried field the reader refuses.
-  for (;;) {
-    const std::string text = Render(fields, notes);
-    auto parsed = spec::ParseSpecYaml(text);
-    if (parsed.ok()) return text;
-    const std::string message(parsed.status().message());
-    bool dropped = false;
-    for (auto it = fields.begin(); it != fields.end(); ++it) {
-      if (it->why.empty()) continue;
-      const std::string path = it->section.empty() ? it->key : it->section + "." + it->key;
-      if (message.rfind(path + ": unknown key", 0) == 0) {
-        notes.push_back("not modelled: " + path + "=" + it->value + " (" + it->why +
-                        "; this remat's spec has no such field)");
-        fields.erase(it);
-        dropped = true;
-        break;
-      }
-    }
-    if (!dropped) return search::InvalidArgument(message);
-  }
+  const std::string text = Render(fields_, notes_);
+  auto parsed = spec::ParseSpecYaml(text);
+  if (!parsed.ok()) return parsed.status();
+  return text;
 }
 
 search::StatusOr<std::pair<std::string, std::string>> SplitOverride(const std::string& arg) {
@@ -131,33 +97,6 @@ search::StatusOr<std::pair<std::string, std::string>> SplitOverride(const std::s
 
 bool IsRematOnlyKey(const std::string& key) {
   return key.rfind("parallel.", 0) == 0 || key.rfind("search.", 0) == 0;
-}
-
-std::string RematSectionOf(const std::string& name) {
-  static const char* const kModel[] = {
-      "num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size",
-      "num_query_groups", "ffn_hidden_size", "kv_channels", "gated_linear_unit", "normalization",
-      "attention_backend", "attention_dropout", "hidden_dropout", "attention_softmax_in_fp32",
-      "add_bias_linear", "position_embedding_type", "share_embeddings_and_output_weights",
-      "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
-      "qk_pos_emb_head_dim", "v_head_dim", "num_moe_experts", "moe_router_topk",
-      "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_grouped_gemm",
-      "moe_layer_freq", "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm",
-      "experimental_attention_variant", "cpu_offloading", "cpu_offloading_num_layers",
-      "distribute_saved_activations"};
-  static const char* const kParallel[] = {
-      "tensor_model_parallel_size", "pipeline_model_parallel_size",
-      "virtual_pipeline_model_parallel_size", "context_parallel_size",
-      "expert_model_parallel_size", "sequence_parallel", "num_layers_in_first_pipeline_stage",
-      "num_layers_in_last_pipeline_stage", "account_for_embedding_in_pipeline_split",
-      "account_for_loss_in_pipeline_split", "overlap_grad_reduce", "overlap_param_gather"};
-  for (const char* k : kModel) {
-    if (name == k) return "model";
-  }
-  for (const char* k : kParallel) {
-    if (name == k) return "parallel";
-  }
-  return "";
 }
 
 std::string PolicyOfRecomputeFields(const std::string& granularity, const std::string& method,

@@ -2,18 +2,19 @@
 // ConfigContainer, Megatron-LM arguments), and the one way it is written out.
 //
 // An importer fills the spec's fields by their remat names, with values as YAML text, and notes
-// every input field it did not carry and why. Finish writes the YAML (the search section with
-// every default spelled out, so the user sees what to change) with one comment line per note,
-// and parses it back through the spec reader, so what is printed is a spec remat accepts.
-// Fields remat's spec may not have on every version (`Carry`: fp8, CUDA graphs) are written as
-// fields when the spec reader accepts them and turned into comments when it refuses them as
-// unknown keys. Thread-safety: plain values and pure functions.
+// every input field it did not carry and why. Which Megatron Bridge key or Megatron-LM flag is
+// which field is the spec's declaration's (search/spec_fields.h: FindFieldByBridgeKey,
+// FindFieldByMegatronLmFlag); the importers hold only what is not a one-to-one mapping. Finish
+// writes the YAML (the search section with its defaults spelled out, so the user sees what to
+// change) with one comment line per note, and parses it back through the spec reader, so what is
+// printed is a spec remat accepts. Thread-safety: plain values and pure functions.
 #pragma once
 
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "search/spec_fields.h"
 #include "search/status.h"
 
 namespace remat::cli {
@@ -27,10 +28,9 @@ class ImportedSpec {
   // `yaml_value` (a YAML scalar or flow value: "4096", "true", "RMSNorm", "[2, 4]"); a later
   // Set of the same key replaces the earlier value in place.
   void Set(const std::string& section, const std::string& key, const std::string& yaml_value);
-  // Like Set, for a field remat's spec may not have: kept when the spec reader knows it,
-  // otherwise a comment saying that `why` matters to memory and is not modelled.
-  void Carry(const std::string& section, const std::string& key, const std::string& yaml_value,
-             const std::string& why);
+  // Sets declared field `f` from a value of the input: null only where null means something
+  // (search::NullDiffersFromDefault; elsewhere null is the default and is left out).
+  void SetField(const search::FieldInfo& f, const std::string& yaml_value);
   bool Has(const std::string& section, const std::string& key) const;
   // One comment line in the output: "ignored: <field> (<why>)" and the like.
   void Note(const std::string& line) { notes_.push_back(line); }
@@ -42,7 +42,7 @@ class ImportedSpec {
 
  private:
   struct Field {
-    std::string section, key, value, why;  // why: non-empty for a carried field
+    std::string section, key, value;
   };
   std::string Render(const std::vector<Field>& fields, const std::vector<std::string>& notes) const;
 
@@ -58,11 +58,6 @@ search::StatusOr<std::pair<std::string, std::string>> SplitOverride(const std::s
 // True for a key of remat's own spec that no Megatron Bridge configuration has (`parallel.*`,
 // `search.*`): importers apply these to the output as they are.
 bool IsRematOnlyKey(const std::string& key);
-
-// The section of remat's spec ("model" or "parallel") holding the Megatron Core
-// TransformerConfig field `name`, which remat reads under the same name; "" when remat's spec
-// has no field of that name (Megatron Bridge keeps all of these under `model.`).
-std::string RematSectionOf(const std::string& name);
 
 // The recompute policy string (search/policy.h) a configuration's own recompute fields describe,
 // e.g. "full:uniform:1" or "selective:[core_attn]"; "" when they set none.

@@ -12,6 +12,11 @@ YAML::Node Plain(const YAML::Node& node) {
   if (!node || !node.IsMap()) return node;
   const YAML::Node target = Child(node, "_target_");
   if (!target || !target.IsScalar()) return node;
+  // A mapping with fields of its own is an object (MixedPrecisionConfig, ...), not a value.
+  for (const auto& kv : node) {
+    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "";
+    if (key != "_target_" && key != "_args_" && key != "_call_" && key != "_partial_") return node;
+  }
   const YAML::Node args = Child(node, "_args_");
   if (args && args.IsSequence() && args.size() > 0) return args[0];
   const std::string t = target.Scalar();

@@ -12,7 +12,8 @@ namespace remat::cli::yaml_util {
 YAML::Node Child(const YAML::Node& node, const std::string& key);
 // A value as Bridge writes it, made plain: a `{_target_: X, _args_: [A, ...]}` mapping (enums)
 // becomes A, a `{_target_: a.b.c}` mapping without arguments (dtypes, functions) becomes the
-// scalar "c"; anything else is returned as is.
+// scalar "c"; anything else (an object with fields of its own, such as a MixedPrecisionConfig) is
+// returned as is.
 YAML::Node Plain(const YAML::Node& node);
 // YAML flow text of a node ("4096", "true", "[0, 1]", "'a: b'"); "null" for an undefined node.
 std::string Flow(const YAML::Node& node);

@@ -6,6 +6,7 @@
 
 #include "search/policy.h"
 #include "search/spec_fields.h"
+#include "search/text.h"
 
 namespace remat::proto {
 namespace {
@@ -39,24 +40,6 @@ const FieldDescriptor* PatternField(const Message& msg, const search::FieldInfo&
   return msg.GetDescriptor()->FindFieldByNumber(f.proto_number + 1);
 }
 
-// Whether field `f` is an optional whose default is not null (MLA's q_lora_rank, 512): such a
-// field says null on the wire as 0, since an unset field means its default.
-bool NullIsZero(const search::FieldInfo& f) {
-  static const std::vector<bool> kNullIsZero = [] {
-    std::vector<bool> out;
-    search::VisitFields(search::SearchSpec(), [&](const search::FieldInfo&, const auto& member) {
-      using T = std::decay_t<decltype(member)>;
-      if constexpr (search::IsOptional<T>::value) {
-        out.push_back(member.has_value());
-      } else {
-        out.push_back(false);
-      }
-    });
-    return out;
-  }();
-  return kNullIsZero[&f - search::SpecFields().data()];
-}
-
 // Reads one member from its proto field by the member's type; `has` is false when the message
 // leaves it unset (the member keeps its default).
 template <typename T>
@@ -83,7 +66,7 @@ Status ReadMember(const Message& msg, const FieldDescriptor* fd, const search::F
       V v{};
       REMAT_SEARCH_RETURN_IF_ERROR(ReadMember(msg, fd, f, &v));
       if constexpr (std::is_same_v<V, int>) {
-        if (v == 0 && NullIsZero(f)) {
+        if (v == 0 && search::NullDiffersFromDefault(f)) {
           out->reset();
           return search::OkStatus();
         }
@@ -104,7 +87,7 @@ Status ReadMember(const Message& msg, const FieldDescriptor* fd, const search::F
       static_assert(std::is_enum_v<T>);
       const std::string name = r->GetString(msg, fd);
       auto v = search::ParseEnum<T>(name);
-      if (!v) return InvalidArgument(f.Path() + ": unknown value '" + name + "'");
+      if (!v) return InvalidArgument(f.Path() + ": unknown value " + search::QuoteForError(name));
       *out = *v;
     }
     return search::OkStatus();
@@ -130,7 +113,7 @@ void WriteMember(const T& value, const search::FieldInfo& f, const FieldDescript
   } else if constexpr (search::IsOptional<T>::value) {
     if (value) {
       WriteMember(*value, f, fd, msg);
-    } else if (NullIsZero(f)) {
+    } else if (search::NullDiffersFromDefault(f)) {
       r->SetInt32(msg, fd, 0);
     }
   } else if constexpr (std::is_same_v<T, int>) {

@@ -40,6 +40,12 @@ struct MoeLayerFreq {
   bool operator!=(const MoeLayerFreq& o) const { return !(*this == o); }
 };
 
+// Reads moe_layer_freq written as text: an integer ("3"), a list ("[0, 1, 1]") or Megatron's
+// Python expression of lists, repetitions and concatenations ("([0]*3+[1]*58)", "[1,0]*4"), as
+// Megatron-LM's --moe-layer-freq and Megatron Bridge recipes write it. InvalidArgument naming
+// `field` when the text is none of these (nothing is evaluated).
+StatusOr<MoeLayerFreq> ParseMoeLayerFreq(const std::string& text, const std::string& field);
+
 // The sections' members are declared in search/spec_fields.def, with their defaults and docs.
 struct ModelSpec {
 #define REMAT_MODEL(type, name, default_value, ...) type name = default_value;
@@ -136,7 +142,8 @@ struct SearchSpec {
 
 // `spec` with the architecture's derived defaults written out: num_query_groups, ffn_hidden_size,
 // kv_channels, normalization and moe_ffn_hidden_size (MoE models) take the values the
-// Effective*() helpers give. What the spec means is unchanged; a field that null leaves off (no
+// Effective*() helpers give, and MLA's dimensions their defaults on a model without MLA (where
+// they mean nothing). What the spec means is unchanged; a field that null leaves off (no
 // experts, no interleaving) stays null, and so does global_batch_size, whose default follows the
 // data-parallel size (a capacity lever that doubles DP keeps one micro-batch per step).
 SearchSpec ResolveDefaults(const SearchSpec& spec);

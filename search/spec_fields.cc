@@ -16,10 +16,11 @@ const char* Name(MegatronHome home) {
   return "?";
 }
 
-std::vector<std::string> FieldInfo::BridgeKeys() const {
+namespace {
+std::vector<std::string> SplitAlternatives(const char* text) {
   std::vector<std::string> keys;
   std::string key;
-  for (const char* c = bridge; *c != '\0'; ++c) {
+  for (const char* c = text; *c != '\0'; ++c) {
     if (*c == '|') {
       keys.push_back(key);
       key.clear();
@@ -30,12 +31,18 @@ std::vector<std::string> FieldInfo::BridgeKeys() const {
   if (!key.empty()) keys.push_back(key);
   return keys;
 }
+}  // namespace
+
+std::vector<std::string> FieldInfo::BridgeKeys() const { return SplitAlternatives(bridge); }
+std::vector<std::string> FieldInfo::MegatronLmFlags() const {
+  return SplitAlternatives(megatron_lm);
+}
 
 const std::vector<FieldInfo>& SpecFields() {
   static const std::vector<FieldInfo> kFields = {
 #define REMAT_FIELD_INFO(section, type, name, default_value, number, required, home, bridge, lm, \
                          doc)                                                                    \
-  {section, #name, number, required, MegatronHome::k##home, bridge, lm, doc},
+  {section, #name, number, required, MegatronHome::k##home, bridge, lm, doc, KindOf<type>()},
 #define REMAT_MODEL(...) REMAT_FIELD_INFO("model", __VA_ARGS__)
 #define REMAT_TRAIN(...) REMAT_FIELD_INFO("train", __VA_ARGS__)
 #define REMAT_PARALLEL(...) REMAT_FIELD_INFO("parallel", __VA_ARGS__)
@@ -75,17 +82,34 @@ const FieldInfo* FindFieldByMegatronLmFlag(const std::string& flag, bool* sets_f
   std::string want = Underscores(flag);
   while (!want.empty() && want[0] == '_') want.erase(0, 1);
   for (const FieldInfo& f : SpecFields()) {
-    std::string lm = f.megatron_lm;
-    const bool inverted = !lm.empty() && lm[0] == '!';
-    if (inverted) lm.erase(0, 1);
-    lm = Underscores(lm);
-    while (!lm.empty() && lm[0] == '_') lm.erase(0, 1);
-    if (!lm.empty() && lm == want) {
-      *sets_false = inverted;
-      return &f;
+    for (std::string lm : f.MegatronLmFlags()) {
+      const bool inverted = !lm.empty() && lm[0] == '!';
+      if (inverted) lm.erase(0, 1);
+      lm = Underscores(lm);
+      while (!lm.empty() && lm[0] == '_') lm.erase(0, 1);
+      if (!lm.empty() && lm == want) {
+        *sets_false = inverted;
+        return &f;
+      }
     }
   }
   return nullptr;
+}
+
+bool NullDiffersFromDefault(const FieldInfo& f) {
+  static const std::vector<bool> kDiffers = [] {
+    std::vector<bool> out;
+    VisitFields(SearchSpec(), [&](const FieldInfo&, const auto& member) {
+      using T = std::decay_t<decltype(member)>;
+      if constexpr (IsOptional<T>::value) {
+        out.push_back(member.has_value());
+      } else {
+        out.push_back(false);
+      }
+    });
+    return out;
+  }();
+  return kDiffers[&f - SpecFields().data()];
 }
 
 std::string FormatValue(int v) { return std::to_string(v); }
@@ -111,10 +135,11 @@ std::string SpecFieldsMarkdown() {
     const auto code = [](const std::string& s) { return s.empty() ? "" : "`" + s + "`"; };
     std::string bridge;
     for (const std::string& k : f.BridgeKeys()) bridge += (bridge.empty() ? "" : ", ") + code(k);
-    std::string lm = f.megatron_lm;
-    if (!lm.empty() && lm[0] == '!') lm = lm.substr(1) + "` (sets false)";
-    else if (!lm.empty()) lm += "`";
-    if (!lm.empty()) lm = "`" + lm;
+    std::string lm;
+    for (const std::string& flag : f.MegatronLmFlags()) {
+      lm += (lm.empty() ? "" : ", ") +
+            (flag[0] == '!' ? code(flag.substr(1)) + " (sets false)" : code(flag));
+    }
     out += "| `" + f.Path() + "` | " + (f.required ? "required" : code(FormatValue(value))) +
            " | " + TypeDescription<T>() + " | " +
            (f.home == MegatronHome::kRemat ? "" : Name(f.home)) + " | " + bridge + " | " + lm +

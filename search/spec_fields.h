@@ -30,45 +30,8 @@ enum class MegatronHome {
 };
 const char* Name(MegatronHome home);
 
-// One declared field (search/spec_fields.def explains each member).
-struct FieldInfo {
-  const char* section;  // "model", "train", "parallel" or "search"
-  const char* name;
-  int proto_number;
-  bool required;
-  MegatronHome home;
-  const char* bridge;       // Megatron Bridge keys, '|' between alternatives; "" none
-  const char* megatron_lm;  // "--flag", "!--flag" (a switch that sets false) or ""
-  const char* doc;
-
-  std::string Path() const { return std::string(section) + "." + name; }
-  // The Megatron Bridge keys, split at '|'.
-  std::vector<std::string> BridgeKeys() const;
-};
-
-// Every field, in declaration order (the sections in the order model, train, parallel, search).
-const std::vector<FieldInfo>& SpecFields();
-// The field `section.name`, or null.
-const FieldInfo* FindField(const std::string& section, const std::string& name);
-// The field read from Megatron Bridge key `key` ("ddp.overlap_grad_reduce"), or null.
-const FieldInfo* FindFieldByBridgeKey(const std::string& key);
-// The field set by Megatron-LM flag `flag` ("--overlap-grad-reduce" or "overlap_grad_reduce",
-// dashes and underscores alike), or null; *sets_false is true for a "!--flag" switch.
-const FieldInfo* FindFieldByMegatronLmFlag(const std::string& flag, bool* sets_false);
-
-// Calls visit(const FieldInfo&, member) for every field of `spec`, in SpecFields() order; the
-// member is a reference to the field's value in `spec` (const when `spec` is). `visit` is
-// typically a generic lambda that dispatches on the member's type with the traits below.
-template <typename Spec, typename Visit>
-void VisitFields(Spec&& spec, Visit&& visit) {
-  static_assert(std::is_same_v<std::decay_t<Spec>, SearchSpec>);
-  const FieldInfo* info = SpecFields().data();
-#define REMAT_MODEL(type, name, ...) visit(*info++, spec.model.name);
-#define REMAT_TRAIN(type, name, ...) visit(*info++, spec.train.name);
-#define REMAT_PARALLEL(type, name, ...) visit(*info++, spec.parallel.name);
-#define REMAT_SEARCH(type, name, ...) visit(*info++, spec.search.name);
-#include "search/spec_fields.def"
-}
+// What kind of value a field holds, whatever its C++ type.
+enum class FieldKind { kBool, kInteger, kNumber, kString, kEnum, kList, kLayerFreq };
 
 // Type traits for the member types a field may have.
 template <typename T>
@@ -83,6 +46,76 @@ template <typename T>
 struct IsVector<std::vector<T>> : std::true_type {
   using Value = T;
 };
+
+template <typename T>
+constexpr FieldKind KindOf() {
+  if constexpr (IsOptional<T>::value) {
+    return KindOf<typename IsOptional<T>::Value>();
+  } else if constexpr (IsVector<T>::value) {
+    return FieldKind::kList;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return FieldKind::kBool;
+  } else if constexpr (std::is_same_v<T, int> || std::is_same_v<T, uint64_t>) {
+    return FieldKind::kInteger;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return FieldKind::kNumber;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return FieldKind::kString;
+  } else if constexpr (std::is_same_v<T, MoeLayerFreq>) {
+    return FieldKind::kLayerFreq;
+  } else {
+    static_assert(std::is_enum_v<T>, "a spec field of a type spec_fields.h does not know");
+    return FieldKind::kEnum;
+  }
+}
+
+// One declared field (search/spec_fields.def explains each member).
+struct FieldInfo {
+  const char* section;  // "model", "train", "parallel" or "search"
+  const char* name;
+  int proto_number;
+  bool required;
+  MegatronHome home;
+  const char* bridge;       // Megatron Bridge keys, '|' between alternatives; "" none
+  const char* megatron_lm;  // "--flag", "!--flag" (a switch that sets false), '|' between; or ""
+  const char* doc;
+  FieldKind kind;
+
+  std::string Path() const { return std::string(section) + "." + name; }
+  // The Megatron Bridge keys, split at '|'.
+  std::vector<std::string> BridgeKeys() const;
+  // The Megatron-LM flags, split at '|' (each "--flag" or "!--flag").
+  std::vector<std::string> MegatronLmFlags() const;
+};
+
+// Every field, in declaration order (the sections in the order model, train, parallel, search).
+const std::vector<FieldInfo>& SpecFields();
+// The field `section.name`, or null.
+const FieldInfo* FindField(const std::string& section, const std::string& name);
+// The field read from Megatron Bridge key `key` ("ddp.overlap_grad_reduce"), or null.
+const FieldInfo* FindFieldByBridgeKey(const std::string& key);
+// The field set by Megatron-LM flag `flag` ("--overlap-grad-reduce" or "overlap_grad_reduce",
+// dashes and underscores alike), or null; *sets_false is true for a "!--flag" switch.
+const FieldInfo* FindFieldByMegatronLmFlag(const std::string& flag, bool* sets_false);
+
+// Whether null means something for field `f` other than its default: an optional whose default
+// is not null (MLA's q_lora_rank, 512; null is no q compression). For every other field null is
+// the default. The protobuf conversion writes such a null as 0; the importers carry it.
+bool NullDiffersFromDefault(const FieldInfo& f);
+
+// Calls visit(const FieldInfo&, member) for every field of `spec`, in SpecFields() order; the
+// member is a reference to the field's value in `spec` (const when `spec` is). `visit` is
+// typically a generic lambda that dispatches on the member's type with the traits below.
+template <typename Spec, typename Visit>
+void VisitFields(Spec&& spec, Visit&& visit) {
+  static_assert(std::is_same_v<std::decay_t<Spec>, SearchSpec>);
+  const FieldInfo* info = SpecFields().data();
+#define REMAT_MODEL(type, name, ...) visit(*info++, spec.model.name);
+#define REMAT_TRAIN(type, name, ...) visit(*info++, spec.train.name);
+#define REMAT_PARALLEL(type, name, ...) visit(*info++, spec.parallel.name);
+#define REMAT_SEARCH(type, name, ...) visit(*info++, spec.search.name);
+#include "search/spec_fields.def"
+}
 
 // A value as the spec's YAML writes it: 4096, true, 0.1, RMSNorm, [2, 4], null. Strings are
 // written plain; callers that emit YAML quote them where YAML would read them otherwise.

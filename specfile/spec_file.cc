@@ -264,8 +264,12 @@ Status ReadValue(const YAML::Node& n, const std::string& field, T* out) {
       out->every = 1;
       return ReadValue(n, field, &out->pattern);
     }
-    out->pattern.clear();
-    return ReadValue(n, field, &out->every);
+    if (!n.IsScalar()) return InvalidArgument(field + ": must be an integer or a list");
+    // An integer, or Megatron's expression ("([0]*3+[1]*58)") as recipes write it.
+    auto freq = search::ParseMoeLayerFreq(n.Scalar(), field);
+    if (!freq.ok()) return freq.status();
+    *out = *freq;
+    return search::OkStatus();
   } else if constexpr (std::is_same_v<T, int>) {
     return Section::ParseInt(n, field, out);
   } else if constexpr (std::is_same_v<T, uint64_t>) {

@@ -123,10 +123,10 @@ TEST(ConvertTest, UnknownEnumNamesTheField) {
   msg.mutable_model()->set_normalization("BatchNorm");
   auto spec = FromProto(msg);
   ASSERT_FALSE(spec.ok());
-  EXPECT_EQ(spec.status().message(), "model.normalization: unknown value 'BatchNorm'");
+  EXPECT_EQ(spec.status().message(), "model.normalization: unknown value \"BatchNorm\"");
   v1::SearchSpec msg2;
   msg2.mutable_search()->set_backend("slurm");
-  EXPECT_EQ(FromProto(msg2).status().message(), "search.backend: unknown value 'slurm'");
+  EXPECT_EQ(FromProto(msg2).status().message(), "search.backend: unknown value \"slurm\"");
 }
 
 TEST(ConvertTest, TrialResultRoundTrips) {
