@@ -39,6 +39,10 @@ inline constexpr size_t kMaxTrialMessageBytes = 4096;
 inline constexpr int kMaxGrpcMessageBytes = 64 << 20;
 inline constexpr size_t kMaxLeaseReplyBytes = 16u << 20;
 
+// A step time a result may carry (trial, rank, step, proxy): 0 (not measured) or from 1 µs to
+// kMaxTrialTimeoutS. Throughput is divided by it: a denormal one made tokens/s infinite.
+inline constexpr double kMinStepTimeS = 1e-6;
+
 // A value quoted in an error line is cut to this many bytes.
 inline constexpr size_t kMaxQuotedValueBytes = 64;
 

@@ -283,14 +283,17 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
       continue;
     }
     auto [s, t] = it->second;
-    if (IsFinal(t->rec.status) ||
-        (t->rec.status == v1::TRIAL_STATUS_RUNNING && t->rec.worker_id != w->rec.id)) {
+    // Only the worker a trial was last leased to may name it: a heartbeat never leases a trial
+    // this worker was not handed (any other trial it names, it is told to stop).
+    const bool its_lease = t->rec.attempts > 0 && t->rec.worker_id == w->rec.id;
+    if (IsFinal(t->rec.status) || !its_lease) {
       out.add_cancel_trial_ids(id);
     } else if (t->rec.status == v1::TRIAL_STATUS_RUNNING) {
       t->confirmed_ms = st.Now();
     } else if (t->rec.status == v1::TRIAL_STATUS_PENDING && s->world_size <= w->slots - w->busy) {
-      // Requeued while this worker still ran it (e.g. a short partition): take it back.
-      const int32_t attempt = std::max(1, t->rec.attempts);
+      // Requeued while this worker still ran it (e.g. a short partition), and leased to no one
+      // since: take its own lease back, same attempt.
+      const int32_t attempt = t->rec.attempts;
       absl::Status leased = st.store_->LeaseTrial(id, attempt, w->rec.id);
       if (!leased.ok()) return leased;
       st.Lease(*s, *t, *w, attempt);
@@ -397,8 +400,17 @@ absl::StatusOr<v1::ReportTrialResponse> Scheduler::ReportTrial(
     out.set_accepted(false);
     return out;
   }
-  REMAT_RETURN_IF_ERROR(ValidateWireResult(request.result(), "result",
-                                           std::max(1, s->spec.parallel.WorldSize())));
+  if (absl::Status valid = ValidateWireResult(request.result(), "result",
+                                              std::max(1, s->spec.parallel.WorldSize()));
+      !valid.ok()) {
+    // The worker drops a refused report; the trial then loses its lease, and the reason goes
+    // with it into the trial's message (Scheduler::State::LoseLease), not only into a log.
+    t->refused_report =
+        search::BoundedUtf8(std::string(valid.message()), search::limits::kMaxTrialMessageBytes / 4);
+    st.log_->warn("search={} trial={} report from worker={} refused: {}", s->rec.id, t->rec.id,
+                  request.worker_id(), t->refused_report);
+    return valid;
+  }
   v1::TrialResult result = ResultOfTrial(*t, request.result());
   result.set_reused(false);
   // Our workers bound it already (worker/assignment.h MakeReport); another client may not.

@@ -183,7 +183,9 @@ bool Scheduler::State::Apply(SearchRun& s, RunTrial& t, const v1::TrialResult& r
   return ended;
 }
 
-bool Scheduler::State::LoseLease(SearchRun& s, RunTrial& t, const std::string& reason) {
+bool Scheduler::State::LoseLease(SearchRun& s, RunTrial& t, const std::string& lost) {
+  const std::string reason =
+      t.refused_report.empty() ? lost : lost + "; its report was refused: " + t.refused_report;
   if (t.rec.attempts >= opt_.max_trial_attempts) {
     v1::TrialResult failed =
         CoordinatorResult(t, v1::TRIAL_STATUS_FAILED,

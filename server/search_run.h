@@ -54,6 +54,9 @@ struct RunTrial {
   // this one takes when it ends ok or oom (Scheduler::State::Join); "" otherwise. A joined trial
   // is pending in the store and in no queue; it counts as outstanding.
   std::string joined_to;
+  // Why the last report that answered its lease was refused ("" if none): said again when the
+  // trial loses its lease, so the reason reaches the search.
+  std::string refused_report;
   int64_t leased_ms = 0;     // monotonic time of the current lease
   int64_t confirmed_ms = 0;  // last time the holder listed it in a heartbeat (or leased it)
 };
