@@ -17,6 +17,8 @@ inline constexpr size_t kMaxReplayTableFileBytes = 16u << 20;  // 16 MiB
 inline constexpr size_t kMaxReplayTableEntries = 100000;
 // A configuration `remat import bridge` reads.
 inline constexpr size_t kMaxImportFileBytes = 4u << 20;
+// A rank's result file (remat-trial --result), read by the worker.
+inline constexpr size_t kMaxResultFileBytes = 16u << 20;
 // A command-backend job's metrics file (worker/metrics_file.h), per rank.
 inline constexpr size_t kMaxMetricsFileBytes = 16u << 20;
 
