@@ -22,6 +22,14 @@ inline constexpr size_t kMaxResultFileBytes = 16u << 20;
 // A command-backend job's metrics file (worker/metrics_file.h), per rank.
 inline constexpr size_t kMaxMetricsFileBytes = 16u << 20;
 
+// A worker's registration (RegisterRequest): slots (one per Gpu entry) at most kMaxWorldSize,
+// names (hostname, GPU names, backends, command templates, version keys and values) at most
+// kMaxNameBytes, and these counts; the whole message at most kMaxRegistrationBytes.
+inline constexpr size_t kMaxRegistrationBytes = 4u << 20;
+inline constexpr int kMaxWorkerBackends = 16;
+inline constexpr int kMaxWorkerCommandTemplates = 1024;
+inline constexpr int kMaxVersionEntries = 32;  // also a result's `versions`
+
 // Strings in a spec: the name, template names, file names, enum values.
 inline constexpr size_t kMaxNameBytes = 256;         // `name`, `search.command_template`
 inline constexpr size_t kMaxPathBytes = 4096;        // `search.replay_table`

@@ -29,8 +29,10 @@ bool CanSee(const Principal& who, const std::string& owner) {
   return who.sees_all || who.name == owner;
 }
 
+// The id quoted, cut to limits::kMaxQuotedValueBytes on one line: a 10 KB id is not found like
+// any other, not a reply whose status outgrows gRPC's metadata.
 absl::Status NotFound(const std::string& id) {
-  return absl::NotFoundError("search " + id + " not found");
+  return absl::NotFoundError("search " + search::QuoteForError(id) + " not found");
 }
 
 }  // namespace
@@ -216,6 +218,46 @@ absl::Status CheckWorkerId(const std::string& id) {
   return absl::InvalidArgumentError("worker_id: at most 64 letters, digits, '-', '_' or '.'");
 }
 
+// A registration is stored and kept in memory for as long as the worker is known: every field
+// bounded as a spec's are (search/limits.h), so no caller can grow the coordinator with one.
+absl::Status CheckRegistration(const v1::RegisterRequest& r) {
+  namespace limits = search::limits;
+  auto name = [](const std::string& value, const std::string& field) -> absl::Status {
+    if (value.size() <= limits::kMaxNameBytes) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", search::QuoteForError(value),
+                                                   " is longer than ", limits::kMaxNameBytes,
+                                                   " bytes"));
+  };
+  auto count = [](int n, int64_t max, const std::string& field) -> absl::Status {
+    if (n <= max) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", n, " entries, at most ", max));
+  };
+  if (r.ByteSizeLong() > limits::kMaxRegistrationBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("registration: ", r.ByteSizeLong(), " bytes, at most ",
+                     limits::kMaxRegistrationBytes));
+  }
+  REMAT_RETURN_IF_ERROR(name(r.hostname(), "hostname"));
+  REMAT_RETURN_IF_ERROR(count(r.gpus_size(), limits::kMaxWorldSize, "gpus"));
+  REMAT_RETURN_IF_ERROR(count(r.backends_size(), limits::kMaxWorkerBackends, "backends"));
+  REMAT_RETURN_IF_ERROR(count(r.command_templates_size(), limits::kMaxWorkerCommandTemplates,
+                              "command_templates"));
+  REMAT_RETURN_IF_ERROR(count(r.versions_size(), limits::kMaxVersionEntries, "versions"));
+  for (const v1::Gpu& gpu : r.gpus()) {
+    if (gpu.name().empty()) return absl::InvalidArgumentError("gpus.name: must not be empty");
+    REMAT_RETURN_IF_ERROR(name(gpu.name(), "gpus.name"));
+  }
+  for (const std::string& b : r.backends()) REMAT_RETURN_IF_ERROR(name(b, "backends"));
+  for (const std::string& t : r.command_templates()) {
+    REMAT_RETURN_IF_ERROR(name(t, "command_templates"));
+  }
+  for (const auto& [key, value] : r.versions()) {
+    REMAT_RETURN_IF_ERROR(name(key, "versions"));
+    REMAT_RETURN_IF_ERROR(name(value, "versions." + key));
+  }
+  return absl::OkStatus();
+}
+
 // Whether the caller holding `credential` may act as worker `w` (Scheduler::Register's rule).
 absl::Status CheckOwner(const WorkerEntry& w, const std::string& credential) {
   const std::string& bound = w.rec.registration.credential();
@@ -229,9 +271,7 @@ absl::Status CheckOwner(const WorkerEntry& w, const std::string& credential) {
 absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterRequest& request,
                                                          const std::string& credential) {
   REMAT_RETURN_IF_ERROR(CheckWorkerId(request.worker_id()));
-  for (const v1::Gpu& gpu : request.gpus()) {
-    if (gpu.name().empty()) return absl::InvalidArgumentError("gpus.name: must not be empty");
-  }
+  REMAT_RETURN_IF_ERROR(CheckRegistration(request));
   State& st = *state_;
   State::Locked lock(&st);
   if (!request.worker_id().empty()) {

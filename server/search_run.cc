@@ -108,7 +108,7 @@ absl::Status Ranks(const google::protobuf::RepeatedPtrField<v1::RankResult>& ran
 
 absl::Status ValidateWireResult(const v1::TrialResult& result, const std::string& where,
                                 int world_size) {
-  constexpr int kMaxVersions = 32;
+  constexpr int kMaxVersions = search::limits::kMaxVersionEntries;
   if (!IsFinal(result.status())) {
     return absl::InvalidArgumentError(
         where + ".status: must be a final status (ok, oom, failed, timeout, invalid or cancelled)");

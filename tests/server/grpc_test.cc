@@ -289,6 +289,51 @@ TEST_F(GrpcTest, AuthRefusals) {
 // Issue 14: the holder of one worker token could lease under another worker's id and report a
 // made-up result into any search. A worker id is bound to the token that registered it, and a
 // result is accepted only for the lease it answers.
+// What a caller sends is never quoted back whole: a 10 KB search id is NOT_FOUND (its status
+// message would otherwise outgrow the reply's trailers), a 1 MB hostname is refused by name,
+// and a registration of millions of slots or backends never reaches the store.
+TEST_F(GrpcTest, OversizedIdsAndRegistrationsAreRefusedPlainly) {
+  Start();
+  const std::string long_id(10 << 10, 's');
+  v1::GetSearchRequest get;
+  get.set_id(long_id);
+  v1::Search s;
+  grpc::Status st = users_->GetSearch(Ctx("").get(), get, &s);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message().size();
+  EXPECT_LE(st.error_message().size(), 200u);
+  v1::CancelSearchRequest cancel;
+  cancel.set_id(long_id);
+  v1::CancelSearchResponse cancelled;
+  EXPECT_EQ(users_->CancelSearch(Ctx("").get(), cancel, &cancelled).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  v1::WatchSearchRequest watch;
+  watch.set_id(long_id);
+  grpc::ClientContext watch_ctx;
+  auto reader = users_->WatchSearch(&watch_ctx, watch);
+  v1::SearchProgress p;
+  while (reader->Read(&p)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+
+  v1::RegisterRequest big = Worker(1);
+  big.set_hostname(std::string(1 << 20, 'h'));
+  v1::RegisterResponse reg;
+  st = workers_->Register(Ctx("").get(), big, &reg);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message().rfind("hostname: ", 0), 0u) << st.error_message().substr(0, 200);
+  EXPECT_LE(st.error_message().size(), 200u);
+  big = Worker(1);
+  for (int i = 0; i < 100000; ++i) big.add_backends("b");
+  EXPECT_EQ(workers_->Register(Ctx("").get(), big, &reg).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  big = Worker(1);
+  const v1::Gpu gpu = big.gpus(0);
+  for (int i = 0; i < 70000; ++i) *big.add_gpus() = gpu;
+  EXPECT_EQ(workers_->Register(Ctx("").get(), big, &reg).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(workers_->Register(Ctx("").get(), Worker(8), &reg).ok());
+}
+
 TEST_F(GrpcTest, AWorkerIdIsBoundToTheTokenThatRegisteredIt) {
   TempDir dir;
   CoordinatorOptions o;
