@@ -118,13 +118,18 @@ int ProxyMicrobatches(const SearchSpec& spec) {
   std::vector<std::vector<InFlightState>> full;
   for (int s = 0; s < pp; ++s) full.push_back(InFlightStates(spec, s));
   if (m % step != 0) return m;  // ValidatePipelineLayout refuses such a spec
-  for (int cand = step; cand < m; cand += step) {
+  // Beyond the shortened schedules InFlightStates walks, every count has the step's states: the
+  // answer is at most the longest of them (M may be 2^24; this stays within the layout's size).
+  int enough = step;
+  for (int s = 0; s < pp; ++s) enough = std::max(enough, InFlightMicrobatches(spec, s));
+  if (enough >= m) enough = m;
+  for (int cand = step; cand < enough; cand += step) {
     const SearchSpec cut = WithMicrobatches(spec, cand);
     bool same = true;
     for (int s = 0; s < pp && same; ++s) same = SameStates(InFlightStates(cut, s), full[s]);
     if (same) return cand;
   }
-  return m;
+  return enough;
 }
 
 SearchSpec ProxyRunSpec(const SearchSpec& spec) {

@@ -73,8 +73,19 @@ struct InFlightState {
   std::vector<int> live_per_chunk;  // indexed by chunk
 };
 
-// The distinct InFlightStates of `pp_rank` over one step, in order of first occurrence.
+// The InFlightStates of `pp_rank` over one step at which its memory can peak, in order of first
+// occurrence: under interleaving every distinct one; under plain 1F1B the first backward's alone
+// (every later state holds as many micro-batches or fewer, of the one chunk). The cost is bounded
+// by the layout, not the global batch: the states come from InFlightMicrobatches micro-batches
+// of the schedule, which pass through the same ones (at most about 2 x PP x VPP states of VPP
+// counts each).
 std::vector<InFlightState> InFlightStates(const SearchSpec& spec, int pp_rank);
+
+// The fewest micro-batches (at most the step's M; a multiple of PP under interleaving) whose
+// schedule on `pp_rank` passes through the same in-flight states as the whole step, in the same
+// order: the warm-up and one period of the steady state (PP x VPP chunk-forwards under
+// interleaving, one micro-batch without).
+int InFlightMicrobatches(const SearchSpec& spec, int pp_rank);
 
 // The most micro-batches (chunk-forwards under interleaving) `pp_rank` holds at once:
 // min(PP - p, M) under 1F1B; warm-up + 1, at most M x VPP, under interleaving.
