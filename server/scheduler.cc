@@ -35,6 +35,12 @@ absl::Status NotFound(const std::string& id) {
   return absl::NotFoundError("search " + search::QuoteForError(id) + " not found");
 }
 
+// Every call before Resume returned: the coordinator listens first and resumes after, so a
+// restart with many searches to re-plan answers at once (clients retry UNAVAILABLE).
+absl::Status Resuming() {
+  return absl::UnavailableError("coordinator is starting: resuming its searches (retry)");
+}
+
 }  // namespace
 
 Scheduler::Scheduler(SchedulerOptions options, JobStore* store, Metrics* metrics) {
@@ -69,20 +75,26 @@ Scheduler::~Scheduler() {
 
 absl::Status Scheduler::Resume() {
   State::Locked lock(state_.get());
-  return state_->ResumeFromStore();
+  REMAT_RETURN_IF_ERROR(state_->ResumeFromStore());
+  state_->MarkResumed();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::SubmitSearchResponse> Scheduler::SubmitSearch(
     const Principal& who, const v1::SubmitSearchRequest& request) {
-  REMAT_ASSIGN_OR_RETURN(std::unique_ptr<SearchRun> run, SearchRun::FromRequest(who.name, request));
   State& st = *state_;
-  State::Locked lock(&st);
-  if (st.shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  if (!st.WaitResumed()) return Resuming();
+  // Validating and planning touch nothing shared: done before the lock, so a large spec never
+  // holds up other users' calls or the workers' heartbeats.
+  REMAT_ASSIGN_OR_RETURN(std::unique_ptr<SearchRun> run, SearchRun::FromRequest(who.name, request));
   SearchRun& s = *run;
   s.strategy = st.opt_.make_strategy(s.spec);
+  const int planned = s.strategy->PlannedTotal();
+  State::Locked lock(&st);
+  if (st.shutdown_) return absl::UnavailableError("coordinator is shutting down");
   s.rec.id = st.NewId("s-");
   s.rec.created_unix_ms = s.rec.updated_unix_ms = st.UnixNow();
-  s.rec.trials_planned = s.strategy->PlannedTotal();
+  s.rec.trials_planned = planned;
   REMAT_RETURN_IF_ERROR(st.CheckQuota(who.name, s.rec.trials_planned));
   REMAT_RETURN_IF_ERROR(st.store_->CreateSearch(s.rec));
   st.CountState(v1::SEARCH_STATE_UNSPECIFIED, v1::SEARCH_STATE_QUEUED);
@@ -103,6 +115,7 @@ absl::StatusOr<v1::SubmitSearchResponse> Scheduler::SubmitSearch(
 
 absl::StatusOr<v1::Search> Scheduler::GetSearch(const Principal& who, const std::string& id) {
   State& st = *state_;
+  if (!st.WaitResumed()) return Resuming();
   {
     State::Locked lock(&st);
     auto it = st.active_.find(id);
@@ -121,6 +134,7 @@ absl::StatusOr<v1::Search> Scheduler::GetSearch(const Principal& who, const std:
 absl::StatusOr<v1::CancelSearchResponse> Scheduler::CancelSearch(const Principal& who,
                                                                  const std::string& id) {
   State& st = *state_;
+  if (!st.WaitResumed()) return Resuming();
   State::Locked lock(&st);
   v1::CancelSearchResponse out;
   auto it = st.active_.find(id);
@@ -159,6 +173,7 @@ absl::StatusOr<v1::CancelSearchResponse> Scheduler::CancelSearch(const Principal
 }
 
 absl::StatusOr<v1::ListSearchesResponse> Scheduler::ListSearches(const Principal& who, int limit) {
+  if (!state_->WaitResumed()) return Resuming();
   if (limit <= 0) limit = kDefaultListLimit;
   limit = std::min(limit, kMaxListLimit);
   std::optional<std::string> owner;
@@ -172,6 +187,7 @@ absl::StatusOr<v1::ListSearchesResponse> Scheduler::ListSearches(const Principal
 absl::StatusOr<uint64_t> Scheduler::Watch(const Principal& who, const std::string& id,
                                           std::function<void()> wake) {
   State& st = *state_;
+  if (!st.WaitResumed()) return Resuming();
   {
     State::Locked lock(&st);
     if (st.shutdown_) return absl::UnavailableError("coordinator is shutting down");
@@ -273,6 +289,7 @@ absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterReque
   REMAT_RETURN_IF_ERROR(CheckWorkerId(request.worker_id()));
   REMAT_RETURN_IF_ERROR(CheckRegistration(request));
   State& st = *state_;
+  if (!st.WaitResumed()) return Resuming();
   State::Locked lock(&st);
   if (!request.worker_id().empty()) {
     if (const WorkerEntry* known = st.workers_.Find(request.worker_id())) {
@@ -305,6 +322,7 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
                                                            const std::string& credential) {
   REMAT_RETURN_IF_ERROR(CheckWorkerId(request.worker_id()));
   State& st = *state_;
+  if (!st.WaitResumed()) return Resuming();
   State::Locked lock(&st);
   v1::HeartbeatResponse out;
   WorkerEntry* w = st.workers_.Find(request.worker_id());
@@ -369,9 +387,10 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
 uint64_t Scheduler::LeaseTrial(const v1::LeaseTrialRequest& request, LeaseDone done,
                                const std::string& credential) {
   State& st = *state_;
+  const bool resumed = st.WaitResumed();  // before the lock: Resume holds it
   State::Locked lock(&st);
   const int64_t started = st.Now();
-  absl::Status refused = CheckWorkerId(request.worker_id());
+  absl::Status refused = resumed ? CheckWorkerId(request.worker_id()) : Resuming();
   WorkerEntry* w = refused.ok() ? st.workers_.Find(request.worker_id()) : nullptr;
   if (refused.ok() && w == nullptr) {
     refused = absl::FailedPreconditionError("unknown worker " + request.worker_id() +
@@ -408,6 +427,7 @@ absl::StatusOr<v1::ReportTrialResponse> Scheduler::ReportTrial(
         "timeout, invalid or cancelled)");
   }
   State& st = *state_;
+  if (!st.WaitResumed()) return Resuming();
   State::Locked lock(&st);
   v1::ReportTrialResponse out;
   WorkerEntry* w = st.workers_.Find(request.worker_id());

@@ -92,7 +92,9 @@ class Scheduler {
   // Loads every unfinished search from the store and rebuilds it: the strategy is restored from
   // the recorded trials, queued trials are queued again, leased ones stay leased to their
   // worker for one lease timeout (the worker may still report them) and are requeued if it stays
-  // silent. Call once, before serving.
+  // silent. Call once. Until it has returned ok, every other call answers UNAVAILABLE ("coordinator
+  // is starting"): the coordinator listens first, then resumes, so a restart with many searches
+  // to re-plan is reachable at once.
   absl::Status Resume();
 
   // RematService.

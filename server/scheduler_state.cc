@@ -1,6 +1,7 @@
 #include "server/scheduler_state.h"
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +35,22 @@ Scheduler::State::State(SchedulerOptions options, JobStore* store, Metrics* metr
 
 std::string Scheduler::State::NewId(const char* prefix) {
   return absl::StrFormat("%s%012x", prefix, rng_() & 0xffffffffffffULL);
+}
+
+bool Scheduler::State::WaitResumed() {
+  if (resumed_.load()) return true;
+  constexpr int64_t kResumeWaitMs = 5000;  // a client's retry beats a longer wait
+  std::unique_lock<std::mutex> lock(resume_mu_);
+  return resume_cv_.wait_for(lock, std::chrono::milliseconds(kResumeWaitMs),
+                             [this] { return resumed_.load(); });
+}
+
+void Scheduler::State::MarkResumed() {
+  {
+    std::lock_guard<std::mutex> lock(resume_mu_);
+    resumed_ = true;
+  }
+  resume_cv_.notify_all();
 }
 
 void Scheduler::State::PublishGauges() {

@@ -228,6 +228,58 @@ TEST_F(GrpcTest, HealthServiceSaysServing) {
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
 }
 
+// The health status (empty service) through the generic stub: 1 SERVING, 2 NOT_SERVING.
+int HealthStatus(const std::shared_ptr<grpc::Channel>& channel) {
+  grpc::GenericStub generic(channel);
+  grpc::Slice empty;
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  std::promise<grpc::Status> done;
+  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                    &response, [&](grpc::Status s) { done.set_value(s); });
+  if (!done.get_future().get().ok()) return -1;
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return -1;
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return bytes.size() == 2 && bytes[0] == '\x08' ? bytes[1] : -1;
+}
+
+// A restart listens before it re-plans its queued searches: the port answers (health
+// NOT_SERVING) while they are resumed, and every search is there once it serves.
+TEST_F(GrpcTest, ARestartListensBeforeItResumesItsSearches) {
+  TempDir dir;
+  CoordinatorOptions o;
+  o.db_path = dir.path() + "/remat.db";
+  Start(o);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    const search::SearchSpec spec = SmallSpec("queued-" + std::to_string(i));
+    v1::SubmitSearchResponse submitted;
+    ASSERT_TRUE(users_->SubmitSearch(Ctx().get(), Submit(spec, FullTable(spec)), &submitted).ok());
+    ids.push_back(submitted.id());
+  }
+  coordinator_->Shutdown(std::chrono::seconds(1));
+  coordinator_.reset();
+
+  int while_resuming = 0;
+  o.on_listening = [&](const std::string& address) {
+    while_resuming =
+        HealthStatus(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  };
+  Start(o);
+  EXPECT_EQ(while_resuming, 2);  // NOT_SERVING, and answering
+  EXPECT_EQ(HealthStatus(channel_), 1);
+  for (const std::string& id : ids) {
+    v1::GetSearchRequest get;
+    get.set_id(id);
+    v1::Search s;
+    EXPECT_TRUE(users_->GetSearch(Ctx().get(), get, &s).ok()) << id;
+  }
+}
+
 TEST_F(GrpcTest, AuthRefusals) {
   TempDir dir;
   CoordinatorOptions o;

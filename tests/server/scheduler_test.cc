@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <optional>
 #include <set>
 
@@ -47,6 +48,7 @@ class SchedulerTest : public ::testing::Test {
     o.monotonic_ms = clock_.Fn();
     o.unix_ms = clock_.Fn();
     o.make_strategy = [this](const search::SearchSpec& spec) -> std::unique_ptr<search::Strategy> {
+      if (on_plan_) on_plan_(spec.name);
       auto it = scripts_.find(spec.name);
       if (it != scripts_.end()) return std::make_unique<ListStrategy>(it->second);
       return search::MakeStrategy(spec);
@@ -130,6 +132,7 @@ class SchedulerTest : public ::testing::Test {
   std::unique_ptr<FaultyStore> store_;
   std::unique_ptr<Scheduler> sched_;
   std::map<std::string, std::vector<std::string>> scripts_;
+  std::function<void(const std::string&)> on_plan_;  // called as a search is planned
 };
 
 const std::map<std::string, v1::ReplayEntry> kTable = {
@@ -481,6 +484,39 @@ TEST_F(SchedulerTest, HeartbeatsNeverAdoptATrialTheWorkerWasNotHanded) {
   EXPECT_EQ(back.attempts(), 1);
   ASSERT_TRUE(*Report(honest, a));
   EXPECT_EQ(Get(id).state(), v1::SEARCH_STATE_SUCCEEDED);
+}
+
+// Planning a submitted search holds no lock: while one plans (here, for as long as the test
+// says), another user's GetSearch and a worker's heartbeat and lease answer.
+TEST_F(SchedulerTest, PlanningASearchHoldsUpNoOtherCall) {
+  const std::string w = Register(1);
+  const std::string other = SubmitScripted("other", kTable, {"selective:[]"});
+  std::promise<void> planning, release;
+  on_plan_ = [&](const std::string& name) {
+    if (name != "slow") return;
+    planning.set_value();
+    release.get_future().wait();
+  };
+  scripts_["slow"] = {"selective:[]"};
+  auto submit = std::async(std::launch::async, [&] {
+    return sched_->SubmitSearch(Principal::User("alice"), Submit(SmallSpec("slow"), kTable));
+  });
+  planning.get_future().wait();
+  auto get = std::async(std::launch::async,
+                        [&] { return sched_->GetSearch(Principal::Anonymous(), other); });
+  auto beat = std::async(std::launch::async, [&] {
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id(w);
+    return sched_->Heartbeat(hb);
+  });
+  const bool got = get.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  const bool beaten = beat.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  release.set_value();  // before the checks: a failed one must not leave the submit waiting
+  EXPECT_TRUE(got) << "GetSearch waited for another search's planning";
+  EXPECT_TRUE(beaten) << "a heartbeat waited for a search's planning";
+  EXPECT_TRUE(get.get().ok());
+  EXPECT_TRUE(beat.get().ok());
+  ASSERT_TRUE(submit.get().ok());
 }
 
 TEST_F(SchedulerTest, UnknownWorkerIsToldToRegister) {
