@@ -366,6 +366,15 @@ TEST_F(GrpcTest, OversizedIdsAndRegistrationsAreRefusedPlainly) {
   while (reader->Read(&p)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  // A 100 KB value in a spec is refused by name, its echo cut.
+  const search::SearchSpec spec = SmallSpec("long-backend");
+  v1::SubmitSearchRequest submit = Submit(spec, FullTable(spec));
+  submit.mutable_spec()->mutable_search()->set_backend(std::string(100 << 10, 'b'));
+  v1::SubmitSearchResponse submitted;
+  st = users_->SubmitSearch(Ctx("").get(), submit, &submitted);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message().rfind("search.backend: ", 0), 0u) << st.error_message().size();
+  EXPECT_LE(st.error_message().size(), 4096u);
 
   v1::RegisterRequest big = Worker(1);
   big.set_hostname(std::string(1 << 20, 'h'));
