@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -375,7 +376,7 @@ std::vector<InFlightState> WalkInterleaved(const SearchSpec& spec, int pp_rank, 
 
 // The states depend on PP, VPP, the shortened M, the MoE overlap flag and the rank alone, and the
 // memory model asks for the same ones once per policy: they are kept, about 16 MiB of counts at
-// most (then the cache starts over).
+// most (then the cache starts over; lists handed out keep their states alive).
 struct StatesKey {
   int pp, vpp, m, rank;
   bool overlap;
@@ -385,7 +386,8 @@ struct StatesKey {
 };
 constexpr size_t kMaxCachedCounts = size_t{4} << 20;
 std::mutex g_states_mu;
-std::map<StatesKey, std::vector<InFlightState>>* g_states = nullptr;  // guarded by the mutex
+using SharedStates = std::shared_ptr<const std::vector<InFlightState>>;
+std::map<StatesKey, SharedStates>* g_states = nullptr;  // guarded by the mutex
 size_t g_cached_counts = 0;
 
 }  // namespace
@@ -402,26 +404,28 @@ std::vector<PipelineOp> ScheduleOps(const SearchSpec& spec, int pp_rank) {
   return ScheduleOpsOf(spec, pp_rank, spec.NumMicrobatches());
 }
 
-std::vector<InFlightState> InFlightStates(const SearchSpec& spec, int pp_rank) {
+InFlightStateList InFlightStates(const SearchSpec& spec, int pp_rank) {
   const int vpp = spec.parallel.VirtualChunks();
   const int m = StateMicrobatches(spec, pp_rank);
   if (vpp == 1) {
     // Plain 1F1B: the first backward holds the most (warm-up + 1, or all M when the warm-up
     // takes every forward); each later one holds as many or fewer.
     const int warmup = WarmupOf(spec, pp_rank, m);
-    return {InFlightState{0, {warmup < m ? warmup + 1 : m}}};
+    return InFlightStateList(std::make_shared<const std::vector<InFlightState>>(
+        std::vector<InFlightState>{InFlightState{0, {warmup < m ? warmup + 1 : m}}}));
   }
   const StatesKey key{Pp(spec), vpp, m, pp_rank, spec.model.overlap_moe_expert_parallel_comm};
   {
     std::lock_guard<std::mutex> lock(g_states_mu);
     if (g_states != nullptr) {
-      if (auto it = g_states->find(key); it != g_states->end()) return it->second;
+      if (auto it = g_states->find(key); it != g_states->end()) return InFlightStateList(it->second);
     }
   }
-  std::vector<InFlightState> states = WalkInterleaved(spec, pp_rank, m);
-  const size_t counts = states.size() * static_cast<size_t>(vpp);
+  auto states =
+      std::make_shared<const std::vector<InFlightState>>(WalkInterleaved(spec, pp_rank, m));
+  const size_t counts = states->size() * static_cast<size_t>(vpp);
   std::lock_guard<std::mutex> lock(g_states_mu);
-  if (g_states == nullptr) g_states = new std::map<StatesKey, std::vector<InFlightState>>();
+  if (g_states == nullptr) g_states = new std::map<StatesKey, SharedStates>();
   if (g_cached_counts + counts > kMaxCachedCounts) {
     g_states->clear();
     g_cached_counts = 0;
@@ -429,7 +433,7 @@ std::vector<InFlightState> InFlightStates(const SearchSpec& spec, int pp_rank) {
   if (counts <= kMaxCachedCounts && g_states->emplace(key, states).second) {
     g_cached_counts += counts;
   }
-  return states;
+  return InFlightStateList(std::move(states));
 }
 
 int MaxInFlight(const SearchSpec& spec, int pp_rank) {
