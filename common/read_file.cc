@@ -84,8 +84,8 @@ FileText ReadRegularFileTail(const std::string& path, size_t max_bytes) {
   std::string text(static_cast<size_t>(size - static_cast<unsigned long long>(start)), '\0');
   size_t got = 0;
   while (got < text.size()) {
-    const ssize_t n = pread(fd, text.data() + got, text.size() - got,
-                            start + static_cast<off_t>(got));
+    const ssize_t n =
+        pread(fd, text.data() + got, text.size() - got, start + static_cast<off_t>(got));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       out.error = std::string("cannot be read: ") + std::strerror(errno);

@@ -7,14 +7,14 @@
 //
 // Input: the first byte picks the message (mod 4), the rest is its wire bytes. A report with no
 // trial id is aimed at the leased trial (same worker, same attempt), so it reaches validation.
+#include <google/protobuf/stubs/logging.h>
+#include <spdlog/spdlog.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
-
-#include <google/protobuf/stubs/logging.h>
-#include <spdlog/spdlog.h>
 
 #include "proto/convert.h"
 #include "remat/v1/remat.pb.h"

@@ -418,7 +418,9 @@ InFlightStateList InFlightStates(const SearchSpec& spec, int pp_rank) {
   {
     std::lock_guard<std::mutex> lock(g_states_mu);
     if (g_states != nullptr) {
-      if (auto it = g_states->find(key); it != g_states->end()) return InFlightStateList(it->second);
+      if (auto it = g_states->find(key); it != g_states->end()) {
+        return InFlightStateList(it->second);
+      }
     }
   }
   auto states =

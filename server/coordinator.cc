@@ -231,9 +231,9 @@ absl::Status Coordinator::Start() {
     im.server_.reset();
     return resumed;
   }
-  im.log_->info("resumed the unfinished searches in {:.2f} s",
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - resume_start)
-                    .count());
+  im.log_->info(
+      "resumed the unfinished searches in {:.2f} s",
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - resume_start).count());
   im.server_->GetHealthCheckService()->SetServingStatus(true);
   if (im.health_server_) im.health_server_->GetHealthCheckService()->SetServingStatus(true);
   if (!o.clock_ms) im.timer_ = std::thread([&im] { im.TimerLoop(); });

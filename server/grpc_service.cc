@@ -183,7 +183,8 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   // A status message travels in the reply's trailers, which gRPC bounds (8 KiB by default): an
   // error that quoted too much would turn into RESOURCE_EXHAUSTED. Every message is cut here,
   // whatever made it.
-  return grpc::Status(grpc_code, search::BoundedUtf8(std::string(status.message()), kMaxStatusMessageBytes));
+  return grpc::Status(grpc_code,
+                      search::BoundedUtf8(std::string(status.message()), kMaxStatusMessageBytes));
 }
 
 // ----------------------------------------------------------------------------- RematService

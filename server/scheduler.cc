@@ -249,15 +249,14 @@ absl::Status CheckRegistration(const v1::RegisterRequest& r) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", n, " entries, at most ", max));
   };
   if (r.ByteSizeLong() > limits::kMaxRegistrationBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("registration: ", r.ByteSizeLong(), " bytes, at most ",
-                     limits::kMaxRegistrationBytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "registration: ", r.ByteSizeLong(), " bytes, at most ", limits::kMaxRegistrationBytes));
   }
   REMAT_RETURN_IF_ERROR(name(r.hostname(), "hostname"));
   REMAT_RETURN_IF_ERROR(count(r.gpus_size(), limits::kMaxWorldSize, "gpus"));
   REMAT_RETURN_IF_ERROR(count(r.backends_size(), limits::kMaxWorkerBackends, "backends"));
-  REMAT_RETURN_IF_ERROR(count(r.command_templates_size(), limits::kMaxWorkerCommandTemplates,
-                              "command_templates"));
+  REMAT_RETURN_IF_ERROR(
+      count(r.command_templates_size(), limits::kMaxWorkerCommandTemplates, "command_templates"));
   REMAT_RETURN_IF_ERROR(count(r.versions_size(), limits::kMaxVersionEntries, "versions"));
   for (const v1::Gpu& gpu : r.gpus()) {
     if (gpu.name().empty()) return absl::InvalidArgumentError("gpus.name: must not be empty");
@@ -460,13 +459,13 @@ absl::StatusOr<v1::ReportTrialResponse> Scheduler::ReportTrial(
     out.set_accepted(false);
     return out;
   }
-  if (absl::Status valid = ValidateWireResult(request.result(), "result",
-                                              std::max(1, s->spec.parallel.WorldSize()));
+  if (absl::Status valid =
+          ValidateWireResult(request.result(), "result", std::max(1, s->spec.parallel.WorldSize()));
       !valid.ok()) {
     // The worker drops a refused report; the trial then loses its lease, and the reason goes
     // with it into the trial's message (Scheduler::State::LoseLease), not only into a log.
-    t->refused_report =
-        search::BoundedUtf8(std::string(valid.message()), search::limits::kMaxTrialMessageBytes / 4);
+    t->refused_report = search::BoundedUtf8(std::string(valid.message()),
+                                            search::limits::kMaxTrialMessageBytes / 4);
     st.log_->warn("search={} trial={} report from worker={} refused: {}", s->rec.id, t->rec.id,
                   request.worker_id(), t->refused_report);
     return valid;

@@ -135,9 +135,9 @@ absl::Status ValidateWireResult(const v1::TrialResult& result, const std::string
   for (const auto& [name, version] : result.versions()) {
     if (name.size() > search::limits::kMaxNameBytes ||
         version.size() > search::limits::kMaxNameBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ".versions: ",
-                                                     search::QuoteForError(name), ": longer than ",
-                                                     search::limits::kMaxNameBytes, " bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".versions: ", search::QuoteForError(name), ": longer than ",
+                       search::limits::kMaxNameBytes, " bytes"));
     }
   }
   if (result.proxies_size() > 16) {

@@ -439,10 +439,9 @@ class WorkerDaemon::Impl {
         r->set_status(v1::TRIAL_STATUS_FAILED);
         *r->mutable_policy() = policy;
         r->set_wall_s(wall_s);
-        r->set_message(search::BoundedUtf8(
-            "the coordinator refused this trial's report: " +
-                std::string(response.status().message()),
-            search::limits::kMaxTrialMessageBytes));
+        r->set_message(search::BoundedUtf8("the coordinator refused this trial's report: " +
+                                               std::string(response.status().message()),
+                                           search::limits::kMaxTrialMessageBytes));
         absl::Status spooled = spool_.Put(failed);  // replaces the refused one (same file)
         if (!spooled.ok()) Log()->warn("cannot spool report: {}", spooled.ToString());
         return Send(std::move(failed));

@@ -164,14 +164,16 @@ int main(int argc, char** argv) {
   getter.join();
   std::sort(gets.begin(), gets.end());
   const auto pct = [&](double q) {
-    return gets.empty() ? 0.0 : gets[std::min(gets.size() - 1, static_cast<size_t>(q * gets.size()))];
+    return gets.empty() ? 0.0
+                        : gets[std::min(gets.size() - 1, static_cast<size_t>(q * gets.size()))];
   };
   std::printf("submit of the largest spec (%s, exhaustive) x %d: mean %.1f ms, worst %.1f ms\n",
               remat::search::testing::LargestSpecs().back().first.c_str(), searches,
               total_submit / std::max(1, searches), worst_submit);
-  std::printf("another search's GetSearch meanwhile: %zu calls, median %.2f ms, p99 %.2f ms, "
-              "worst %.2f ms\n",
-              gets.size(), pct(0.5), pct(0.99), gets.empty() ? 0.0 : gets.back());
+  std::printf(
+      "another search's GetSearch meanwhile: %zu calls, median %.2f ms, p99 %.2f ms, "
+      "worst %.2f ms\n",
+      gets.size(), pct(0.5), pct(0.99), gets.empty() ? 0.0 : gets.back());
 
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
@@ -190,9 +192,10 @@ int main(int argc, char** argv) {
       break;
     }
   }
-  std::printf("restart (SIGKILL, then the same database) with %d such searches queued: "
-              "listening after %.0f ms, GetSearch answered after %.0f ms\n",
-              searches + 1, listening_ms, serving_ms);
+  std::printf(
+      "restart (SIGKILL, then the same database) with %d such searches queued: "
+      "listening after %.0f ms, GetSearch answered after %.0f ms\n",
+      searches + 1, listening_ms, serving_ms);
   kill(pid, SIGTERM);
   waitpid(pid, nullptr, 0);
   return 0;

@@ -42,8 +42,8 @@ int PlanOnce(const SearchSpec& spec, int fd) {
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   char line[128];
-  const int n = std::snprintf(line, sizeof(line), "%.2f %d %zu %zu", ms, planned,
-                              proposed.size(), plan.size());
+  const int n = std::snprintf(line, sizeof(line), "%.2f %d %zu %zu", ms, planned, proposed.size(),
+                              plan.size());
   return write(fd, line, static_cast<size_t>(n)) == n ? 0 : 1;
 }
 
@@ -92,10 +92,11 @@ int main(int argc, char** argv) {
                        std::sscanf(buf, "%lf %d %zu %zu", &ms, &planned, &proposed, &plan) == 4;
       const bool ok = ran && ms <= max_ms && mib <= max_mib;
       all_ok = all_ok && ok;
-      std::printf("%-4s %-10s %8.2f ms (%.0f ms CPU) %6.1f MiB peak RSS  planned %d, proposed %zu,"
-                  " plan %zu  %s\n",
-                  ok ? "ok" : "OVER", remat::search::Name(kind), ms, cpu_ms, mib, planned,
-                  proposed, plan, name.c_str());
+      std::printf(
+          "%-4s %-10s %8.2f ms (%.0f ms CPU) %6.1f MiB peak RSS  planned %d, proposed %zu,"
+          " plan %zu  %s\n",
+          ok ? "ok" : "OVER", remat::search::Name(kind), ms, cpu_ms, mib, planned, proposed, plan,
+          name.c_str());
     }
   }
   return all_ok ? 0 : 1;

@@ -92,8 +92,7 @@ inline std::vector<std::pair<std::string, SearchSpec>> LargestSpecs() {
     s.parallel.virtual_pipeline_model_parallel_size = 256;
     s.parallel.expert_model_parallel_size = 4096;
     s.parallel.data_parallel_size = 4096;
-    out.emplace_back("MoE 4096 experts top-4096, PP 4 x VPP 256 x EP 4096, 2^24 micro-batches",
-                     s);
+    out.emplace_back("MoE 4096 experts top-4096, PP 4 x VPP 256 x EP 4096, 2^24 micro-batches", s);
   }
   return out;
 }

@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <map>
-#include <vector>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "search/spec.h"
 #include "tests/search/test_specs.h"

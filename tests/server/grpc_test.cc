@@ -237,8 +237,8 @@ int HealthStatus(const std::shared_ptr<grpc::Channel>& channel) {
   grpc::ClientContext ctx;
   ctx.set_deadline(Deadline());
   std::promise<grpc::Status> done;
-  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                    &response, [&](grpc::Status s) { done.set_value(s); });
+  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status s) { done.set_value(s); });
   if (!done.get_future().get().ok()) return -1;
   std::vector<grpc::Slice> slices;
   if (!response.Dump(&slices).ok()) return -1;
@@ -266,8 +266,7 @@ TEST_F(GrpcTest, ARestartListensBeforeItResumesItsSearches) {
 
   int while_resuming = 0;
   o.on_listening = [&](const std::string& address) {
-    while_resuming =
-        HealthStatus(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    while_resuming = HealthStatus(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   };
   Start(o);
   EXPECT_EQ(while_resuming, 2);  // NOT_SERVING, and answering

@@ -288,8 +288,7 @@ TEST_F(SchedulerTest, ARefusedReportsReasonReachesTheSearch) {
   }
   v1::Trial t = TrialOf(Get(id), "selective:[]");
   EXPECT_EQ(t.status(), v1::TRIAL_STATUS_FAILED);
-  EXPECT_NE(t.result().message().find("its report was refused: result.ranks"),
-            std::string::npos)
+  EXPECT_NE(t.result().message().find("its report was refused: result.ranks"), std::string::npos)
       << t.result().message();
 }
 

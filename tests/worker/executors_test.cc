@@ -8,11 +8,11 @@
 #include <filesystem>
 #include <thread>
 
-#include "tests/worker/test_util.h"
 #include "search/depth_proxy.h"
 #include "search/limits.h"
 #include "search/text.h"
 #include "specfile/spec_file.h"
+#include "tests/worker/test_util.h"
 #include "worker/assignment.h"
 #include "worker/command_template.h"
 #include "worker/metrics_file.h"
