@@ -24,6 +24,7 @@ namespace {
 constexpr int kDefaultListLimit = 100;
 constexpr int kMaxListLimit = 1000;
 constexpr int64_t kTickPeriodMs = 250;
+constexpr int kMinListedTrials = 1024;  // Heartbeat.running_trial_ids, whatever the slots
 
 bool CanSee(const Principal& who, const std::string& owner) {
   return who.sees_all || who.name == owner;
@@ -330,9 +331,20 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
     return out;
   }
   REMAT_RETURN_IF_ERROR(CheckOwner(*w, credential));
+  // A worker runs at most one trial per slot: a list far longer is not a worker's (the answer
+  // would echo it).
+  const int most = std::max(kMinListedTrials, 4 * w->slots);
+  if (request.running_trial_ids_size() > most) {
+    return absl::InvalidArgumentError(absl::StrCat("running_trial_ids: ",
+                                                   request.running_trial_ids_size(),
+                                                   " trials, at most ", most, " for its slots"));
+  }
   st.Touch(*w);
-  std::set<std::string> running(request.running_trial_ids().begin(),
-                                request.running_trial_ids().end());
+  std::set<std::string> running;
+  for (const std::string& id : request.running_trial_ids()) {
+    // Trial ids the coordinator issues are short; a longer one names no trial and is not echoed.
+    if (id.size() <= search::limits::kMaxQuotedValueBytes) running.insert(id);
+  }
   for (const std::string& id : running) {
     auto it = st.trial_index_.find(id);
     if (it == st.trial_index_.end()) {
@@ -437,7 +449,7 @@ absl::StatusOr<v1::ReportTrialResponse> Scheduler::ReportTrial(
   auto it = st.trial_index_.find(request.trial_id());
   if (it == st.trial_index_.end()) {
     st.log_->info("trial={} report from worker={} not accepted: not an active trial",
-                  request.trial_id(), request.worker_id());
+                  search::QuoteForError(request.trial_id()), request.worker_id());
     out.set_accepted(false);
     return out;
   }

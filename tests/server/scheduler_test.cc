@@ -483,6 +483,18 @@ TEST_F(SchedulerTest, HeartbeatsNeverAdoptATrialTheWorkerWasNotHanded) {
   EXPECT_EQ(back.attempts(), 1);
   ASSERT_TRUE(*Report(honest, a));
   EXPECT_EQ(Get(id).state(), v1::SEARCH_STATE_SUCCEEDED);
+
+  // What a heartbeat lists is bounded by the worker's slots, and nothing long is echoed.
+  v1::HeartbeatRequest flood;
+  flood.set_worker_id(honest);
+  for (int i = 0; i < 5000; ++i) flood.add_running_trial_ids("t-" + std::to_string(i));
+  EXPECT_EQ(sched_->Heartbeat(flood).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::HeartbeatRequest long_id;
+  long_id.set_worker_id(honest);
+  long_id.add_running_trial_ids(std::string(10 << 10, 't'));
+  answer = sched_->Heartbeat(long_id);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->cancel_trial_ids_size(), 0);
 }
 
 // Planning a submitted search holds no lock: while one plans (here, for as long as the test
