@@ -269,7 +269,7 @@ absl::Status CheckRegistration(const v1::RegisterRequest& r) {
   }
   for (const auto& [key, value] : r.versions()) {
     REMAT_RETURN_IF_ERROR(name(key, "versions"));
-    REMAT_RETURN_IF_ERROR(name(value, "versions." + key));
+    REMAT_RETURN_IF_ERROR(name(value, "versions[" + search::QuoteForError(key) + "]"));
   }
   return absl::OkStatus();
 }
