@@ -66,4 +66,39 @@ FileText ReadRegularFile(const std::string& path, size_t max_bytes) {
   return out;
 }
 
+FileText ReadRegularFileTail(const std::string& path, size_t max_bytes) {
+  FileText out;
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    out.error = std::string("cannot be read: ") + std::strerror(errno);
+    return out;
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    out.error = "is not a regular file";
+    return out;
+  }
+  const auto size = static_cast<unsigned long long>(st.st_size);
+  const off_t start = size > max_bytes ? static_cast<off_t>(size - max_bytes) : 0;
+  std::string text(static_cast<size_t>(size - static_cast<unsigned long long>(start)), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n =
+        pread(fd, text.data() + got, text.size() - got, start + static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      out.error = std::string("cannot be read: ") + std::strerror(errno);
+      close(fd);
+      return out;
+    }
+    if (n == 0) break;  // it shrank meanwhile
+    got += static_cast<size_t>(n);
+  }
+  close(fd);
+  text.resize(got);
+  out.text = std::move(text);
+  return out;
+}
+
 }  // namespace remat::common

@@ -24,4 +24,8 @@ struct FileText {
 };
 FileText ReadRegularFile(const std::string& path, size_t max_bytes);
 
+// The last `max_bytes` bytes of such a file (a log a trial writes, which may be any size): the
+// same refusals as ReadRegularFile except the size.
+FileText ReadRegularFileTail(const std::string& path, size_t max_bytes);
+
 }  // namespace remat::common

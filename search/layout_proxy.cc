@@ -36,7 +36,7 @@ bool MiddleStagesAlike(const SearchSpec& spec) {
   return true;
 }
 
-bool SameStates(const std::vector<InFlightState>& a, const std::vector<InFlightState>& b) {
+bool SameStates(const InFlightStateList& a, const InFlightStateList& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i].backward_chunk != b[i].backward_chunk ||
@@ -115,16 +115,21 @@ int ProxyMicrobatches(const SearchSpec& spec) {
   const int pp = std::max(1, spec.parallel.pipeline_model_parallel_size);
   // Megatron's interleaved schedule takes micro-batches in groups of PP.
   const int step = spec.parallel.VirtualChunks() > 1 ? pp : 1;
-  std::vector<std::vector<InFlightState>> full;
+  std::vector<InFlightStateList> full;
   for (int s = 0; s < pp; ++s) full.push_back(InFlightStates(spec, s));
   if (m % step != 0) return m;  // ValidatePipelineLayout refuses such a spec
-  for (int cand = step; cand < m; cand += step) {
+  // Beyond the shortened schedules InFlightStates walks, every count has the step's states: the
+  // answer is at most the longest of them (M may be 2^24; this stays within the layout's size).
+  int enough = step;
+  for (int s = 0; s < pp; ++s) enough = std::max(enough, InFlightMicrobatches(spec, s));
+  if (enough >= m) enough = m;
+  for (int cand = step; cand < enough; cand += step) {
     const SearchSpec cut = WithMicrobatches(spec, cand);
     bool same = true;
     for (int s = 0; s < pp && same; ++s) same = SameStates(InFlightStates(cut, s), full[s]);
     if (same) return cand;
   }
-  return m;
+  return enough;
 }
 
 SearchSpec ProxyRunSpec(const SearchSpec& spec) {

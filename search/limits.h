@@ -17,8 +17,18 @@ inline constexpr size_t kMaxReplayTableFileBytes = 16u << 20;  // 16 MiB
 inline constexpr size_t kMaxReplayTableEntries = 100000;
 // A configuration `remat import bridge` reads.
 inline constexpr size_t kMaxImportFileBytes = 4u << 20;
+// A rank's result file (remat-trial --result), read by the worker.
+inline constexpr size_t kMaxResultFileBytes = 16u << 20;
 // A command-backend job's metrics file (worker/metrics_file.h), per rank.
 inline constexpr size_t kMaxMetricsFileBytes = 16u << 20;
+
+// A worker's registration (RegisterRequest): slots (one per Gpu entry) at most kMaxWorldSize,
+// names (hostname, GPU names, backends, command templates, version keys and values) at most
+// kMaxNameBytes, and these counts; the whole message at most kMaxRegistrationBytes.
+inline constexpr size_t kMaxRegistrationBytes = 4u << 20;
+inline constexpr int kMaxWorkerBackends = 16;
+inline constexpr int kMaxWorkerCommandTemplates = 1024;
+inline constexpr int kMaxVersionEntries = 32;  // also a result's `versions`
 
 // Strings in a spec: the name, template names, file names, enum values.
 inline constexpr size_t kMaxNameBytes = 256;         // `name`, `search.command_template`
@@ -38,6 +48,10 @@ inline constexpr size_t kMaxTrialMessageBytes = 4096;
 // trials), and how much of that one LeaseTrial reply fills before it stops adding trials.
 inline constexpr int kMaxGrpcMessageBytes = 64 << 20;
 inline constexpr size_t kMaxLeaseReplyBytes = 16u << 20;
+
+// A step time a result may carry (trial, rank, step, proxy): 0 (not measured) or from 1 µs to
+// kMaxTrialTimeoutS. Throughput is divided by it: a denormal one made tokens/s infinite.
+inline constexpr double kMinStepTimeS = 1e-6;
 
 // A value quoted in an error line is cut to this many bytes.
 inline constexpr size_t kMaxQuotedValueBytes = 64;

@@ -1,7 +1,15 @@
 #include "search/pipeline.h"
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 namespace remat::search {
 namespace {
@@ -40,6 +48,18 @@ int ChunkCount(const SearchSpec& spec, int pp_rank, int chunk) {
     if (p.account_for_loss_in_pipeline_split && pp_rank == pp - 1 && chunk == vpp - 1) --n;
   }
   return std::max(0, n);
+}
+
+// Layers of chunk `chunk` over ranks 0 .. n-1 (n <= PP), in O(1): only the first and the last
+// rank's differ, every rank between holds the same.
+long long RanksLayers(const SearchSpec& spec, int chunk, int n) {
+  if (n <= 0) return 0;
+  const int pp = Pp(spec);
+  long long sum = ChunkCount(spec, 0, chunk);
+  const int middle = std::min(n, pp - 1) - 1;  // ranks 1 .. min(n, PP - 1) - 1
+  if (middle > 0) sum += 1LL * middle * ChunkCount(spec, 1, chunk);
+  if (n >= pp && pp > 1) sum += ChunkCount(spec, pp - 1, chunk);
+  return sum;
 }
 
 // The interleaved schedule's table: virtual step k -> (micro-batch, chunk) of its forward.
@@ -197,9 +217,11 @@ StageChunk ChunkOf(const SearchSpec& spec, int pp_rank, int chunk) {
   c.chunk = chunk;
   c.num_layers = ChunkCount(spec, pp_rank, chunk);
   // Chunks sit on the model chunk-major: every rank's chunk 0, then every rank's chunk 1, ...
-  for (int v = 0; v <= chunk; ++v) {
-    for (int r = 0; r < (v == chunk ? pp_rank : pp); ++r) c.first_layer += ChunkCount(spec, r, v);
-  }
+  // Chunks 1 .. VPP-2 hold the same layers (only the first and last chunk differ).
+  long long before = RanksLayers(spec, chunk, pp_rank);
+  if (chunk >= 1) before += RanksLayers(spec, 0, pp);
+  if (chunk >= 2) before += (chunk - 1LL) * RanksLayers(spec, 1, pp);
+  c.first_layer = static_cast<int>(before);
   c.has_embedding = pp_rank == 0 && chunk == 0;
   c.has_loss = pp_rank == pp - 1 && chunk == vpp - 1;
   return c;
@@ -226,25 +248,26 @@ int MaxChunkLayers(const SearchSpec& spec) {
   return n;
 }
 
-int WarmupForwards(const SearchSpec& spec, int pp_rank) {
-  const int pp = Pp(spec), vpp = spec.parallel.VirtualChunks();
-  const int m = spec.NumMicrobatches();
-  const int total = m * vpp;
-  int warmup = 0;
-  if (vpp == 1) {
-    warmup = pp - pp_rank - 1;
-  } else {
-    const int group = pp;  // microbatch_group_size_per_vp_stage's default
-    warmup = (pp - pp_rank - 1) * 2 + (vpp - 1) * group;
-    // With the MoE all-to-all overlapped, one more forward runs before the 1F1B steps.
-    if (spec.model.overlap_moe_expert_parallel_comm) ++warmup;
-  }
-  return std::clamp(warmup, 0, total);
+namespace {
+
+// Megatron's warm-up forwards on `pp_rank` before the clamp to the step's M x VPP.
+long long UnclampedWarmup(const SearchSpec& spec, int pp_rank) {
+  const long long pp = Pp(spec), vpp = spec.parallel.VirtualChunks();
+  if (vpp == 1) return pp - pp_rank - 1;
+  const long long group = pp;  // microbatch_group_size_per_vp_stage's default
+  long long warmup = (pp - pp_rank - 1) * 2 + (vpp - 1) * group;
+  // With the MoE all-to-all overlapped, one more forward runs before the 1F1B steps.
+  if (spec.model.overlap_moe_expert_parallel_comm) ++warmup;
+  return warmup;
 }
 
-std::vector<PipelineOp> ScheduleOps(const SearchSpec& spec, int pp_rank) {
+int WarmupOf(const SearchSpec& spec, int pp_rank, int m) {
+  const long long total = 1LL * m * spec.parallel.VirtualChunks();
+  return static_cast<int>(std::clamp(UnclampedWarmup(spec, pp_rank), 0LL, total));
+}
+
+std::vector<PipelineOp> ScheduleOpsOf(const SearchSpec& spec, int pp_rank, int m) {
   const int vpp = spec.parallel.VirtualChunks();
-  const int m = spec.NumMicrobatches();
   const int total = m * vpp;
   const std::vector<TableEntry> table = ScheduleTable(m, vpp, vpp > 1 ? Pp(spec) : m);
   auto fwd = [&](int k) { return PipelineOp{true, table[k].microbatch, table[k].chunk}; };
@@ -252,7 +275,7 @@ std::vector<PipelineOp> ScheduleOps(const SearchSpec& spec, int pp_rank) {
   auto bwd = [&](int k) {
     return PipelineOp{false, table[k].microbatch, vpp - 1 - table[k].chunk};
   };
-  const int warmup = WarmupForwards(spec, pp_rank);
+  const int warmup = WarmupOf(spec, pp_rank, m);
   std::vector<PipelineOp> ops;
   ops.reserve(2 * static_cast<size_t>(total));
   for (int k = 0; k < warmup; ++k) ops.push_back(fwd(k));
@@ -264,21 +287,155 @@ std::vector<PipelineOp> ScheduleOps(const SearchSpec& spec, int pp_rank) {
   return ops;
 }
 
-std::vector<InFlightState> InFlightStates(const SearchSpec& spec, int pp_rank) {
-  std::vector<InFlightState> states;
-  std::vector<int> live(spec.parallel.VirtualChunks(), 0);
-  for (const PipelineOp& op : ScheduleOps(spec, pp_rank)) {
-    if (op.forward) {
-      ++live[op.chunk];
-      continue;
-    }
-    const bool seen = std::any_of(states.begin(), states.end(), [&](const InFlightState& s) {
-      return s.backward_chunk == op.chunk && s.live_per_chunk == live;
-    });
-    if (!seen) states.push_back({op.chunk, live});
-    --live[op.chunk];
+// The fewest micro-batches whose schedule on `pp_rank` passes through the same in-flight states
+// as the step's M, in the same order of first occurrence, so that planning costs what the
+// layout costs, not what the global batch does (M may be 2^24).
+//
+// Why it holds: the forward order is periodic with period P = PP x VPP chunk-forwards under
+// interleaving (groups of PP micro-batches per chunk, M a multiple of PP) and P = 1 without. In
+// the steady state the k-th backward has k + W + 1 forwards behind it (W the warm-up), so what
+// is in flight depends on k mod P alone: the first P steady-state backwards show every
+// steady-state state. In the cool-down every forward has run, and what is in flight depends on
+// how many backwards remain alone. So any M' (a multiple of PP under interleaving) with the same
+// warm-up and at least P steady-state backwards has the same states in the same order.
+int StateMicrobatches(const SearchSpec& spec, int pp_rank) {
+  const int m = spec.NumMicrobatches();
+  const long long vpp = spec.parallel.VirtualChunks();
+  const long long period = vpp > 1 ? Pp(spec) * vpp : 1;
+  const long long step = vpp > 1 ? Pp(spec) : 1;  // M' stays whole groups
+  const long long need = std::max(0LL, UnclampedWarmup(spec, pp_rank)) + period;  // M' x VPP
+  if (1LL * m * vpp <= need) return m;
+  const long long groups = (need + step * vpp - 1) / (step * vpp);
+  return static_cast<int>(std::min<long long>(m, groups * step));
+}
+
+// The distinct in-flight states of `pp_rank` under interleaving, walking `m` micro-batches
+// (StateMicrobatches) of the schedule.
+std::vector<InFlightState> WalkInterleaved(const SearchSpec& spec, int pp_rank, int m) {
+  const int vpp = spec.parallel.VirtualChunks();
+  // Interleaved: walk the bounded schedule (forward k runs chunk (k mod PP x VPP) / PP: whole
+  // groups of PP micro-batches per chunk; backward k the chunk mirrored), keeping each distinct
+  // state once. Repeats, the common case, are found through a hash of the counts kept up to
+  // date step by step, in an open-addressed table (compared in full on a match, so a collision
+  // costs time, never a state).
+  const int pp = Pp(spec);
+  const int total = m * vpp;
+  const int warmup = WarmupOf(spec, pp_rank, m);
+  const int period = pp * vpp;
+  auto forward_chunk = [&](int k) { return (k % period) / pp; };
+  std::vector<uint64_t> weight(vpp);
+  for (int c = 0; c < vpp; ++c) {  // splitmix64 of the chunk: a fixed odd weight per chunk
+    uint64_t z = 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(c + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    weight[c] = (z ^ (z >> 31)) | 1;
   }
+  int slot_bits = 4;
+  while ((size_t{1} << slot_bits) < 2 * static_cast<size_t>(total)) ++slot_bits;
+  const size_t slots = size_t{1} << slot_bits;
+  // Slots hold a state's index + 1 (0: empty), small enough to stay off fresh pages per call.
+  std::vector<uint32_t> table(slots, 0);
+  std::vector<uint64_t> keys;  // per state
+  std::vector<InFlightState> states;
+  std::vector<int> live(vpp, 0);
+  uint64_t hash = 0;
+  auto forward = [&](int k) {
+    const int c = forward_chunk(k);
+    ++live[c];
+    hash += weight[c];
+  };
+  auto backward = [&](int k) {
+    const int chunk = vpp - 1 - forward_chunk(k);
+    const uint64_t key = hash * 0x100000001b3ULL + static_cast<uint64_t>(chunk);
+    // The key's top bits (Fibonacci hashing): its low bits follow the parity of the counts.
+    for (size_t at = (key * 0x9e3779b97f4a7c15ULL) >> (64 - slot_bits);;
+         at = (at + 1) & (slots - 1)) {
+      if (table[at] == 0) {
+        table[at] = static_cast<uint32_t>(states.size() + 1);
+        keys.push_back(key);
+        states.push_back({chunk, live});
+        break;
+      }
+      const size_t index = table[at] - 1;
+      if (keys[index] == key && states[index].backward_chunk == chunk &&
+          states[index].live_per_chunk == live) {
+        break;
+      }
+    }
+    --live[chunk];
+    hash -= weight[chunk];
+  };
+  for (int k = 0; k < warmup; ++k) forward(k);
+  for (int k = 0; k < total - warmup; ++k) {  // steady state: one forward, then one backward
+    forward(k + warmup);
+    backward(k);
+  }
+  for (int k = total - warmup; k < total; ++k) backward(k);  // cool-down
   return states;
+}
+
+// The states depend on PP, VPP, the shortened M, the MoE overlap flag and the rank alone, and the
+// memory model asks for the same ones once per policy: they are kept, about 16 MiB of counts at
+// most (then the cache starts over; lists handed out keep their states alive).
+struct StatesKey {
+  int pp, vpp, m, rank;
+  bool overlap;
+  bool operator<(const StatesKey& o) const {
+    return std::tie(pp, vpp, m, rank, overlap) < std::tie(o.pp, o.vpp, o.m, o.rank, o.overlap);
+  }
+};
+constexpr size_t kMaxCachedCounts = size_t{4} << 20;
+std::mutex g_states_mu;
+using SharedStates = std::shared_ptr<const std::vector<InFlightState>>;
+std::map<StatesKey, SharedStates>* g_states = nullptr;  // guarded by the mutex
+size_t g_cached_counts = 0;
+
+}  // namespace
+
+int WarmupForwards(const SearchSpec& spec, int pp_rank) {
+  return WarmupOf(spec, pp_rank, spec.NumMicrobatches());
+}
+
+int InFlightMicrobatches(const SearchSpec& spec, int pp_rank) {
+  return StateMicrobatches(spec, pp_rank);
+}
+
+std::vector<PipelineOp> ScheduleOps(const SearchSpec& spec, int pp_rank) {
+  return ScheduleOpsOf(spec, pp_rank, spec.NumMicrobatches());
+}
+
+InFlightStateList InFlightStates(const SearchSpec& spec, int pp_rank) {
+  const int vpp = spec.parallel.VirtualChunks();
+  const int m = StateMicrobatches(spec, pp_rank);
+  if (vpp == 1) {
+    // Plain 1F1B: the first backward holds the most (warm-up + 1, or all M when the warm-up
+    // takes every forward); each later one holds as many or fewer.
+    const int warmup = WarmupOf(spec, pp_rank, m);
+    return InFlightStateList(std::make_shared<const std::vector<InFlightState>>(
+        std::vector<InFlightState>{InFlightState{0, {warmup < m ? warmup + 1 : m}}}));
+  }
+  const StatesKey key{Pp(spec), vpp, m, pp_rank, spec.model.overlap_moe_expert_parallel_comm};
+  {
+    std::lock_guard<std::mutex> lock(g_states_mu);
+    if (g_states != nullptr) {
+      if (auto it = g_states->find(key); it != g_states->end()) {
+        return InFlightStateList(it->second);
+      }
+    }
+  }
+  auto states =
+      std::make_shared<const std::vector<InFlightState>>(WalkInterleaved(spec, pp_rank, m));
+  const size_t counts = states->size() * static_cast<size_t>(vpp);
+  std::lock_guard<std::mutex> lock(g_states_mu);
+  if (g_states == nullptr) g_states = new std::map<StatesKey, SharedStates>();
+  if (g_cached_counts + counts > kMaxCachedCounts) {
+    g_states->clear();
+    g_cached_counts = 0;
+  }
+  if (counts <= kMaxCachedCounts && g_states->emplace(key, states).second) {
+    g_cached_counts += counts;
+  }
+  return InFlightStateList(std::move(states));
 }
 
 int MaxInFlight(const SearchSpec& spec, int pp_rank) {

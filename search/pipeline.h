@@ -18,6 +18,9 @@
 // `pp_rank` is in [0, pipeline_model_parallel_size), `chunk` in [0, VirtualChunks()).
 #pragma once
 
+#include <cstddef>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "search/spec.h"
@@ -73,8 +76,38 @@ struct InFlightState {
   std::vector<int> live_per_chunk;  // indexed by chunk
 };
 
-// The distinct InFlightStates of `pp_rank` over one step, in order of first occurrence.
-std::vector<InFlightState> InFlightStates(const SearchSpec& spec, int pp_rank);
+// A list of InFlightStates, shared and immutable: a layout's states are computed once and kept
+// (the memory model asks for them once per policy), so the list is handed out, not copied.
+// Iterates like a const std::vector.
+class InFlightStateList {
+ public:
+  using const_iterator = std::vector<InFlightState>::const_iterator;
+  InFlightStateList() : states_(std::make_shared<const std::vector<InFlightState>>()) {}
+  explicit InFlightStateList(std::shared_ptr<const std::vector<InFlightState>> states)
+      : states_(std::move(states)) {}
+  const_iterator begin() const { return states_->begin(); }
+  const_iterator end() const { return states_->end(); }
+  size_t size() const { return states_->size(); }
+  bool empty() const { return states_->empty(); }
+  const InFlightState& operator[](size_t i) const { return (*states_)[i]; }
+
+ private:
+  std::shared_ptr<const std::vector<InFlightState>> states_;
+};
+
+// The InFlightStates of `pp_rank` over one step at which its memory can peak, in order of first
+// occurrence: under interleaving every distinct one; under plain 1F1B the first backward's alone
+// (every later state holds as many micro-batches or fewer, of the one chunk). The cost is bounded
+// by the layout, not the global batch: the states come from InFlightMicrobatches micro-batches
+// of the schedule, which pass through the same ones (at most about 2 x PP x VPP states of VPP
+// counts each).
+InFlightStateList InFlightStates(const SearchSpec& spec, int pp_rank);
+
+// The fewest micro-batches (at most the step's M; a multiple of PP under interleaving) whose
+// schedule on `pp_rank` passes through the same in-flight states as the whole step, in the same
+// order: the warm-up and one period of the steady state (PP x VPP chunk-forwards under
+// interleaving, one micro-batch without).
+int InFlightMicrobatches(const SearchSpec& spec, int pp_rank);
 
 // The most micro-batches (chunk-forwards under interleaving) `pp_rank` holds at once:
 // min(PP - p, M) under 1F1B; warm-up + 1, at most M x VPP, under interleaving.

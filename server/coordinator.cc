@@ -174,8 +174,10 @@ absl::Status Coordinator::Start() {
     so.monotonic_ms = o.clock_ms;
     so.unix_ms = o.clock_ms;
   }
+  // Listening comes first, resuming after (every call answers UNAVAILABLE until it is done, and
+  // the health service says NOT_SERVING): re-planning the searches of a large queue must not
+  // keep the port closed.
   im.scheduler_ = std::make_unique<Scheduler>(so, im.store_.get(), im.metrics_.get());
-  REMAT_RETURN_IF_ERROR(im.scheduler_->Resume());
 
   im.limiter_ = std::make_unique<RateLimiter>(
       RateLimitOptions{o.user_rate_limit, o.user_rate_burst}, o.clock_ms);
@@ -202,7 +204,7 @@ absl::Status Coordinator::Start() {
     return absl::UnavailableError(absl::StrCat("listen: cannot listen on ", o.listen,
                                                " (address in use or not available?)"));
   }
-  im.server_->GetHealthCheckService()->SetServingStatus(true);
+  im.server_->GetHealthCheckService()->SetServingStatus(false);
   if (!o.health_listen.empty()) {
     // Built after the main server: EnableDefaultHealthCheckService above gives it the standard
     // health service, and it registers nothing else.
@@ -218,10 +220,26 @@ absl::Status Coordinator::Start() {
                                                  o.health_listen,
                                                  " (address in use or not available?)"));
     }
-    im.health_server_->GetHealthCheckService()->SetServingStatus(true);
+    im.health_server_->GetHealthCheckService()->SetServingStatus(false);
   }
+  if (o.on_listening) o.on_listening(address());
+  const auto resume_start = std::chrono::steady_clock::now();
+  if (absl::Status resumed = im.scheduler_->Resume(); !resumed.ok()) {
+    if (im.health_server_) im.health_server_->Shutdown();
+    im.server_->Shutdown();
+    im.health_server_.reset();
+    im.server_.reset();
+    return resumed;
+  }
+  im.log_->info(
+      "resumed the unfinished searches in {:.2f} s",
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - resume_start).count());
+  im.server_->GetHealthCheckService()->SetServingStatus(true);
+  if (im.health_server_) im.health_server_->GetHealthCheckService()->SetServingStatus(true);
   if (!o.clock_ms) im.timer_ = std::thread([&im] { im.TimerLoop(); });
-  im.log_->info("listening on {} (gRPC{}{}{}), database {}, metrics {}", address(),
+  // The address as bound (0.0.0.0 stays 0.0.0.0 here; address() is what a local client dials).
+  const std::string host = o.listen.substr(0, o.listen.rfind(':'));
+  im.log_->info("listening on {}:{} (gRPC{}{}{}), database {}, metrics {}", host, im.port_,
                 o.tls_cert_file.empty() ? "" : ", TLS",
                 im.auth_.users_enabled() ? ", user tokens" : "",
                 im.auth_.workers_enabled() ? ", worker tokens" : "", o.db_path,

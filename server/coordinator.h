@@ -74,6 +74,10 @@ struct CoordinatorOptions {
   // Version reported in remat_build_info and used in the results-cache key of this coordinator.
   std::string version = common::kVersion;
 
+  // Called once from Start as soon as the port is bound, with address(), before the unfinished
+  // searches are resumed (rematd prints its "listening" line here). May be empty.
+  std::function<void(const std::string& address)> on_listening;
+
   // Test seam: the clock the scheduler reads (lease expiry, long polls, timestamps), in
   // milliseconds; unset = the real clock (steady for expiry, system for timestamps). When set,
   // the coordinator runs no timer thread: tests call RunExpiryForTest() after moving their clock.
@@ -89,9 +93,11 @@ class Coordinator {
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
-  // Binds the gRPC port (and the metrics port), checks it really bound, resumes every unfinished
-  // search found in the store (rebuilding its strategy, requeueing leased-but-unreported trials)
-  // and starts serving. Call once.
+  // Binds the gRPC port (and the metrics port), checks it really bound, calls on_listening, then
+  // resumes every unfinished search found in the store (rebuilding its strategy, requeueing
+  // leased-but-unreported trials; calls meanwhile answer UNAVAILABLE and the health service says
+  // NOT_SERVING) and serves. Returns once serving; an error (port, store) stops both servers.
+  // Call once.
   absl::Status Start();
 
   // The bound gRPC port (valid after a successful Start), and "127.0.0.1:PORT"-style address

@@ -7,10 +7,13 @@
 #include <string>
 #include <utility>
 
+#include "search/text.h"
 #include "server/logging.h"
 
 namespace remat::server {
 namespace {
+
+constexpr size_t kMaxStatusMessageBytes = 2048;
 
 // The caller, authenticated; for a user, also admitted by `limiter` (may be null): a user over
 // their request rate is RESOURCE_EXHAUSTED (rate_limiter.h).
@@ -177,7 +180,11 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   const int code = static_cast<int>(status.code());
   const auto grpc_code = code >= 0 && code <= 16 ? static_cast<grpc::StatusCode>(code)
                                                  : grpc::StatusCode::UNKNOWN;
-  return grpc::Status(grpc_code, std::string(status.message()));
+  // A status message travels in the reply's trailers, which gRPC bounds (8 KiB by default): an
+  // error that quoted too much would turn into RESOURCE_EXHAUSTED. Every message is cut here,
+  // whatever made it.
+  return grpc::Status(grpc_code,
+                      search::BoundedUtf8(std::string(status.message()), kMaxStatusMessageBytes));
 }
 
 // ----------------------------------------------------------------------------- RematService

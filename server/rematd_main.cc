@@ -94,19 +94,24 @@ static int RealMain(int argc, char** argv) {
   // Signals are taken by one thread; every other thread has them blocked.
   remat::common::StopSignals signals;
 
+  // Printed as soon as the port is bound, before the unfinished searches are resumed.
+  remat::server::Coordinator* self = nullptr;
+  options.on_listening = [&self](const std::string& address) {
+    std::cout << "rematd listening on " << address << std::endl;
+    if (self->metrics_port() != 0) {
+      std::cout << "rematd metrics on port " << self->metrics_port() << std::endl;
+    }
+  };
   auto coordinator = remat::server::Coordinator::Create(options);
   if (!coordinator.ok()) {
     return Fail(coordinator.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1,
                 std::string(coordinator.status().message()));
   }
+  self = coordinator->get();
   absl::Status started = (*coordinator)->Start();
   if (!started.ok()) {
     return Fail(started.code() == absl::StatusCode::kInvalidArgument ? 2 : 1,
                 std::string(started.message()));
-  }
-  std::cout << "rematd listening on " << (*coordinator)->address() << std::endl;
-  if ((*coordinator)->metrics_port() != 0) {
-    std::cout << "rematd metrics on port " << (*coordinator)->metrics_port() << std::endl;
   }
 
   remat::server::Coordinator* c = coordinator->get();

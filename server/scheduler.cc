@@ -24,13 +24,22 @@ namespace {
 constexpr int kDefaultListLimit = 100;
 constexpr int kMaxListLimit = 1000;
 constexpr int64_t kTickPeriodMs = 250;
+constexpr int kMinListedTrials = 1024;  // Heartbeat.running_trial_ids, whatever the slots
 
 bool CanSee(const Principal& who, const std::string& owner) {
   return who.sees_all || who.name == owner;
 }
 
+// The id quoted, cut to limits::kMaxQuotedValueBytes on one line: a 10 KB id is not found like
+// any other, not a reply whose status outgrows gRPC's metadata.
 absl::Status NotFound(const std::string& id) {
-  return absl::NotFoundError("search " + id + " not found");
+  return absl::NotFoundError("search " + search::QuoteForError(id) + " not found");
+}
+
+// Every call before Resume returned: the coordinator listens first and resumes after, so a
+// restart with many searches to re-plan answers at once (clients retry UNAVAILABLE).
+absl::Status Resuming() {
+  return absl::UnavailableError("coordinator is starting: resuming its searches (retry)");
 }
 
 }  // namespace
@@ -67,20 +76,26 @@ Scheduler::~Scheduler() {
 
 absl::Status Scheduler::Resume() {
   State::Locked lock(state_.get());
-  return state_->ResumeFromStore();
+  REMAT_RETURN_IF_ERROR(state_->ResumeFromStore());
+  state_->MarkResumed();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::SubmitSearchResponse> Scheduler::SubmitSearch(
     const Principal& who, const v1::SubmitSearchRequest& request) {
-  REMAT_ASSIGN_OR_RETURN(std::unique_ptr<SearchRun> run, SearchRun::FromRequest(who.name, request));
   State& st = *state_;
-  State::Locked lock(&st);
-  if (st.shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  if (!st.WaitResumed()) return Resuming();
+  // Validating and planning touch nothing shared: done before the lock, so a large spec never
+  // holds up other users' calls or the workers' heartbeats.
+  REMAT_ASSIGN_OR_RETURN(std::unique_ptr<SearchRun> run, SearchRun::FromRequest(who.name, request));
   SearchRun& s = *run;
   s.strategy = st.opt_.make_strategy(s.spec);
+  const int planned = s.strategy->PlannedTotal();
+  State::Locked lock(&st);
+  if (st.shutdown_) return absl::UnavailableError("coordinator is shutting down");
   s.rec.id = st.NewId("s-");
   s.rec.created_unix_ms = s.rec.updated_unix_ms = st.UnixNow();
-  s.rec.trials_planned = s.strategy->PlannedTotal();
+  s.rec.trials_planned = planned;
   REMAT_RETURN_IF_ERROR(st.CheckQuota(who.name, s.rec.trials_planned));
   REMAT_RETURN_IF_ERROR(st.store_->CreateSearch(s.rec));
   st.CountState(v1::SEARCH_STATE_UNSPECIFIED, v1::SEARCH_STATE_QUEUED);
@@ -101,6 +116,7 @@ absl::StatusOr<v1::SubmitSearchResponse> Scheduler::SubmitSearch(
 
 absl::StatusOr<v1::Search> Scheduler::GetSearch(const Principal& who, const std::string& id) {
   State& st = *state_;
+  if (!st.WaitResumed()) return Resuming();
   {
     State::Locked lock(&st);
     auto it = st.active_.find(id);
@@ -119,6 +135,7 @@ absl::StatusOr<v1::Search> Scheduler::GetSearch(const Principal& who, const std:
 absl::StatusOr<v1::CancelSearchResponse> Scheduler::CancelSearch(const Principal& who,
                                                                  const std::string& id) {
   State& st = *state_;
+  if (!st.WaitResumed()) return Resuming();
   State::Locked lock(&st);
   v1::CancelSearchResponse out;
   auto it = st.active_.find(id);
@@ -157,6 +174,7 @@ absl::StatusOr<v1::CancelSearchResponse> Scheduler::CancelSearch(const Principal
 }
 
 absl::StatusOr<v1::ListSearchesResponse> Scheduler::ListSearches(const Principal& who, int limit) {
+  if (!state_->WaitResumed()) return Resuming();
   if (limit <= 0) limit = kDefaultListLimit;
   limit = std::min(limit, kMaxListLimit);
   std::optional<std::string> owner;
@@ -170,6 +188,7 @@ absl::StatusOr<v1::ListSearchesResponse> Scheduler::ListSearches(const Principal
 absl::StatusOr<uint64_t> Scheduler::Watch(const Principal& who, const std::string& id,
                                           std::function<void()> wake) {
   State& st = *state_;
+  if (!st.WaitResumed()) return Resuming();
   {
     State::Locked lock(&st);
     if (st.shutdown_) return absl::UnavailableError("coordinator is shutting down");
@@ -216,6 +235,45 @@ absl::Status CheckWorkerId(const std::string& id) {
   return absl::InvalidArgumentError("worker_id: at most 64 letters, digits, '-', '_' or '.'");
 }
 
+// A registration is stored and kept in memory for as long as the worker is known: every field
+// bounded as a spec's are (search/limits.h), so no caller can grow the coordinator with one.
+absl::Status CheckRegistration(const v1::RegisterRequest& r) {
+  namespace limits = search::limits;
+  auto name = [](const std::string& value, const std::string& field) -> absl::Status {
+    if (value.size() <= limits::kMaxNameBytes) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", search::QuoteForError(value),
+                                                   " is longer than ", limits::kMaxNameBytes,
+                                                   " bytes"));
+  };
+  auto count = [](int n, int64_t max, const std::string& field) -> absl::Status {
+    if (n <= max) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", n, " entries, at most ", max));
+  };
+  if (r.ByteSizeLong() > limits::kMaxRegistrationBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "registration: ", r.ByteSizeLong(), " bytes, at most ", limits::kMaxRegistrationBytes));
+  }
+  REMAT_RETURN_IF_ERROR(name(r.hostname(), "hostname"));
+  REMAT_RETURN_IF_ERROR(count(r.gpus_size(), limits::kMaxWorldSize, "gpus"));
+  REMAT_RETURN_IF_ERROR(count(r.backends_size(), limits::kMaxWorkerBackends, "backends"));
+  REMAT_RETURN_IF_ERROR(
+      count(r.command_templates_size(), limits::kMaxWorkerCommandTemplates, "command_templates"));
+  REMAT_RETURN_IF_ERROR(count(r.versions_size(), limits::kMaxVersionEntries, "versions"));
+  for (const v1::Gpu& gpu : r.gpus()) {
+    if (gpu.name().empty()) return absl::InvalidArgumentError("gpus.name: must not be empty");
+    REMAT_RETURN_IF_ERROR(name(gpu.name(), "gpus.name"));
+  }
+  for (const std::string& b : r.backends()) REMAT_RETURN_IF_ERROR(name(b, "backends"));
+  for (const std::string& t : r.command_templates()) {
+    REMAT_RETURN_IF_ERROR(name(t, "command_templates"));
+  }
+  for (const auto& [key, value] : r.versions()) {
+    REMAT_RETURN_IF_ERROR(name(key, "versions"));
+    REMAT_RETURN_IF_ERROR(name(value, "versions[" + search::QuoteForError(key) + "]"));
+  }
+  return absl::OkStatus();
+}
+
 // Whether the caller holding `credential` may act as worker `w` (Scheduler::Register's rule).
 absl::Status CheckOwner(const WorkerEntry& w, const std::string& credential) {
   const std::string& bound = w.rec.registration.credential();
@@ -229,10 +287,9 @@ absl::Status CheckOwner(const WorkerEntry& w, const std::string& credential) {
 absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterRequest& request,
                                                          const std::string& credential) {
   REMAT_RETURN_IF_ERROR(CheckWorkerId(request.worker_id()));
-  for (const v1::Gpu& gpu : request.gpus()) {
-    if (gpu.name().empty()) return absl::InvalidArgumentError("gpus.name: must not be empty");
-  }
+  REMAT_RETURN_IF_ERROR(CheckRegistration(request));
   State& st = *state_;
+  if (!st.WaitResumed()) return Resuming();
   State::Locked lock(&st);
   if (!request.worker_id().empty()) {
     if (const WorkerEntry* known = st.workers_.Find(request.worker_id())) {
@@ -265,6 +322,7 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
                                                            const std::string& credential) {
   REMAT_RETURN_IF_ERROR(CheckWorkerId(request.worker_id()));
   State& st = *state_;
+  if (!st.WaitResumed()) return Resuming();
   State::Locked lock(&st);
   v1::HeartbeatResponse out;
   WorkerEntry* w = st.workers_.Find(request.worker_id());
@@ -273,9 +331,20 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
     return out;
   }
   REMAT_RETURN_IF_ERROR(CheckOwner(*w, credential));
+  // A worker runs at most one trial per slot: a list far longer is not a worker's (the answer
+  // would echo it).
+  const int most = std::max(kMinListedTrials, 4 * w->slots);
+  if (request.running_trial_ids_size() > most) {
+    return absl::InvalidArgumentError(absl::StrCat("running_trial_ids: ",
+                                                   request.running_trial_ids_size(),
+                                                   " trials, at most ", most, " for its slots"));
+  }
   st.Touch(*w);
-  std::set<std::string> running(request.running_trial_ids().begin(),
-                                request.running_trial_ids().end());
+  std::set<std::string> running;
+  for (const std::string& id : request.running_trial_ids()) {
+    // Trial ids the coordinator issues are short; a longer one names no trial and is not echoed.
+    if (id.size() <= search::limits::kMaxQuotedValueBytes) running.insert(id);
+  }
   for (const std::string& id : running) {
     auto it = st.trial_index_.find(id);
     if (it == st.trial_index_.end()) {
@@ -283,14 +352,17 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
       continue;
     }
     auto [s, t] = it->second;
-    if (IsFinal(t->rec.status) ||
-        (t->rec.status == v1::TRIAL_STATUS_RUNNING && t->rec.worker_id != w->rec.id)) {
+    // Only the worker a trial was last leased to may name it: a heartbeat never leases a trial
+    // this worker was not handed (any other trial it names, it is told to stop).
+    const bool its_lease = t->rec.attempts > 0 && t->rec.worker_id == w->rec.id;
+    if (IsFinal(t->rec.status) || !its_lease) {
       out.add_cancel_trial_ids(id);
     } else if (t->rec.status == v1::TRIAL_STATUS_RUNNING) {
       t->confirmed_ms = st.Now();
     } else if (t->rec.status == v1::TRIAL_STATUS_PENDING && s->world_size <= w->slots - w->busy) {
-      // Requeued while this worker still ran it (e.g. a short partition): take it back.
-      const int32_t attempt = std::max(1, t->rec.attempts);
+      // Requeued while this worker still ran it (e.g. a short partition), and leased to no one
+      // since: take its own lease back, same attempt.
+      const int32_t attempt = t->rec.attempts;
       absl::Status leased = st.store_->LeaseTrial(id, attempt, w->rec.id);
       if (!leased.ok()) return leased;
       st.Lease(*s, *t, *w, attempt);
@@ -326,9 +398,10 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
 uint64_t Scheduler::LeaseTrial(const v1::LeaseTrialRequest& request, LeaseDone done,
                                const std::string& credential) {
   State& st = *state_;
+  const bool resumed = st.WaitResumed();  // before the lock: Resume holds it
   State::Locked lock(&st);
   const int64_t started = st.Now();
-  absl::Status refused = CheckWorkerId(request.worker_id());
+  absl::Status refused = resumed ? CheckWorkerId(request.worker_id()) : Resuming();
   WorkerEntry* w = refused.ok() ? st.workers_.Find(request.worker_id()) : nullptr;
   if (refused.ok() && w == nullptr) {
     refused = absl::FailedPreconditionError("unknown worker " + request.worker_id() +
@@ -365,6 +438,7 @@ absl::StatusOr<v1::ReportTrialResponse> Scheduler::ReportTrial(
         "timeout, invalid or cancelled)");
   }
   State& st = *state_;
+  if (!st.WaitResumed()) return Resuming();
   State::Locked lock(&st);
   v1::ReportTrialResponse out;
   WorkerEntry* w = st.workers_.Find(request.worker_id());
@@ -375,7 +449,7 @@ absl::StatusOr<v1::ReportTrialResponse> Scheduler::ReportTrial(
   auto it = st.trial_index_.find(request.trial_id());
   if (it == st.trial_index_.end()) {
     st.log_->info("trial={} report from worker={} not accepted: not an active trial",
-                  request.trial_id(), request.worker_id());
+                  search::QuoteForError(request.trial_id()), request.worker_id());
     out.set_accepted(false);
     return out;
   }
@@ -397,8 +471,17 @@ absl::StatusOr<v1::ReportTrialResponse> Scheduler::ReportTrial(
     out.set_accepted(false);
     return out;
   }
-  REMAT_RETURN_IF_ERROR(ValidateWireResult(request.result(), "result",
-                                           std::max(1, s->spec.parallel.WorldSize())));
+  if (absl::Status valid =
+          ValidateWireResult(request.result(), "result", std::max(1, s->spec.parallel.WorldSize()));
+      !valid.ok()) {
+    // The worker drops a refused report; the trial then loses its lease, and the reason goes
+    // with it into the trial's message (Scheduler::State::LoseLease), not only into a log.
+    t->refused_report = search::BoundedUtf8(std::string(valid.message()),
+                                            search::limits::kMaxTrialMessageBytes / 4);
+    st.log_->warn("search={} trial={} report from worker={} refused: {}", s->rec.id, t->rec.id,
+                  request.worker_id(), t->refused_report);
+    return valid;
+  }
   v1::TrialResult result = ResultOfTrial(*t, request.result());
   result.set_reused(false);
   // Our workers bound it already (worker/assignment.h MakeReport); another client may not.

@@ -12,7 +12,9 @@
 //   - Heartbeat.running_trial_ids must list every trial leased to the worker and not yet
 //     reported (running, or with a report waiting to be delivered). The answer's
 //     cancel_trial_ids names listed trials the worker must stop (cancelled, finished elsewhere,
-//     or unknown). A lease the worker has not listed for lease_timeout_s is treated as lost.
+//     or unknown, or not leased to this worker: a heartbeat never leases; a worker takes back
+//     only a trial whose last lease was its own, requeued while it still ran it and leased to
+//     no one since). A lease the worker has not listed for lease_timeout_s is treated as lost.
 //     reregister=true: the coordinator does not know this worker id; call Register again
 //     (passing the old id keeps it).
 //   - LeaseTrial: trials whose world size fits the free slots (a trial of world size W needs W
@@ -22,8 +24,12 @@
 //     Unknown worker id: FAILED_PRECONDITION ("register first").
 //   - ReportTrial: the first final result for a trial is recorded (any attempt, so a late report
 //     from a worker whose lease expired is not lost); every later one, and a report for an
-//     unknown or finished trial, answers accepted=false (not an error: drop it). A non-final
-//     status is INVALID_ARGUMENT.
+//     unknown or finished trial, answers accepted=false (not an error: drop it). A result the
+//     trial's spec rules out (search_run.h ValidateWireResult: a status other than the named
+//     final ones, two results for one rank, ...) is INVALID_ARGUMENT, and the reason goes into
+//     the trial's message if it then loses its lease.
+//   - Register: every field bounded (search/limits.h: names, slots, backends, templates,
+//     versions, size); INVALID_ARGUMENT naming the field.
 //
 // Structure: a locked facade over separate parts, each with its own header and tests:
 // SearchRun (one search: strategy, trials, queue, results; search_run.h), WorkerRegistry
@@ -92,7 +98,9 @@ class Scheduler {
   // Loads every unfinished search from the store and rebuilds it: the strategy is restored from
   // the recorded trials, queued trials are queued again, leased ones stay leased to their
   // worker for one lease timeout (the worker may still report them) and are requeued if it stays
-  // silent. Call once, before serving.
+  // silent. Call once. Until it has returned ok, every other call answers UNAVAILABLE ("coordinator
+  // is starting"): the coordinator listens first, then resumes, so a restart with many searches
+  // to re-plan is reachable at once.
   absl::Status Resume();
 
   // RematService.

@@ -1,6 +1,7 @@
 #include "server/scheduler_state.h"
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +35,22 @@ Scheduler::State::State(SchedulerOptions options, JobStore* store, Metrics* metr
 
 std::string Scheduler::State::NewId(const char* prefix) {
   return absl::StrFormat("%s%012x", prefix, rng_() & 0xffffffffffffULL);
+}
+
+bool Scheduler::State::WaitResumed() {
+  if (resumed_.load()) return true;
+  constexpr int64_t kResumeWaitMs = 5000;  // a client's retry beats a longer wait
+  std::unique_lock<std::mutex> lock(resume_mu_);
+  return resume_cv_.wait_for(lock, std::chrono::milliseconds(kResumeWaitMs),
+                             [this] { return resumed_.load(); });
+}
+
+void Scheduler::State::MarkResumed() {
+  {
+    std::lock_guard<std::mutex> lock(resume_mu_);
+    resumed_ = true;
+  }
+  resume_cv_.notify_all();
 }
 
 void Scheduler::State::PublishGauges() {
@@ -183,7 +200,9 @@ bool Scheduler::State::Apply(SearchRun& s, RunTrial& t, const v1::TrialResult& r
   return ended;
 }
 
-bool Scheduler::State::LoseLease(SearchRun& s, RunTrial& t, const std::string& reason) {
+bool Scheduler::State::LoseLease(SearchRun& s, RunTrial& t, const std::string& lost) {
+  const std::string reason =
+      t.refused_report.empty() ? lost : lost + "; its report was refused: " + t.refused_report;
   if (t.rec.attempts >= opt_.max_trial_attempts) {
     v1::TrialResult failed =
         CoordinatorResult(t, v1::TRIAL_STATUS_FAILED,

@@ -10,6 +10,8 @@
 // Thread-safety: every member is guarded by mu_; every method expects it held (see Locked).
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -141,6 +143,14 @@ class Scheduler::State {
   DeferredCalls deferred_;
   std::mt19937_64 rng_;
   bool shutdown_ = false;
+  // Whether Resume has rebuilt the unfinished searches. Public calls wait for it (without mu_,
+  // which Resume holds) up to kResumeWaitMs, then answer UNAVAILABLE: the coordinator listens
+  // before it resumes.
+  bool WaitResumed();
+  void MarkResumed();
+  std::atomic<bool> resumed_{false};
+  std::mutex resume_mu_;
+  std::condition_variable resume_cv_;
 
   std::map<std::string, std::unique_ptr<SearchRun>> active_;
   std::unordered_map<std::string, std::pair<SearchRun*, RunTrial*>> trial_index_;

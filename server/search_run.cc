@@ -20,8 +20,18 @@
 namespace remat::server {
 
 bool IsFinal(v1::TrialStatus s) {
-  return s != v1::TRIAL_STATUS_PENDING && s != v1::TRIAL_STATUS_RUNNING &&
-         s != v1::TRIAL_STATUS_UNSPECIFIED;
+  // Named one by one: a proto3 enum field holds any int32 (99, -1) that the wire carries.
+  switch (s) {
+    case v1::TRIAL_STATUS_OK:
+    case v1::TRIAL_STATUS_OOM:
+    case v1::TRIAL_STATUS_FAILED:
+    case v1::TRIAL_STATUS_TIMEOUT:
+    case v1::TRIAL_STATUS_INVALID:
+    case v1::TRIAL_STATUS_CANCELLED:
+      return true;
+    default:
+      return false;
+  }
 }
 
 bool IsFinished(v1::SearchState s) {
@@ -50,12 +60,25 @@ absl::Status Figure(double v, const std::string& field) {
   return absl::OkStatus();
 }
 
+// A step time is what throughput is divided by: 0 (not measured) or a real duration, never a
+// denormal that turns tokens/s infinite.
+absl::Status StepTime(double v, const std::string& field) {
+  REMAT_RETURN_IF_ERROR(Figure(v, field));
+  if (v != 0 && (v < search::limits::kMinStepTimeS || v > search::limits::kMaxTrialTimeoutS)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", v, " s is not a step time (0, or ",
+                                                   search::limits::kMinStepTimeS, " to ",
+                                                   search::limits::kMaxTrialTimeoutS, " s)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Ranks(const google::protobuf::RepeatedPtrField<v1::RankResult>& ranks,
                    const std::string& where, int world_size) {
   if (ranks.size() > world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ".ranks: ", ranks.size(), " ranks for a world of ", world_size));
   }
+  std::set<int32_t> seen;
   for (int i = 0; i < ranks.size(); ++i) {
     const v1::RankResult& r = ranks[i];
     const std::string at = absl::StrCat(where, ".ranks[", i, "]");
@@ -63,11 +86,20 @@ absl::Status Ranks(const google::protobuf::RepeatedPtrField<v1::RankResult>& ran
       return absl::InvalidArgumentError(
           absl::StrCat(at, ".rank: ", r.rank(), " is not a rank of a world of ", world_size));
     }
-    REMAT_RETURN_IF_ERROR(Figure(r.step_time_s(), at + ".step_time_s"));
-    if (r.step_times_s_size() > search::limits::kMaxSteps + 1000) {
-      return absl::InvalidArgumentError(at + ".step_times_s: too many steps");
+    if (!seen.insert(r.rank()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ".rank: rank ", r.rank(), " has a result already"));
     }
-    for (double t : r.step_times_s()) REMAT_RETURN_IF_ERROR(Figure(t, at + ".step_times_s"));
+    REMAT_RETURN_IF_ERROR(StepTime(r.step_time_s(), at + ".step_time_s"));
+    if (r.step_times_s_size() > search::limits::kMaxSteps ||
+        r.warmup_step_times_s_size() > search::limits::kMaxSteps) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ".step_times_s: more than ", search::limits::kMaxSteps, " steps"));
+    }
+    for (double t : r.step_times_s()) REMAT_RETURN_IF_ERROR(StepTime(t, at + ".step_times_s"));
+    for (double t : r.warmup_step_times_s()) {
+      REMAT_RETURN_IF_ERROR(StepTime(t, at + ".warmup_step_times_s"));
+    }
   }
   return absl::OkStatus();
 }
@@ -76,6 +108,7 @@ absl::Status Ranks(const google::protobuf::RepeatedPtrField<v1::RankResult>& ran
 
 absl::Status ValidateWireResult(const v1::TrialResult& result, const std::string& where,
                                 int world_size) {
+  constexpr int kMaxVersions = search::limits::kMaxVersionEntries;
   if (!IsFinal(result.status())) {
     return absl::InvalidArgumentError(
         where + ".status: must be a final status (ok, oom, failed, timeout, invalid or cancelled)");
@@ -89,13 +122,30 @@ absl::Status ValidateWireResult(const v1::TrialResult& result, const std::string
         {result.wall_s(), "wall_s"}}) {
     REMAT_RETURN_IF_ERROR(Figure(value, where + "." + field));
   }
+  REMAT_RETURN_IF_ERROR(StepTime(result.step_time_s(), where + ".step_time_s"));
+  if (result.status() == v1::TRIAL_STATUS_OK && result.step_time_s() == 0) {
+    return absl::InvalidArgumentError(where +
+                                      ".step_time_s: an ok result needs its measured step time");
+  }
   REMAT_RETURN_IF_ERROR(Ranks(result.ranks(), where, world_size));
+  if (result.versions_size() > kMaxVersions) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".versions: more than ", kMaxVersions, " entries"));
+  }
+  for (const auto& [name, version] : result.versions()) {
+    if (name.size() > search::limits::kMaxNameBytes ||
+        version.size() > search::limits::kMaxNameBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".versions: ", search::QuoteForError(name), ": longer than ",
+                       search::limits::kMaxNameBytes, " bytes"));
+    }
+  }
   if (result.proxies_size() > 16) {
     return absl::InvalidArgumentError(where + ".proxies: more than 16 depths");
   }
   for (int i = 0; i < result.proxies_size(); ++i) {
     const std::string at = absl::StrCat(where, ".proxies[", i, "]");
-    REMAT_RETURN_IF_ERROR(Figure(result.proxies(i).step_time_s(), at + ".step_time_s"));
+    REMAT_RETURN_IF_ERROR(StepTime(result.proxies(i).step_time_s(), at + ".step_time_s"));
     REMAT_RETURN_IF_ERROR(Ranks(result.proxies(i).ranks(), at, world_size));
   }
   return absl::OkStatus();
@@ -138,8 +188,10 @@ absl::StatusOr<std::unique_ptr<SearchRun>> SearchRun::FromRequest(
             "replay_table: ", search::QuoteForError(key), ": ", policy.status().message()));
       }
       const std::string where = "replay_table[" + policy->ToString() + "].result";
-      REMAT_RETURN_IF_ERROR(ValidateWireResult(entry.result(), where,
-                                               static_cast<int>(search::limits::kMaxWorldSize)));
+      // What the worker will report: checked now against this search's world size, so that a
+      // table no report could deliver is refused here, not trial by trial on the workers.
+      REMAT_RETURN_IF_ERROR(
+          ValidateWireResult(entry.result(), where, std::max(1, s->spec.parallel.WorldSize())));
       if (!std::isfinite(entry.wall_s()) || entry.wall_s() < 0) {
         return absl::InvalidArgumentError("replay_table[" + policy->ToString() +
                                           "].wall_s: must be a finite number, not negative");

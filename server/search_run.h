@@ -37,11 +37,13 @@ bool IsFinished(v1::SearchState s);
 search::TrialResult ResultToDomain(const std::string& policy, const v1::TrialResult& msg);
 
 // Checks a result that came over the wire (a worker's report, a replay entry sent with a
-// search): a final status, figures that are finite and not negative, at most `world_size` ranks
-// numbered below it (the layout's world size: a layout proxy's result lists every rank of the
-// layout though its trial leased one slot; limits::kMaxWorldSize for a replay table), bounded lists. InvalidArgument
-// naming `where` and the field ("result.ranks[2].rank: ..."). The message is not checked: the
-// caller bounds it (search/text.h BoundedUtf8).
+// search) against the trial's spec: one of the six named final statuses (a proto3 enum holds any
+// int32), figures that are finite and not negative, an ok result with its step time, step times
+// 0 or within [limits::kMinStepTimeS, limits::kMaxTrialTimeoutS], one result per rank and ranks
+// below `world_size` (the layout's world size, for reports and replay entries alike: a layout
+// proxy's result lists every rank of the layout though its trial leased one slot), bounded lists
+// and versions. InvalidArgument naming `where` and the field ("result.ranks[2].rank: ..."). The
+// message is not checked: the caller bounds it (search/text.h BoundedUtf8).
 absl::Status ValidateWireResult(const v1::TrialResult& result, const std::string& where,
                                 int world_size);
 
@@ -54,6 +56,9 @@ struct RunTrial {
   // this one takes when it ends ok or oom (Scheduler::State::Join); "" otherwise. A joined trial
   // is pending in the store and in no queue; it counts as outstanding.
   std::string joined_to;
+  // Why the last report that answered its lease was refused ("" if none): said again when the
+  // trial loses its lease, so the reason reaches the search.
+  std::string refused_report;
   int64_t leased_ms = 0;     // monotonic time of the current lease
   int64_t confirmed_ms = 0;  // last time the holder listed it in a heartbeat (or leased it)
 };

@@ -202,6 +202,13 @@ class SqliteStore : public JobStore {
           return absl::FailedPreconditionError(absl::StrCat(
               "database schema version ", v, " is not the supported version ", kSchemaVersion));
         }
+        // A store that reads but cannot be written (a read-only file, folder or mount) would
+        // refuse every change later, one UNAVAILABLE at a time: refused here, at start.
+        absl::Status writable = Exec("UPDATE meta SET value = value WHERE key = 'schema_version'");
+        if (!writable.ok()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("cannot be written: ", writable.message()));
+        }
         return absl::OkStatus();
       }
     }

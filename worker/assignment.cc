@@ -5,6 +5,8 @@
 #include <fstream>
 #include <system_error>
 
+#include "common/read_file.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "proto/convert.h"
 #include "search/limits.h"
 #include "search/text.h"
@@ -70,6 +72,49 @@ v1::ReportTrialRequest MakeReport(const std::string& worker_id, const Assignment
       search::BoundedUtf8(result.message, search::limits::kMaxTrialMessageBytes));
   report.mutable_result()->mutable_policy()->set_canonical(assignment.policy_name);
   return report;
+}
+
+namespace {
+
+// Makes every string field of a serialized message of type `type` valid UTF-8, recursing into
+// message fields (map entries included), from the wire format alone: a proto3 message with one
+// invalid string does not parse at all. False when `bytes` is not a message.
+bool RepairUtf8(const google::protobuf::Descriptor& type, std::string* bytes, int depth) {
+  if (depth > 16) return false;
+  google::protobuf::UnknownFieldSet fields;
+  if (!fields.ParseFromString(*bytes)) return false;
+  for (int i = 0; i < fields.field_count(); ++i) {
+    google::protobuf::UnknownField* f = fields.mutable_field(i);
+    if (f->type() != google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) continue;
+    const google::protobuf::FieldDescriptor* fd = type.FindFieldByNumber(f->number());
+    if (fd == nullptr) continue;
+    std::string* value = f->mutable_length_delimited();
+    if (fd->type() == google::protobuf::FieldDescriptor::TYPE_STRING) {
+      // Room for a U+FFFD (3 bytes) per invalid byte: repaired, never cut.
+      if (!search::IsValidUtf8(*value)) {
+        *value = search::BoundedUtf8(*value, value->size() * 3 + 64);
+      }
+    } else if (fd->type() == google::protobuf::FieldDescriptor::TYPE_MESSAGE) {
+      if (!RepairUtf8(*fd->message_type(), value, depth + 1)) return false;
+    }
+  }
+  bytes->clear();
+  return fields.SerializeToString(bytes);
+}
+
+}  // namespace
+
+bool ReadResultFile(const std::string& path, v1::TrialResult* out) {
+  common::FileText file = common::ReadRegularFile(path, search::limits::kMaxResultFileBytes);
+  if (!file.text) return false;
+  if (!out->ParseFromString(*file.text)) {
+    std::string repaired = *file.text;
+    if (!RepairUtf8(*v1::TrialResult::descriptor(), &repaired, 0) ||
+        !out->ParseFromString(repaired)) {
+      return false;
+    }
+  }
+  return out->status() != v1::TRIAL_STATUS_UNSPECIFIED;
 }
 
 std::string RequestPath(const std::string& dir, int rank) {

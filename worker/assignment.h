@@ -47,6 +47,13 @@ Assignment ToAssignment(const v1::TrialAssignment& msg);
 // running) reads as failed.
 search::TrialResult ResultFromWire(const v1::TrialResult& msg);
 
+// A rank's result file (what remat-trial wrote at --result) into `*out`. False when it is not
+// a regular file of at most limits::kMaxResultFileBytes (a FIFO, a device, a directory: never
+// waited on), cannot be parsed, or has no status. Strings that are not valid UTF-8 (a message
+// quoting a trial's bytes) are made valid (search/text.h BoundedUtf8) rather than costing the
+// whole result.
+bool ReadResultFile(const std::string& path, v1::TrialResult* out);
+
 // A result with only a status and a message.
 search::TrialResult StatusResult(search::TrialStatus status, std::string message);
 

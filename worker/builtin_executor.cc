@@ -57,11 +57,7 @@ class BuiltinExecutor : public TrialExecutor {
       const ChildExit& exit = outcome.children[r];
       v1::TrialResult rank_file;
       bool have_result = false;
-      if (exit.started) {
-        std::ifstream in(ResultPath(dir, r), std::ios::binary);
-        have_result = in && rank_file.ParseFromIstream(&in) &&
-                      rank_file.status() != v1::TRIAL_STATUS_UNSPECIFIED;
-      }
+      if (exit.started) have_result = ReadResultFile(ResultPath(dir, r), &rank_file);
       // A layout proxy (search/layout_proxy.h) is one process that numbers the layout's ranks
       // itself and speaks for all of them: its ranks and message stay as it wrote them.
       const bool layout_proxy = a.spec.search.layout_proxy;

@@ -264,12 +264,10 @@ search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetri
 }
 
 bool LogMentionsOom(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  in.seekg(size > (1 << 18) ? size - (1 << 18) : 0);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The job may have put anything at the path (a FIFO would block a plain open for ever).
+  common::FileText tail = common::ReadRegularFileTail(path, 1 << 18);
+  if (!tail.text) return false;
+  const std::string& text = *tail.text;
   for (const char* needle : {"CUDA out of memory", "OutOfMemoryError", "out of memory"}) {
     if (text.find(needle) != std::string::npos) return true;
   }

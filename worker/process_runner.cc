@@ -19,6 +19,8 @@
 #include <sstream>
 #include <thread>
 
+#include "common/read_file.h"
+
 extern char** environ;
 
 namespace remat::worker {
@@ -290,15 +292,10 @@ bool KillRecordedGroup(const std::string& path) {
 }
 
 std::string FileTail(const std::string& path, int max_lines, size_t max_bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  in.seekg(0, std::ios::end);
-  std::streamoff size = in.tellg();
-  std::streamoff start = size > static_cast<std::streamoff>(max_bytes * 4)
-                             ? size - static_cast<std::streamoff>(max_bytes * 4)
-                             : 0;
-  in.seekg(start);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The trial may have put anything at the path (a FIFO would block a plain open for ever).
+  common::FileText tail = common::ReadRegularFileTail(path, max_bytes * 4);
+  if (!tail.text) return "";
+  const std::string& text = *tail.text;
   std::vector<std::string> lines;
   std::istringstream ss(text);
   std::string line;

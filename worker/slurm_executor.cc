@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/read_file.h"
 #include "proto/convert.h"
 #include "worker/command_template.h"  // ShellQuote
 #include "worker/result_combiner.h"
@@ -38,11 +39,10 @@ bool WriteFile(const fs::path& path, const std::string& text, mode_t mode) {
   return chmod(path.c_str(), mode) == 0;
 }
 
+// What sbatch, squeue and the job's ranks wrote; "" when it is not a regular file of at most
+// 1 MiB (the job's directory is the job's: a FIFO there must not block the worker).
 std::string ReadSmallFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  if (in) ss << in.rdbuf();
-  return ss.str();
+  return common::ReadRegularFile(path.string(), 1u << 20).text.value_or("");
 }
 
 // The job's batch script: srun starts the W ranks. --kill-on-bad-exit: a rank that crashed takes
@@ -253,9 +253,8 @@ class SlurmExecutor : public TrialExecutor {
       const bool exited = !exit_text.empty();
       const int exit_code = exited ? std::atoi(exit_text.c_str()) : -1;
       v1::TrialResult rank_file;
-      std::ifstream in(dir / ("result-" + std::to_string(r) + ".pb"), std::ios::binary);
-      const bool have = in && rank_file.ParseFromIstream(&in) &&
-                        rank_file.status() != v1::TRIAL_STATUS_UNSPECIFIED;
+      const bool have =
+          ReadResultFile((dir / ("result-" + std::to_string(r) + ".pb")).string(), &rank_file);
       if (have) {
         search::TrialResult rank_result = ResultFromWire(rank_file);
         if (rank_result.ranks.size() == 1) rank_result.ranks[0].rank = r;

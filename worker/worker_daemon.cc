@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "search/limits.h"
+#include "search/text.h"
 #include "worker/assignment.h"
 #include "worker/megatron_executor.h"
 #include "worker/process_runner.h"
@@ -425,6 +427,25 @@ class WorkerDaemon::Impl {
         return false;
       }
       Log()->warn("[{}] report refused: {}", report.trial_id(), response.status().ToString());
+      if (response.status().code() == absl::StatusCode::kInvalidArgument &&
+          report.result().status() != v1::TRIAL_STATUS_FAILED) {
+        // What was measured cannot be delivered; that it failed, and why, can (the search sees
+        // the reason at once instead of a lease lost three times).
+        v1::ReportTrialRequest failed = report;
+        v1::TrialResult* r = failed.mutable_result();
+        const double wall_s = r->wall_s();
+        const v1::Policy policy = r->policy();
+        r->Clear();
+        r->set_status(v1::TRIAL_STATUS_FAILED);
+        *r->mutable_policy() = policy;
+        r->set_wall_s(wall_s);
+        r->set_message(search::BoundedUtf8("the coordinator refused this trial's report: " +
+                                               std::string(response.status().message()),
+                                           search::limits::kMaxTrialMessageBytes));
+        absl::Status spooled = spool_.Put(failed);  // replaces the refused one (same file)
+        if (!spooled.ok()) Log()->warn("cannot spool report: {}", spooled.ToString());
+        return Send(std::move(failed));
+      }
     } else if (!response->accepted()) {
       Log()->info("[{}] report was a duplicate or stale; dropped", report.trial_id());
     }

@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "search/spec.h"
 #include "tests/search/test_specs.h"
@@ -271,6 +273,80 @@ TEST(PipelineTest, ContextParallelJoinsTheWorldAndTheExpertRule) {
   s.parallel.expert_model_parallel_size = 8;
   EXPECT_EQ(ValidateSpec(s).message().rfind("parallel.expert_model_parallel_size:", 0), 0u)
       << ValidateSpec(s).message();
+}
+
+// The in-flight states come from a bounded prefix of the schedule (whatever the global batch),
+// and are exactly those of walking every micro-batch of the step, in the same order (under
+// plain 1F1B the first, which holds the most).
+TEST(PipelineTest, InFlightStatesOfAShortenedScheduleAreThoseOfTheWholeStep) {
+  auto walked = [](const SearchSpec& spec, int pp_rank) {
+    std::vector<std::pair<int, std::vector<int>>> states;
+    std::vector<int> live(spec.parallel.VirtualChunks(), 0);
+    for (const PipelineOp& op : ScheduleOps(spec, pp_rank)) {
+      if (op.forward) {
+        ++live[op.chunk];
+        continue;
+      }
+      std::pair<int, std::vector<int>> state{op.chunk, live};
+      if (std::find(states.begin(), states.end(), state) == states.end()) states.push_back(state);
+      --live[op.chunk];
+    }
+    return states;
+  };
+  int checked = 0;
+  for (int pp : {1, 2, 3, 4, 8}) {
+    for (int vpp : {1, 2, 3, 4}) {
+      if (vpp > 1 && pp == 1) continue;
+      for (int m = 1; m <= 40; ++m) {
+        if (vpp > 1 && m % pp != 0) continue;
+        for (bool overlap : {false, true}) {
+          SearchSpec spec = testing::DenseSpec();
+          spec.model.num_layers = pp * vpp * 2;
+          spec.parallel.pipeline_model_parallel_size = pp;
+          if (vpp > 1) spec.parallel.virtual_pipeline_model_parallel_size = vpp;
+          spec.model.overlap_moe_expert_parallel_comm = overlap;
+          spec.train.global_batch_size = m;
+          ASSERT_EQ(spec.NumMicrobatches(), m);
+          for (int p = 0; p < pp; ++p) {
+            std::vector<std::pair<int, std::vector<int>>> got;
+            for (const InFlightState& s : InFlightStates(spec, p)) {
+              got.emplace_back(s.backward_chunk, s.live_per_chunk);
+            }
+            std::vector<std::pair<int, std::vector<int>>> want = walked(spec, p);
+            if (vpp == 1) {
+              for (const auto& state : want) EXPECT_LE(state.second[0], want[0].second[0]);
+              want.resize(1);
+            }
+            EXPECT_EQ(got, want) << "pp " << pp << " vpp " << vpp << " m " << m << " rank " << p;
+            // ...and the fewest micro-batches with the same states, as the layout proxy runs.
+            const int fewest = InFlightMicrobatches(spec, p);
+            EXPECT_LE(fewest, m);
+            SearchSpec cut = spec;
+            cut.train.global_batch_size = fewest;
+            std::vector<std::pair<int, std::vector<int>>> cut_states;
+            for (const InFlightState& s : InFlightStates(cut, p)) {
+              cut_states.emplace_back(s.backward_chunk, s.live_per_chunk);
+            }
+            EXPECT_EQ(cut_states, want) << "pp " << pp << " vpp " << vpp << " m " << m;
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000);
+  // The largest global batch: the same states as a short one of the same layout, at once.
+  SearchSpec big = testing::DenseSpec();
+  big.model.num_layers = 16;
+  big.parallel.pipeline_model_parallel_size = 4;
+  big.parallel.virtual_pipeline_model_parallel_size = 4;
+  big.train.global_batch_size = 1 << 24;
+  SearchSpec small = big;
+  small.train.global_batch_size = 64;
+  for (int p = 0; p < 4; ++p) {
+    EXPECT_EQ(InFlightStates(big, p).size(), InFlightStates(small, p).size());
+    EXPECT_EQ(MaxInFlight(big, p), MaxInFlight(small, p));
+  }
 }
 
 }  // namespace

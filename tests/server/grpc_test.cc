@@ -228,6 +228,57 @@ TEST_F(GrpcTest, HealthServiceSaysServing) {
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
 }
 
+// The health status (empty service) through the generic stub: 1 SERVING, 2 NOT_SERVING.
+int HealthStatus(const std::shared_ptr<grpc::Channel>& channel) {
+  grpc::GenericStub generic(channel);
+  grpc::Slice empty;
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  std::promise<grpc::Status> done;
+  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status s) { done.set_value(s); });
+  if (!done.get_future().get().ok()) return -1;
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return -1;
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return bytes.size() == 2 && bytes[0] == '\x08' ? bytes[1] : -1;
+}
+
+// A restart listens before it re-plans its queued searches: the port answers (health
+// NOT_SERVING) while they are resumed, and every search is there once it serves.
+TEST_F(GrpcTest, ARestartListensBeforeItResumesItsSearches) {
+  TempDir dir;
+  CoordinatorOptions o;
+  o.db_path = dir.path() + "/remat.db";
+  Start(o);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    const search::SearchSpec spec = SmallSpec("queued-" + std::to_string(i));
+    v1::SubmitSearchResponse submitted;
+    ASSERT_TRUE(users_->SubmitSearch(Ctx().get(), Submit(spec, FullTable(spec)), &submitted).ok());
+    ids.push_back(submitted.id());
+  }
+  coordinator_->Shutdown(std::chrono::seconds(1));
+  coordinator_.reset();
+
+  int while_resuming = 0;
+  o.on_listening = [&](const std::string& address) {
+    while_resuming = HealthStatus(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  };
+  Start(o);
+  EXPECT_EQ(while_resuming, 2);  // NOT_SERVING, and answering
+  EXPECT_EQ(HealthStatus(channel_), 1);
+  for (const std::string& id : ids) {
+    v1::GetSearchRequest get;
+    get.set_id(id);
+    v1::Search s;
+    EXPECT_TRUE(users_->GetSearch(Ctx().get(), get, &s).ok()) << id;
+  }
+}
+
 TEST_F(GrpcTest, AuthRefusals) {
   TempDir dir;
   CoordinatorOptions o;
@@ -289,6 +340,60 @@ TEST_F(GrpcTest, AuthRefusals) {
 // Issue 14: the holder of one worker token could lease under another worker's id and report a
 // made-up result into any search. A worker id is bound to the token that registered it, and a
 // result is accepted only for the lease it answers.
+// What a caller sends is never quoted back whole: a 10 KB search id is NOT_FOUND (its status
+// message would otherwise outgrow the reply's trailers), a 1 MB hostname is refused by name,
+// and a registration of millions of slots or backends never reaches the store.
+TEST_F(GrpcTest, OversizedIdsAndRegistrationsAreRefusedPlainly) {
+  Start();
+  const std::string long_id(10 << 10, 's');
+  v1::GetSearchRequest get;
+  get.set_id(long_id);
+  v1::Search s;
+  grpc::Status st = users_->GetSearch(Ctx("").get(), get, &s);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message().size();
+  EXPECT_LE(st.error_message().size(), 200u);
+  v1::CancelSearchRequest cancel;
+  cancel.set_id(long_id);
+  v1::CancelSearchResponse cancelled;
+  EXPECT_EQ(users_->CancelSearch(Ctx("").get(), cancel, &cancelled).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  v1::WatchSearchRequest watch;
+  watch.set_id(long_id);
+  grpc::ClientContext watch_ctx;
+  auto reader = users_->WatchSearch(&watch_ctx, watch);
+  v1::SearchProgress p;
+  while (reader->Read(&p)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  // A 100 KB value in a spec is refused by name, its echo cut.
+  const search::SearchSpec spec = SmallSpec("long-backend");
+  v1::SubmitSearchRequest submit = Submit(spec, FullTable(spec));
+  submit.mutable_spec()->mutable_search()->set_backend(std::string(100 << 10, 'b'));
+  v1::SubmitSearchResponse submitted;
+  st = users_->SubmitSearch(Ctx("").get(), submit, &submitted);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message().rfind("search.backend: ", 0), 0u) << st.error_message().size();
+  EXPECT_LE(st.error_message().size(), 4096u);
+
+  v1::RegisterRequest big = Worker(1);
+  big.set_hostname(std::string(1 << 20, 'h'));
+  v1::RegisterResponse reg;
+  st = workers_->Register(Ctx("").get(), big, &reg);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message().rfind("hostname: ", 0), 0u) << st.error_message().substr(0, 200);
+  EXPECT_LE(st.error_message().size(), 200u);
+  big = Worker(1);
+  for (int i = 0; i < 100000; ++i) big.add_backends("b");
+  EXPECT_EQ(workers_->Register(Ctx("").get(), big, &reg).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  big = Worker(1);
+  const v1::Gpu gpu = big.gpus(0);
+  for (int i = 0; i < 70000; ++i) *big.add_gpus() = gpu;
+  EXPECT_EQ(workers_->Register(Ctx("").get(), big, &reg).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(workers_->Register(Ctx("").get(), Worker(8), &reg).ok());
+}
+
 TEST_F(GrpcTest, AWorkerIdIsBoundToTheTokenThatRegisteredIt) {
   TempDir dir;
   CoordinatorOptions o;

@@ -140,6 +140,32 @@ TEST_F(RematdTest, SigtermDrainsAndExitsZero) {
   EXPECT_NE(p.Stderr().find("shutting down"), std::string::npos) << p.Stderr();
 }
 
+// The log names the address as bound (0.0.0.0 stays 0.0.0.0; the stdout line is what a local
+// client dials), and a database that cannot be written is refused at start, not change by change.
+TEST_F(RematdTest, LogsTheBoundAddressAndRefusesAReadOnlyDatabase) {
+  {
+    Process p({REMATD_PATH, "--listen", "0.0.0.0:0", "--db", dir_ + "/remat.db"}, dir_);
+    const std::string address = p.WaitForAddress();
+    ASSERT_FALSE(address.empty()) << p.Stderr();
+    const std::string port = address.substr(address.rfind(':') + 1);
+    bool logged = false;
+    for (int i = 0; i < 100 && !logged; ++i) {
+      logged = p.Stderr().find("listening on 0.0.0.0:" + port + " ") != std::string::npos;
+      if (!logged) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_TRUE(logged) << p.Stderr();
+    p.Signal(SIGTERM);
+    EXPECT_EQ(p.Wait(), 0) << p.Stderr();
+  }
+  // A read-only URI stands for a read-only file, folder or mount (which root would not feel).
+  Process p({REMATD_PATH, "--listen", "127.0.0.1:0", "--db",
+             "file:" + dir_ + "/remat.db?mode=ro"},
+            dir_);
+  EXPECT_EQ(p.Wait(), 1) << p.Stderr();
+  EXPECT_NE(p.Stderr().find("cannot be written"), std::string::npos) << p.Stderr();
+  EXPECT_EQ(p.Stdout().find("listening"), std::string::npos) << p.Stdout();
+}
+
 TEST_F(RematdTest, SigkilledCoordinatorResumesOnTheSameDatabase) {
   const std::string db = dir_ + "/remat.db";
   const std::vector<std::string> args = {REMATD_PATH, "--listen", "127.0.0.1:0", "--db", db,

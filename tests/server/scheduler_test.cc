@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <optional>
 #include <set>
 
@@ -47,6 +48,7 @@ class SchedulerTest : public ::testing::Test {
     o.monotonic_ms = clock_.Fn();
     o.unix_ms = clock_.Fn();
     o.make_strategy = [this](const search::SearchSpec& spec) -> std::unique_ptr<search::Strategy> {
+      if (on_plan_) on_plan_(spec.name);
       auto it = scripts_.find(spec.name);
       if (it != scripts_.end()) return std::make_unique<ListStrategy>(it->second);
       return search::MakeStrategy(spec);
@@ -130,6 +132,7 @@ class SchedulerTest : public ::testing::Test {
   std::unique_ptr<FaultyStore> store_;
   std::unique_ptr<Scheduler> sched_;
   std::map<std::string, std::vector<std::string>> scripts_;
+  std::function<void(const std::string&)> on_plan_;  // called as a search is planned
 };
 
 const std::map<std::string, v1::ReplayEntry> kTable = {
@@ -246,6 +249,16 @@ TEST_F(SchedulerTest, ReportsAreValidatedBeforeTheyCount) {
       {[](v1::TrialResult& r) { r.set_step_time_s(std::nan("")); }, "result.step_time_s:"},
       {[](v1::TrialResult& r) { r.mutable_ranks(0)->add_step_times_s(-0.5); },
        "result.ranks[0].step_times_s:"},
+      // Out of the enum's range: not a final status, whatever the wire carries.
+      {[](v1::TrialResult& r) { r.set_status(static_cast<v1::TrialStatus>(99)); },
+       "result.status:"},
+      {[](v1::TrialResult& r) { r.set_status(static_cast<v1::TrialStatus>(-1)); },
+       "result.status:"},
+      {[](v1::TrialResult& r) { r.set_status(static_cast<v1::TrialStatus>(INT32_MAX)); },
+       "result.status:"},
+      // A denormal step time would make tokens/s infinite.
+      {[](v1::TrialResult& r) { r.set_step_time_s(1e-320); }, "result.step_time_s:"},
+      {[](v1::TrialResult& r) { r.set_step_time_s(0); }, "result.step_time_s:"},
   };
   for (const auto& [edit, start] : bad) {
     v1::TrialResult r = good;
@@ -260,6 +273,25 @@ TEST_F(SchedulerTest, ReportsAreValidatedBeforeTheyCount) {
   EXPECT_EQ(Get(id).trials_done(), 1);
 }
 
+// A report refused for what it says is dropped by the worker; the trial then loses its lease,
+// and the reason reaches the trial's message (not only the worker's log).
+TEST_F(SchedulerTest, ARefusedReportsReasonReachesTheSearch) {
+  const std::string id = SubmitScripted("s", kTable, {"selective:[]", "full:uniform:1"});
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    const std::string w = Register(1);
+    v1::TrialAssignment a = LeaseOne(w);
+    v1::TrialResult r = a.replay().result();
+    r.add_ranks()->set_rank(0);  // two results for rank 0
+    ASSERT_EQ(Report(w, a, r).status().code(), absl::StatusCode::kInvalidArgument);
+    clock_.Advance(16);
+    sched_->Tick();
+  }
+  v1::Trial t = TrialOf(Get(id), "selective:[]");
+  EXPECT_EQ(t.status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_NE(t.result().message().find("its report was refused: result.ranks"), std::string::npos)
+      << t.result().message();
+}
+
 TEST_F(SchedulerTest, ReplayTablesAreValidatedAtSubmit) {
   std::map<std::string, v1::ReplayEntry> table = kTable;
   table["selective:[]"].mutable_result()->set_status(v1::TRIAL_STATUS_RUNNING);
@@ -268,6 +300,27 @@ TEST_F(SchedulerTest, ReplayTablesAreValidatedAtSubmit) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("replay_table[selective:[]].result.status"),
             std::string::npos) << r.status().message();
+  // Entries no worker could deliver as a report are refused here, naming the field: a status
+  // out of the enum's range, two results for one rank, a rank outside this search's world, a
+  // denormal step time.
+  const std::pair<std::function<void(v1::TrialResult&)>, std::string> undeliverable[] = {
+      {[](v1::TrialResult& r) { r.set_status(static_cast<v1::TrialStatus>(99)); }, ".status"},
+      {[](v1::TrialResult& r) { r.add_ranks()->set_rank(0); }, ".ranks"},
+      {[](v1::TrialResult& r) { r.mutable_ranks(0)->set_rank(1); }, ".ranks[0].rank"},
+      {[](v1::TrialResult& r) { r.set_step_time_s(1e-320); }, ".step_time_s"},
+      {[](v1::TrialResult& r) { r.mutable_ranks(0)->set_step_time_s(1e-320); },
+       ".ranks[0].step_time_s"},
+  };
+  for (const auto& [edit, field] : undeliverable) {
+    table = kTable;
+    edit(*table["selective:[]"].mutable_result());
+    r = sched_->SubmitSearch(Principal::Anonymous(), Submit(SmallSpec("t"), table));
+    ASSERT_FALSE(r.ok()) << field;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("replay_table[selective:[]].result" + field),
+              std::string::npos)
+        << r.status().message();
+  }
   table = kTable;
   table["selective:[]"].set_wall_s(-1);
   r = sched_->SubmitSearch(Principal::Anonymous(), Submit(SmallSpec("t"), table));
@@ -308,15 +361,15 @@ TEST_F(SchedulerTest, LeaseRepliesStayUnderTheTransportLimit) {
   for (auto& [policy, entry] : table) {
     entry.mutable_result()->set_status(v1::TRIAL_STATUS_FAILED);
     entry.mutable_result()->clear_ranks();
-    for (int r = 0; r < 40000; ++r) {  // ~8 MiB of ranks per entry
-      v1::RankResult* rank = entry.mutable_result()->add_ranks();
-      rank->set_rank(r);
-      rank->set_peak_allocated_bytes(1ull << 40);
-      rank->set_peak_reserved_bytes(1ull << 40);
-      rank->set_static_bytes(1ull << 40);
+    // ~8 MiB per entry within a world of one rank: its steps, and four proxies' steps.
+    auto fill = [](v1::RankResult* rank) {
+      rank->set_rank(0);
       rank->set_step_time_s(0.5);
-      for (int k = 0; k < 20; ++k) rank->add_step_times_s(0.5);
-    }
+      for (int k = 0; k < 100000; ++k) rank->add_step_times_s(0.5);
+      for (int k = 0; k < 100000; ++k) rank->add_warmup_step_times_s(0.5);
+    };
+    fill(entry.mutable_result()->add_ranks());
+    for (int p = 0; p < 4; ++p) fill(entry.mutable_result()->add_proxies()->add_ranks());
   }
   const std::string w = Register(64);
   SubmitScripted("big", table);
@@ -388,6 +441,93 @@ TEST_F(SchedulerTest, HeartbeatsKeepLeasesAlive) {
   clock_.Advance(14);
   ASSERT_TRUE(sched_->Heartbeat(empty).ok());
   EXPECT_EQ(TrialOf(Get(id), "selective:[]").status(), v1::TRIAL_STATUS_PENDING);
+}
+
+// A heartbeat never leases: naming a pending trial (any user's) that this worker was never
+// handed tells the worker to stop it, and a report invented for it is not accepted. A worker
+// that lost its own lease while it still ran the trial takes that lease back.
+TEST_F(SchedulerTest, HeartbeatsNeverAdoptATrialTheWorkerWasNotHanded) {
+  const std::string honest = Register(1);
+  const std::string id = SubmitScripted("s", kTable, {"selective:[]"});
+  const std::string thief = Register(1);
+  const v1::Trial pending = TrialOf(Get(id), "selective:[]");
+  ASSERT_EQ(pending.status(), v1::TRIAL_STATUS_PENDING);
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(thief);
+  hb.add_running_trial_ids(pending.id());
+  auto answer = sched_->Heartbeat(hb);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_EQ(answer->cancel_trial_ids_size(), 1);
+  EXPECT_EQ(answer->cancel_trial_ids(0), pending.id());
+  EXPECT_EQ(TrialOf(Get(id), "selective:[]").status(), v1::TRIAL_STATUS_PENDING);
+  v1::TrialAssignment invented;
+  invented.set_trial_id(pending.id());
+  invented.set_attempt(1);
+  *invented.mutable_replay() = Entry(1, 1e-3);
+  EXPECT_FALSE(*Report(thief, invented));
+  EXPECT_EQ(Get(id).trials_done(), 0);
+
+  // Its own lease, lost while it still ran it, comes back to the worker that held it...
+  v1::TrialAssignment a = LeaseOne(honest);
+  clock_.Advance(16);
+  sched_->Tick();
+  ASSERT_EQ(TrialOf(Get(id), "selective:[]").status(), v1::TRIAL_STATUS_PENDING);
+  EXPECT_EQ(sched_->Heartbeat(hb)->cancel_trial_ids_size(), 1);  // ...never to another
+  hb.set_worker_id(honest);
+  answer = sched_->Heartbeat(hb);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->cancel_trial_ids_size(), 0);
+  const v1::Trial back = TrialOf(Get(id), "selective:[]");
+  EXPECT_EQ(back.status(), v1::TRIAL_STATUS_RUNNING);
+  EXPECT_EQ(back.worker_id(), honest);
+  EXPECT_EQ(back.attempts(), 1);
+  ASSERT_TRUE(*Report(honest, a));
+  EXPECT_EQ(Get(id).state(), v1::SEARCH_STATE_SUCCEEDED);
+
+  // What a heartbeat lists is bounded by the worker's slots, and nothing long is echoed.
+  v1::HeartbeatRequest flood;
+  flood.set_worker_id(honest);
+  for (int i = 0; i < 5000; ++i) flood.add_running_trial_ids("t-" + std::to_string(i));
+  EXPECT_EQ(sched_->Heartbeat(flood).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::HeartbeatRequest long_id;
+  long_id.set_worker_id(honest);
+  long_id.add_running_trial_ids(std::string(10 << 10, 't'));
+  answer = sched_->Heartbeat(long_id);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->cancel_trial_ids_size(), 0);
+}
+
+// Planning a submitted search holds no lock: while one plans (here, for as long as the test
+// says), another user's GetSearch and a worker's heartbeat and lease answer.
+TEST_F(SchedulerTest, PlanningASearchHoldsUpNoOtherCall) {
+  const std::string w = Register(1);
+  const std::string other = SubmitScripted("other", kTable, {"selective:[]"});
+  std::promise<void> planning, release;
+  on_plan_ = [&](const std::string& name) {
+    if (name != "slow") return;
+    planning.set_value();
+    release.get_future().wait();
+  };
+  scripts_["slow"] = {"selective:[]"};
+  auto submit = std::async(std::launch::async, [&] {
+    return sched_->SubmitSearch(Principal::User("alice"), Submit(SmallSpec("slow"), kTable));
+  });
+  planning.get_future().wait();
+  auto get = std::async(std::launch::async,
+                        [&] { return sched_->GetSearch(Principal::Anonymous(), other); });
+  auto beat = std::async(std::launch::async, [&] {
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id(w);
+    return sched_->Heartbeat(hb);
+  });
+  const bool got = get.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  const bool beaten = beat.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  release.set_value();  // before the checks: a failed one must not leave the submit waiting
+  EXPECT_TRUE(got) << "GetSearch waited for another search's planning";
+  EXPECT_TRUE(beaten) << "a heartbeat waited for a search's planning";
+  EXPECT_TRUE(get.get().ok());
+  EXPECT_TRUE(beat.get().ok());
+  ASSERT_TRUE(submit.get().ok());
 }
 
 TEST_F(SchedulerTest, UnknownWorkerIsToldToRegister) {

@@ -321,4 +321,37 @@ TEST(SearchRunTest, UnreadableStoredResultsBecomeFailures) {
 }
 
 }  // namespace
+// What a worker reports is checked against the trial's world: final statuses only (the enum's
+// named ones), one result per rank, step times that throughput can be divided by.
+TEST(SearchRunTest, WireResultsAreCheckedAgainstTheWorld) {
+  v1::TrialResult r;
+  r.set_status(v1::TRIAL_STATUS_OK);
+  r.set_step_time_s(0.5);
+  for (int rank : {0, 1, 2, 3}) r.add_ranks()->set_rank(rank);
+  EXPECT_TRUE(ValidateWireResult(r, "result", 4).ok());
+  EXPECT_FALSE(ValidateWireResult(r, "result", 3).ok());
+  v1::TrialResult twice = r;
+  twice.mutable_ranks(3)->set_rank(1);
+  absl::Status st = ValidateWireResult(twice, "result", 4);
+  EXPECT_EQ(st.message(), "result.ranks[3].rank: rank 1 has a result already");
+  for (int status : {0, 7, 8, 9, 99, -1, INT32_MAX}) {
+    v1::TrialResult bad = r;
+    bad.set_status(static_cast<v1::TrialStatus>(status));
+    EXPECT_FALSE(ValidateWireResult(bad, "result", 4).ok()) << status;
+    EXPECT_FALSE(IsFinal(bad.status())) << status;
+  }
+  v1::TrialResult oom = r;
+  oom.set_status(v1::TRIAL_STATUS_OOM);
+  oom.set_step_time_s(0);  // an OOM measured no step
+  EXPECT_TRUE(ValidateWireResult(oom, "result", 4).ok());
+  for (double step : {1e-320, 1e-9, 1e9}) {
+    v1::TrialResult bad = r;
+    bad.mutable_ranks(0)->add_step_times_s(step);
+    EXPECT_FALSE(ValidateWireResult(bad, "result", 4).ok()) << step;
+  }
+  v1::TrialResult versions = r;
+  (*versions.mutable_versions())["torch"] = std::string(100000, 'v');
+  EXPECT_FALSE(ValidateWireResult(versions, "result", 4).ok());
+}
+
 }  // namespace remat::server

@@ -217,5 +217,17 @@ TEST(SqliteStoreTest, UnopenablePathIsAnError) {
             std::string::npos);
 }
 
+// A store that can be read but not written is refused at open, not one change at a time later
+// (a read-only URI stands for a read-only file, folder or mount, which root would not feel).
+TEST(SqliteStoreTest, AReadOnlyStoreIsRefusedAtOpen) {
+  TempDb tmp;
+  ASSERT_TRUE(OpenSqliteStore(tmp.path()).ok());
+  auto store = OpenSqliteStore("file:" + tmp.path() + "?mode=ro");
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(store.status().message()).find("cannot be written"), std::string::npos)
+      << store.status().message();
+}
+
 }  // namespace
 }  // namespace remat::server

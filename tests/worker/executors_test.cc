@@ -1,17 +1,22 @@
 // The three trial backends: builtin (with a fake remat-trial), replay and command.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <thread>
 
-#include "tests/worker/test_util.h"
 #include "search/depth_proxy.h"
 #include "search/limits.h"
+#include "search/text.h"
 #include "specfile/spec_file.h"
+#include "tests/worker/test_util.h"
 #include "worker/assignment.h"
 #include "worker/command_template.h"
 #include "worker/metrics_file.h"
+#include "worker/process_runner.h"
 #include "worker/trial_executor.h"
 
 namespace remat::worker {
@@ -123,6 +128,29 @@ TEST_F(BuiltinTest, ALayoutProxyKeepsItsRanksAndMessage) {
   ASSERT_EQ(r.ranks.size(), 1);
   EXPECT_EQ(r.ranks[0].rank, 12);
   EXPECT_EQ(r.message, "layout proxy, stage 3 (rank 12): out of memory");
+}
+
+// The trial's directory is the trial's: a FIFO at its result path (or anything else that is not
+// a regular file) is no result, never a read that waits for a writer.
+TEST_F(BuiltinTest, AFifoAtTheResultPathIsAFailedTrialNotAHang) {
+  const auto t0 = std::chrono::steady_clock::now();
+  search::TrialResult r = Run(Assignment("fifo-result", 1), Slots(1));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_EQ(r.status, TrialStatus::kFailed);
+  EXPECT_NE(r.message.find("about to leave a FIFO"), std::string::npos) << r.message;
+  const std::string stderr_log = dir_.path() + "/stderr-0.log";
+  ASSERT_EQ(unlink(stderr_log.c_str()), 0);
+  ASSERT_EQ(mkfifo(stderr_log.c_str(), 0600), 0);
+  EXPECT_EQ(FileTail(stderr_log), "");  // a FIFO as the log: no tail, no wait
+}
+
+// A message that is not UTF-8 is repaired, not a reason to lose the measurement.
+TEST_F(BuiltinTest, InvalidUtf8InAResultFileKeepsTheResult) {
+  search::TrialResult r = Run(Assignment("bad-utf8", 1), Slots(1));
+  ASSERT_EQ(r.status, TrialStatus::kOk) << r.message;
+  EXPECT_DOUBLE_EQ(r.step_time_s, 0.1);
+  EXPECT_TRUE(search::IsValidUtf8(r.message));
+  EXPECT_NE(r.message.find("\uFFFD"), std::string::npos) << r.message;
 }
 
 TEST_F(BuiltinTest, CrashIsFailedWithTheSignalAndStderrTail) {

@@ -11,10 +11,14 @@
 //   rank1-crash  rank 1 crashes at once; the other ranks hang
 //   rank1-oom    rank 1 writes an oom result and exits 0; the other ranks hang (as a rank whose
 //                peer left in the middle of a collective)
+//   fifo-result  puts a FIFO (no writer) where the result should be, and its stderr log, then
+//                exits 0
+//   bad-utf8     writes an ok result whose message holds bytes that are not UTF-8
 //   layout-oom   a layout proxy's oom (search/layout_proxy.h): one process speaks for the layout,
 //                the stage that ran out of memory is rank 12
 // `--version` prints key=value lines.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -73,6 +77,19 @@ int main(int argc, char** argv) {
                        " CUDA_VISIBLE_DEVICES=" + Env("CUDA_VISIBLE_DEVICES") +
                        " world=" + std::to_string(request.world_size()) +
                        " rendezvous=" + request.rendezvous_dir());
+  } else if (mode == "fifo-result") {
+    std::cerr << "about to leave a FIFO" << std::endl;
+    unlink(result_path.c_str());
+    if (mkfifo(result_path.c_str(), 0600) != 0) return 1;
+    return 0;
+  } else if (mode == "bad-utf8") {
+    result.set_status(remat::v1::TRIAL_STATUS_OK);
+    result.set_step_time_s(0.1);
+    result.set_message("MARK");
+    std::string bytes = result.SerializeAsString();
+    bytes.replace(bytes.find("MARK"), 4, "\xff\xfe\xc3(");  // written past the serializer
+    std::ofstream(result_path, std::ios::binary) << bytes;
+    return 0;
   } else if (mode == "oom" || (mode == "rank1-oom" && rank == 1)) {
     result.set_status(remat::v1::TRIAL_STATUS_OOM);
     rr->set_failing_request_bytes(1 << 20);

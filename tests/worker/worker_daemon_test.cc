@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -28,6 +29,9 @@ class FakeCoordinator {
   bool up = true;
   bool reports_down = false;  // ReportTrial alone answers UNAVAILABLE
   bool refuse_credentials = false;
+  // A report it answers with an error (not UNAVAILABLE) is refused and not recorded.
+  std::function<absl::Status(const v1::ReportTrialRequest&)> refuse;
+  std::vector<v1::ReportTrialRequest> refused;
   int registrations = 0;
   std::string last_registered_id;
   v1::RegisterRequest last_register;
@@ -96,6 +100,12 @@ class FakeClient : public CoordinatorClient {
   absl::StatusOr<v1::ReportTrialResponse> ReportTrial(const v1::ReportTrialRequest& req) override {
     std::lock_guard<std::mutex> lock(c_->mu);
     if (!c_->up || c_->reports_down) return absl::UnavailableError("connection refused");
+    if (c_->refuse) {
+      if (absl::Status no = c_->refuse(req); !no.ok()) {
+        c_->refused.push_back(req);
+        return no;
+      }
+    }
     c_->reports.push_back(req);
     v1::ReportTrialResponse r;
     r.set_accepted(true);
@@ -180,6 +190,28 @@ TEST_F(DaemonTest, RegistersLeasesRunsAndReports) {
     EXPECT_DOUBLE_EQ(r.result().tokens_per_s(), 100);
     EXPECT_EQ(r.result().policy().canonical(), "selective:[]");  // stamped by MakeReport
   }
+}
+
+// A report the coordinator refuses for what it says cannot be delivered as it is; the worker
+// reports the trial failed with the refusal instead, so the search learns why at once.
+TEST_F(DaemonTest, ARefusedReportBecomesAFailedReportWithTheReason) {
+  coordinator_.refuse = [](const v1::ReportTrialRequest& r) {
+    if (r.result().status() == v1::TRIAL_STATUS_FAILED) return absl::OkStatus();
+    return absl::InvalidArgumentError("result.ranks[1].rank: rank 0 has a result already");
+  };
+  coordinator_.Push(Replay("t-1", 0));
+  Start();
+  ASSERT_TRUE(WaitUntil([&] { return coordinator_.NumReports() == 1; }));
+  std::lock_guard<std::mutex> lock(coordinator_.mu);
+  ASSERT_EQ(coordinator_.refused.size(), 1u);
+  const v1::ReportTrialRequest& sent = coordinator_.reports[0];
+  EXPECT_EQ(sent.trial_id(), "t-1");
+  EXPECT_EQ(sent.attempt(), 1);
+  EXPECT_EQ(sent.result().status(), v1::TRIAL_STATUS_FAILED);
+  EXPECT_EQ(sent.result().policy().canonical(), "selective:[]");
+  EXPECT_EQ(sent.result().message(),
+            "the coordinator refused this trial's report: result.ranks[1].rank: rank 0 has a "
+            "result already");
 }
 
 TEST_F(DaemonTest, LeasesOnlyWhatFitsItsFreeSlots) {
