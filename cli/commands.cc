@@ -21,6 +21,7 @@
 #include "common/main_util.h"
 #include "common/version.h"
 #include "search/limits.h"
+#include "search/spec_fields.h"
 #include "search/text.h"
 
 namespace remat::cli {
@@ -210,6 +211,9 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
   validate->add_option("--policy", policy, "e.g. selective:[core_attn] or full:uniform:1")
       ->required();
 
+  CLI::App* fields = app.add_subcommand(
+      "fields", "every spec field: default, values, Megatron's name for it (a Markdown table)");
+
   CLI::App* search = app.add_subcommand(
       "search", "run a whole search on this machine (embedded coordinator and worker)");
   search->add_option("SPEC", spec_path, "search spec (YAML)")->required();
@@ -291,6 +295,10 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
   }
 
   if (plan->parsed()) return RunPlan(spec_path, json, std::cout, std::cerr);
+  if (fields->parsed()) {
+    std::cout << search::SpecFieldsMarkdown();
+    return 0;
+  }
   if (validate->parsed()) return RunValidate(spec_path, policy, std::cout, std::cerr);
   if (import_bridge->parsed()) return RunImportBridge(spec_path, import_args);
   if (import_mlm->parsed()) {

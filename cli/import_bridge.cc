@@ -181,7 +181,7 @@ search::StatusOr<std::string> ImportBridgeUnguarded(const std::string& yaml_text
   }
   const std::vector<std::pair<std::string, YAML::Node>> model_keys = ModelKeys(model);
   auto model_value = [&](const std::string& key) {
-    YAML::Node found;
+    YAML::Node found(YAML::NodeType::Undefined);
     for (const auto& [k, v] : model_keys) {
       if (k == key) found = v;
     }

@@ -3,7 +3,7 @@
 namespace remat::cli::yaml_util {
 
 YAML::Node Child(const YAML::Node& node, const std::string& key) {
-  if (!node || !node.IsMap()) return YAML::Node();
+  if (!node || !node.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
   const YAML::Node& n = node;
   return n[key];
 }

@@ -20,7 +20,7 @@ using nlohmann::ordered_json;
 
 // JSON null where a figure is unknown rather than a made-up zero: the proto's plain numbers
 // cannot say "not reported", so zero stands for it where zero is not a possible measurement
-// (a model's weights, a step's time, a training loss; issue 17).
+// (a model's weights, a step's time, a training loss).
 ordered_json Known(double v) { return v != 0 ? ordered_json(v) : ordered_json(nullptr); }
 ordered_json Known(uint64_t v) { return v != 0 ? ordered_json(v) : ordered_json(nullptr); }
 

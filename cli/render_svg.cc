@@ -136,7 +136,7 @@ std::string ResultSvg(const v1::Search& s) {
   };
   std::vector<Point> points;
   double max_mem = 0;
-  // A re-measured policy (issue 11) has two trials; it is drawn once, from its last trial, with
+  // A re-measured policy has two trials; it is drawn once, from its last trial, with
   // the pooled figures the frontier and the recommendation use (Trial.combined).
   std::map<std::string, int> last_of;
   for (int i = 0; i < s.trials_size(); ++i) last_of[s.trials(i).policy().canonical()] = i;

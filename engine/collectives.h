@@ -1,7 +1,7 @@
 // Collectives: the seam between the trial engine and whatever moves tensors between ranks.
 //
 // One Collectives object per rank process. Ranks first meet through files in a rendezvous folder
-// (README.md, "Rendezvous"), then run collectives on groups of ranks. Two implementations:
+// (engine/README.md, "Rendezvous"), then run collectives on groups of ranks. Two implementations:
 //   - TCP over loopback with rank 0 as the hub (CPU tensors; what CI runs), tcp_collectives.cc;
 //   - NCCL (CUDA tensors), nccl_collectives.cc, built only with REMAT_WITH_CUDA.
 //   - stand-ins for one rank run alone (layout proxies), stand_in_collectives.cc.

@@ -458,7 +458,8 @@ struct GptModel::Impl {
   // Megatron's unfused GLU (transformer/mlp.py and TEGroupedMLP, bias-activation fusion off):
   // act(x_glu) * (x_linear + glu_linear_offset). The offset is 0 (TransformerConfig's default),
   // but the add still makes a new F-wide tensor, and the product keeps it for backward: 5 F-wide
-  // tensors per token in a dense MLP, not 4 (shared/reference/megatron-moe-saved.md; issue 13).
+  // tensors per token in a dense MLP, not 4 (NVIDIA/Megatron-LM
+  // megatron/core/transformer/mlp.py@d98e8a6, the unfused GLU path).
   at::Tensor Activation(const at::Tensor& x) const {
     if (m.gated_linear_unit) {
       std::vector<at::Tensor> c = x.chunk(2, -1);

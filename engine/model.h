@@ -4,7 +4,7 @@
 // off, so that the same tensors are held for backward: vocab-parallel embedding (+ learned
 // absolute positions), N transformer layers (input norm, self-attention or MLA, bias-dropout-add,
 // pre-MLP norm, dense MLP or MoE, bias-dropout-add), final norm, output layer and vocab-parallel
-// cross-entropy. Recompute is placed where Megatron places it (README.md, "What each label frees").
+// cross-entropy. Recompute is placed where Megatron places it (engine/README.md, "What each label frees").
 //
 // The model declares its parameters (ParamInfo); the trial runner allocates, initialises and
 // shards them and fills ParamInfo::value before the first Loss(). Not thread-safe.

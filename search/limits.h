@@ -1,5 +1,5 @@
 // The limits remat enforces on what users, workers and trials send it: the one home of these
-// numbers. The README's "Limits" table lists them; the spec reader (specfile/), ValidateSpec
+// numbers. docs/service.md ("Limits") lists them; the spec reader (specfile/), ValidateSpec
 // (search/spec.h), the worker's reports and the coordinator's gRPC server read them from here.
 // Each is far above any real job (the largest Megatron recipes have ~128 layers, hidden 16384,
 // a few thousand GPUs) and low enough that planning stays fast and no reply outgrows gRPC's

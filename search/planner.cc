@@ -121,7 +121,7 @@ std::vector<Candidate> FullRecomputePlan(const SearchSpec& spec) {
 // fit goes first (under recommend: the plan's order first, and full recompute only once no
 // selective policy may fit). Beyond the plan (under recommend: beyond the control) a proposal
 // waits for the results of every trial proposed before it: the choices are a function of the
-// measurements alone, whatever the number of slots or the order results arrive in (issue 14).
+// measurements alone, whatever the number of slots or the order results arrive in.
 class GuidedStrategy : public Strategy {
  public:
   explicit GuidedStrategy(const SearchSpec& spec)

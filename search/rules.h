@@ -1,7 +1,7 @@
 // Megatron Core's recompute validation rules, and which labels have an effect on a model.
 //
 // A policy is valid for a spec when Megatron Core's TransformerConfig.__post_init__ would accept
-// it (reference: recompute-semantics.md section 3.3) and every label in it changes something on
+// it (NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py@d98e8a6, TransformerConfig.__post_init__) and every label in it changes something on
 // this model (a label with no effect is refused, so no strategy wastes a trial on it).
 // Thread-safety: pure functions.
 #pragma once
@@ -57,7 +57,7 @@ struct RecomputeFields {
 RecomputeFields FieldsOf(const Policy& policy);
 
 // Ok, or InvalidArgument with the complaint, for the recompute rules that concern these fields
-// alone (reference: recompute-semantics.md 3.3 item 4 and the label whitelist of 6; the rules
+// alone (TransformerConfig.__post_init__'s recompute_modules checks and its label list; the rules
 // that depend on the model are ValidatePolicy's): granularity full or selective; method uniform
 // or block; full needs a method and recompute_num_layers; selective refuses recompute_num_layers;
 // selective labels from Megatron Core's set. With `megatron_lm`, also Megatron-LM's own

@@ -1,6 +1,6 @@
 // The steady-state rule: how long a trial warms up before its steps are measured. The first
 // steps of a training run are slow (allocator growth, kernel selection, caches); a median taken
-// before they settle is biased (issue 11: the grouped-MoE example fell from 0.37 s to a steady
+// before they settle is biased (the grouped-MoE example fell from 0.37 s to a steady
 // 0.26-0.28 s over its first four steps). So a run warms up for at least
 // search.warmup_steps, then until its last search.steady_window warm-up steps agree within
 // search.steady_tolerance, and at most search.warmup_max_steps; the next search.measure_steps

@@ -1,5 +1,5 @@
 // RateLimiter: a token bucket per user, so one user's client cannot take the coordinator's
-// request capacity from the others (issue 14). Each user may make `burst` requests at once and
+// request capacity from the others. Each user may make `burst` requests at once and
 // `per_second` on average after that; a request over it is refused with RESOURCE_EXHAUSTED and a
 // one-line reason saying when to retry. The RPC layer (grpc_service.h) asks it for every
 // RematService call of an authenticated user, after authentication, so the number of buckets is

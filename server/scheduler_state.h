@@ -98,7 +98,7 @@ class Scheduler::State {
   // The results cache key of trial `t` measured by worker `w`.
   std::string CacheKey(const SearchRun& s, const RunTrial& t, const WorkerEntry& w) const;
 
-  // Joining (issue 14: identical searches give identical answers whatever their timing). A
+  // Joining (identical searches give identical answers whatever their timing). A
   // queued trial whose results-cache key equals that of a trial running for another search (the
   // key as if it ran on that trial's worker) does not run: it joins the running one, leaves its
   // queue (its search proposes its next trial then, as a lease would make it) and takes the

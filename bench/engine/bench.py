@@ -7,7 +7,7 @@ at a second depth to measure activation bytes per layer, and prints:
   1. per policy: step time remat / PyTorch, peak allocated and reserved remat / PyTorch, losses;
   2. per policy: measured activation bytes per layer ((peak - static) at 4 layers minus at 2
      layers, halved) against the search core's memory model.
-Goal (issue 3): step time <= 1.0x PyTorch's, peaks within 3%, activation bytes within 10%.
+Goal: step time <= 1.0x PyTorch's, peaks within 3%, activation bytes within 10%.
 
 Usage: python3 bench.py --build BUILD_DIR --out OUT_DIR [--models dense,mla,moe] [--quick]
 """

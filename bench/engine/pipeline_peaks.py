@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Measured per-rank peaks of a pipeline-parallel trial against the memory model's per-stage
-prediction (issue 12 step 3e).
+prediction.
 
     bench/engine/pipeline_peaks.py BUILD_BIN SPEC.yaml [POLICY ...] [--set section.key=value ...]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Layout proxies against real multi-rank trials on CPU ranks, for every valid policy (issue 12's
-Done-means; docs/layout-proxies.md, "Validation on CPU ranks").
+"""Layout proxies against real multi-rank trials on CPU ranks, for every valid policy
+(docs/layout-proxies.md, "Validation on CPU ranks").
 
     bench/engine/proxy_vs_real.py BUILD_BIN [LAYOUT ...] [--policies N]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Do remat's apply strings apply cleanly to Megatron Core itself? (issue 17 item 2)
+"""Do remat's apply strings apply cleanly to Megatron Core itself?
 
 For each model family of the fidelity bench (dense GQA, MLA, MoE with sequential and with grouped
 experts) it takes every valid policy's apply strings as remat prints them (`remat-bench-estimate`

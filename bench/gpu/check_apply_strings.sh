@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17 item 2 on the GPU machine: every valid policy's apply strings (as remat prints them),
+# On the GPU machine: every valid policy's apply strings (as remat prints them),
 # applied over recipes that already set recompute, must give a Megatron Core TransformerConfig
 # that accepts them and says exactly the policy (bench/gpu/check_apply_strings.py says how).
 #

@@ -1,4 +1,4 @@
-// remat-compare: search efficiency of a guided search against the exhaustive one (issue 5).
+// remat-compare: search efficiency of a guided search against the exhaustive one.
 //
 //   remat-compare GUIDED.json EXHAUSTIVE.json
 //
@@ -27,7 +27,7 @@ struct Run {
   uint64_t budget = 0;
 };
 
-// A figure the result JSON may give as null (not measured: issue 17), read as 0.
+// A figure the result JSON may give as null (not measured:), read as 0.
 template <typename T>
 T Figure(const nlohmann::json& j, const char* key) {
   auto it = j.find(key);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 5 on one H200: rematd, remat-worker and remat-trial on the GPU node, searches submitted
+# On one H200: rematd, remat-worker and remat-trial on the GPU node, searches submitted
 # with the remat CLI. For each example model (examples/gpu/{dense,moe,mla}.yaml): the guided
 # search, then the exhaustive one (trials the guided search measured come from the results
 # cache), and remat-compare on the pair. Then the depth proxy against a directly measured deeper

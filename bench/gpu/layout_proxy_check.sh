@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 12's layout-proxy checks on ONE GPU, in one call:
+# The layout-proxy checks on ONE GPU, in one call:
 # 1. examples/gpu/dense-tp2.yaml's ranks run alone with stand-in collectives and as the product's
 #    layout proxy, against the real two-GPU figures in docs/results/h200x2-dense-tp2-guided.json.
-#    Those were measured before the SwiGLU fix (issue 13), so this engine is built with the fix
+#    Those were measured before the SwiGLU fix, so this engine is built with the fix
 #    reverted (PATCH: `git diff 4ad3820 8572c99 -- engine/model.cc`), then rebuilt with it.
 # 2. examples/large/llama3-70b-proxy-search.yaml's stage proxies for three policies, to set
 #    against `remat plan --json` of the same spec (docs/layout-proxies.md).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A guided search of a big layout with layout proxies on ONE GPU, through rematd + remat-worker +
-# the remat CLI (issue 12): default examples/large/llama3-70b-proxy-search.yaml.
+# the remat CLI: default examples/large/llama3-70b-proxy-search.yaml.
 #   bench/gpu/pack_service.sh build .carry/svc          # here, where gRPC exists
 #   bench/gpu/layout_proxy_search.sh OUT_DIR [SPEC] [SVC_DIR]   # on the GPU node
 # The watch ends after REMAT_WATCH_TIMEOUT_S seconds or at REMAT_DEADLINE (an epoch second: keep

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13 on one GPU: guided searches with `search.backend: megatron` (Megatron Core's own model
+# On one GPU: guided searches with `search.backend: megatron` (Megatron Core's own model
 # and step) through rematd + remat-worker + the remat CLI, for one dense and one MoE model
 # (examples/gpu/megatron-dense.yaml, megatron-moe.yaml). Writes each search's text, JSON and SVG
 # and the daemons' logs to OUT_DIR.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The engine's pipeline parallelism over NCCL (issue 12 step 3), on a node with 2 GPUs: PP 2 under
+# The engine's pipeline parallelism over NCCL, on a node with 2 GPUs: PP 2 under
 # 1F1B against PP 1 of the same spec and global batch (fp32: loss and grad norm should agree
 # within 1e-5 relative), then PP 2 in bf16 with every stage's measured peak against the memory
 # model's (search::EstimateMemory). Builds remat-trial and remat-bench-estimate against pip's

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 12's GPU check of layout proxies on ONE GPU: each rank of examples/gpu/dense-tp2.yaml
+# The GPU check of layout proxies on ONE GPU: each rank of examples/gpu/dense-tp2.yaml
 # (TP 2 + SP) run alone with stand-in collectives (remat-trial --stand-in), for the policies of
 # docs/results.md's two-GPU table, so the per-rank peaks can be set against the real ones there
 # (Done-means: allocated within 3%, reserved within 8%). Then the same through the product path:

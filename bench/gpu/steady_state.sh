@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 11, steady-state measurement, on one H200: the grouped-MoE example
+# Steady-state measurement, on one H200: the grouped-MoE example
 # (examples/gpu/moe.yaml) run by remat-trial with the steady-state warm-up (at least 1 step, then
 # until the last 3 agree within 5%, at most 8) and with the old fixed warm-up of 1 step, each
 # followed by 3 measured steps. Prints, per policy, the warm-up the rule took, the warm-up step

@@ -1,5 +1,5 @@
 // remat-search-bench: how many trials the guided search needs on large surfaces, and what it
-// keeps of the exhaustive search's frontier and recommendation (issue 11, step 4).
+// keeps of the exhaustive search's frontier and recommendation (step 4).
 //
 //   remat-search-bench [--seeds N] [--source DIR] [--frontiers]
 //

@@ -159,7 +159,7 @@ TEST(Render, JsonHasTheContractKeys) {
   EXPECT_DOUBLE_EQ(control["tokens_per_s"].get<double>(), 1000.0);
   EXPECT_DOUBLE_EQ(control["loss"].get<double>(), 10.5);
   // Unknown figures are null, not zero: an oom trial has no throughput or loss, a rank that did
-  // not report its static bytes has none (issue 17).
+  // not report its static bytes has none.
   EXPECT_EQ(j["trials"][4]["status"], "oom");
   EXPECT_TRUE(j["trials"][4]["tokens_per_s"].is_null());
   EXPECT_TRUE(j["trials"][4]["loss"].is_null());
@@ -191,7 +191,7 @@ TEST(Render, JsonHasTheContractKeys) {
   EXPECT_FALSE(control.contains("proxies"));
 }
 
-// Issue 11: the warm-up each trial took, near-tie re-measures, the numerics check against the
+// The warm-up each trial took, near-tie re-measures, the numerics check against the
 // control and the versions and spec the search ran with, as the coordinator decided them.
 v1::Search SearchWithProvenance() {
   v1::Search s = FixedSearch();
@@ -328,7 +328,7 @@ TEST(Render, ReportShowsTableFrontierRecommendationAndFindings) {
   EXPECT_EQ(text.find("* selective:[mlp]"), std::string::npos);
 }
 
-// The recommendation's detail (issue 11): why the choice fell where it did, and the tied policies.
+// The recommendation's detail: why the choice fell where it did, and the tied policies.
 v1::Search WithDetail() {
   v1::Search s = FixedSearch();
   v1::RecommendationDetail* d = s.mutable_recommendation_detail();
@@ -576,7 +576,7 @@ TEST(Render, ListTable) {
   RenderList(list, out);
   EXPECT_NE(out.str().find("s-1  llama  alice  running   2/9      -"), std::string::npos)
       << out.str();
-  // Why a search waits is on its row (issue 14).
+  // Why a search waits is on its row.
   s->set_state(v1::SEARCH_STATE_QUEUED);
   s->set_message("waiting: no connected worker offers command template \"x\"");
   std::ostringstream waiting;

@@ -1,4 +1,4 @@
-// Layout proxies on CPU ranks (issue 12's Done-means): for four layouts (TP 2 x PP 2; PP 4
+// Layout proxies on CPU ranks: for four layouts (TP 2 x PP 2; PP 4
 // interleaved with VPP 2; EP 2 x DP 4 MoE; TP 2 + SP x DP 2 with the distributed optimizer), the
 // real multi-rank trial (one remat-trial process per rank over TCP) against every one of its
 // ranks run alone in this process with the stand-in collectives (RunStandInRank, one after the

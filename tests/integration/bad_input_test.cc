@@ -1,4 +1,4 @@
-// Issue 14: every program, given bad input, exits 2 with one "error:" line naming the field, and
+// Every program, given bad input, exits 2 with one "error:" line naming the field, and
 // never aborts, hangs or reads for ever (spec and table paths of /dev/zero, FIFOs, folders,
 // YAML keys that are lists, duplicate keys, non-UTF-8 text, absurd sizes).
 #include <gtest/gtest.h>

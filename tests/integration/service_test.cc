@@ -273,7 +273,7 @@ TEST_F(ServiceTest, TlsForClientsAndWorkers) {
   ExpectCorrectFrontier(result, table);
 }
 
-// Issue 14: the same guided spec submitted twice, the second while the first's trials are in
+// The same guided spec submitted twice, the second while the first's trials are in
 // flight, gives the same trials and the same answer: the second search joins the first's running
 // trials and takes its cached results without getting ahead of what the first knew when it chose.
 // Each round: one worker with `slots` slots, the second submit after `head_start` trials of the

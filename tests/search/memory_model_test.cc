@@ -471,7 +471,7 @@ TEST(Peak, IsStaticPlusActivationsPlusTransient) {
 }
 
 
-// Llama-3-70B's shape as issue 12 tried it: 80 layers, GQA 64/8 heads, SwiGLU 28672,
+// Llama-3-70B's shape as its layout proxy was measured: 80 layers, GQA 64/8 heads, SwiGLU 28672,
 // vocabulary 128256, 8k sequences, unfused attention, TP 4 + SP, PP 4, DP 2, distributed
 // optimizer.
 SearchSpec Llama70bTp4Pp4(int global_batch) {

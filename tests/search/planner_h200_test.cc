@@ -34,7 +34,7 @@ replay::Outcome Evaluate(const std::string& name, const std::string& run,
   return o;
 }
 
-// Issue 5's goal was 0.95 of the hypervolume for a quarter of the trials; issue 11's is 0.97 with
+// The first goal was 0.95 of the hypervolume for a quarter of the trials; the later one is 0.97 with
 // a quarter on 60-150 policies (the MLA tables, 76). These surfaces are small (6-8 layers) and
 // noisy (MoE step times scatter by 15-50% between a trial's steps), so the bounds here guard
 // against sliding back rather than state the goal; docs/results.md has the figures.
@@ -52,7 +52,7 @@ TEST(PlannerOnH200Measurements, DenseSecondRun) {
 // In the first MoE run selective:[core_attn,layernorm,shared_experts] measured 4% faster than
 // selective:[core_attn] while replaying more: noise the model cannot predict, which costs 0.06 of
 // the hypervolume. The first two MoE runs were measured with the engine before its SwiGLU kept
-// Megatron's extra F-wide tensor (issue 13); the memory model now counts that tensor, so its
+// Megatron's extra F-wide tensor; the memory model now counts that tensor, so its
 // predictions sit further from those tables' peaks (run 1: 0.940 -> 0.920). The third run was
 // measured after the fix (2026-12-02, docs/results.md) and holds the high bar.
 TEST(PlannerOnH200Measurements, Moe) { ExpectEfficient(Evaluate("moe", ""), 0.40, 0.91); }

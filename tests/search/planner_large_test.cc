@@ -1,4 +1,4 @@
-// The guided strategy on large surfaces (issue 11, step 4): 70B-class and other models of 76-168
+// The guided strategy on large surfaces (step 4): 70B-class and other models of 76-168
 // valid policies, "measured" by the synthetic tables of tests/search/replay_surfaces.h (the
 // memory/FLOP model with realistic errors, allocator caching and step-time noise), several noise
 // seeds each. `remat-search-bench` prints the same figures for docs/results.md.

@@ -186,7 +186,7 @@ TEST(PlannerTest, ExhaustiveRestoreSkipsWhatWasProposed) {
 }
 
 // On the simulated oracle the guided search should find nearly the exhaustive frontier's area
-// for far fewer trials (issue 5 measures this on the GPU).
+// for far fewer trials (bench/gpu/compare_main.cc measures this on the GPU).
 TEST(PlannerTest, GuidedCoversMostOfTheExhaustiveHypervolumeOnTheModelOracle) {
   for (SearchSpec spec : {DenseSpec(), MlaSpec(), MoeSpec()}) {
     spec.search.memory_budget_gib = 1000;

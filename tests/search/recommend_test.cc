@@ -1,4 +1,4 @@
-// The recommendation rule (issue 11, step 2): ties within the measurement noise go to the least
+// The recommendation rule (step 2): ties within the measurement noise go to the least
 // recompute, not to the highest throughput.
 #include <gtest/gtest.h>
 

@@ -44,7 +44,7 @@ struct Noise {
 // control. Policies over the budget come back oom (their peak as at the failing allocation).
 Table SyntheticTable(const SearchSpec& spec, double step_time_s, const Noise& noise, uint64_t seed);
 
-// Large surfaces for the goals of issue 11 (model, layout and budget of each in the .cc):
+// Large surfaces for the search-efficiency goals (model, layout and budget of each in the .cc):
 //   "llama70b-unfused"  80 layers, TP 8 + SP, DP 8, unfused attention: 168 policies
 //   "llama70b-flash"    the same with flash attention: 168 policies
 //   "dense48"           a 48-layer 13B-class dense model: 104 policies

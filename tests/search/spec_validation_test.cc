@@ -82,7 +82,7 @@ TEST(SpecValidationTest, EveryBadFieldIsNamed) {
        [](SearchSpec& s) { s.model.num_moe_experts = 4; s.model.moe_layer_freq.pattern = {1, 0}; }},
       {"model.moe_shared_expert_intermediate_size",
        [](SearchSpec& s) { s.model.moe_shared_expert_intermediate_size = 128; }},
-      // Issue 14: an MoE layer pattern (or frequency) on a dense model describes nothing.
+      // An MoE layer pattern (or frequency) on a dense model describes nothing.
       {"model.moe_layer_freq", [](SearchSpec& s) { s.model.moe_layer_freq.pattern = {1, 2, 3}; }},
       {"model.moe_layer_freq", [](SearchSpec& s) { s.model.moe_layer_freq.pattern = {0, 1, 0, 1}; }},
       {"model.moe_layer_freq", [](SearchSpec& s) { s.model.moe_layer_freq.every = 2; }},
@@ -223,7 +223,7 @@ TEST(SpecValidationTest, BuiltinBackendProblemNamesTheField) {
   }
 }
 
-// Issue 14: values that took minutes of CPU, gigabytes or a segfault downstream are refused
+// Values that took minutes of CPU, gigabytes or a segfault downstream are refused
 // at once, naming the field and the limit (search/limits.h).
 TEST(SpecValidationTest, LimitsAreEnforcedNamingTheField) {
   struct Case {

@@ -337,7 +337,7 @@ TEST_F(GrpcTest, AuthRefusals) {
               grpc::StatusCode::FAILED_PRECONDITION);  // already finished, but visible to her
 }
 
-// Issue 14: the holder of one worker token could lease under another worker's id and report a
+// The holder of one worker token could lease under another worker's id and report a
 // made-up result into any search. A worker id is bound to the token that registered it, and a
 // result is accepted only for the lease it answers.
 // What a caller sends is never quoted back whole: a 10 KB search id is NOT_FOUND (its status
@@ -545,7 +545,7 @@ TEST_F(GrpcTest, ServesTlsWhenGivenACertificate) {
             grpc::StatusCode::UNAUTHENTICATED);
 }
 
-// Issue 14: one user over their request rate is refused with RESOURCE_EXHAUSTED and a one-line
+// One user over their request rate is refused with RESOURCE_EXHAUSTED and a one-line
 // reason; another user is not slowed down.
 TEST_F(GrpcTest, UsersOverTheirRequestRateAreRefused) {
   TempDir dir;

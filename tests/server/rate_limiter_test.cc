@@ -1,4 +1,4 @@
-// The per-user request-rate limit (issue 14): a burst, then the sustained rate, per user.
+// The per-user request-rate limit: a burst, then the sustained rate, per user.
 #include "server/rate_limiter.h"
 
 #include <gtest/gtest.h>

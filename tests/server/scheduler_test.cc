@@ -328,7 +328,7 @@ TEST_F(SchedulerTest, ReplayTablesAreValidatedAtSubmit) {
   EXPECT_NE(r.status().message().find("wall_s"), std::string::npos) << r.status().message();
 }
 
-// Issue 14: one user cannot fill the coordinator with searches or trials; others still submit.
+// One user cannot fill the coordinator with searches or trials; others still submit.
 TEST_F(SchedulerTest, PerUserLimitsOnSearchesAndTrials) {
   options_.max_searches_per_user = 2;
   options_.max_trials_per_user = 6;
@@ -661,7 +661,7 @@ TEST_F(SchedulerTest, ResultsCacheReusesMeasurementsOnTheSameHardware) {
   EXPECT_EQ(b.search_id(), budget->id());
 }
 
-// Issue 14: a trial identical to one running for another search joins it instead of running
+// A trial identical to one running for another search joins it instead of running
 // twice: it takes an ok/oom result as reused, and runs itself when the one it joined fails or its
 // search is cancelled.
 TEST_F(SchedulerTest, IdenticalTrialsJoinTheOneInFlight) {
@@ -712,7 +712,7 @@ TEST_F(SchedulerTest, IdenticalTrialsJoinTheOneInFlight) {
   EXPECT_EQ(Get(d).state(), v1::SEARCH_STATE_SUCCEEDED);
 }
 
-// Issue 14: a search no connected worker can run says why at once (get, watch, list), runs as
+// A search no connected worker can run says why at once (get, watch, list), runs as
 // soon as one that can registers, and fails after unserved_search_timeout_s of it otherwise.
 TEST_F(SchedulerTest, UnservedSearchSaysWhyAndFailsAfterABoundedWait) {
   sched_.reset();

@@ -265,7 +265,7 @@ TEST(SpecFileTest, SteadyStateKeysAndDefaults) {
   EXPECT_DOUBLE_EQ(set->search.steady_tolerance, 0.02);
 }
 
-// Strict YAML (issue 14): what yaml-cpp accepts but a spec must not be.
+// Strict YAML: what yaml-cpp accepts but a spec must not be.
 TEST(SpecFileTest, DuplicateAndNonScalarKeysAreRefused) {
   const std::string base = kMinimal;
   const BadYaml cases[] = {
@@ -345,7 +345,7 @@ TEST(SpecFileTest, ReplayTableErrors) {
       R"({"trials": {"none": {"status": "oom"}, "selective:[]": {"status": "oom"}}})");
   ASSERT_FALSE(dup.ok());
   EXPECT_NE(dup.status().message().find("twice"), std::string::npos);
-  // Issue 14: types and ranges are checked by name; a negative peak is not 2^64 - 1.
+  // Types and ranges are checked by name; a negative peak is not 2^64 - 1.
   const std::pair<const char*, const char*> bad[] = {
       {R"({"trials": {"none": {"status": "oom", "ranks": [{"peak_allocated_bytes": -5}]}}})",
        "replay table: trials[\"none\"].ranks[0].peak_allocated_bytes: must be a non-negative"},

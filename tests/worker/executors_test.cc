@@ -325,7 +325,7 @@ EOT
   ASSERT_EQ(r.ranks.size(), 2);
   EXPECT_EQ(r.ranks[1].peak_reserved_bytes, 250u);
   EXPECT_DOUBLE_EQ(r.ranks[0].step_time_s, 0.2);  // median of 0.3, 0.1, 0.2 (warm-up dropped)
-  // The measured steps themselves, as the builtin engine reports them (issue 17).
+  // The measured steps themselves, as the builtin engine reports them.
   EXPECT_EQ(r.ranks[0].step_times_s, (std::vector<double>{0.3, 0.1, 0.2}));
   EXPECT_EQ(r.ranks[1].step_times_s, (std::vector<double>{0.4, 0.4, 0.4}));
   EXPECT_DOUBLE_EQ(r.step_time_s, 0.4);

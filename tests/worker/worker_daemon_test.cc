@@ -346,7 +346,7 @@ TEST_F(DaemonTest, ARestartedWorkerSendsWhatItsPredecessorSpooled) {
   EXPECT_EQ(coordinator_.reports[0].worker_id(), "w-0");
 }
 
-// Issue 14: a SIGKILLed worker's trial ran on beside its re-run and its folder stayed for ever.
+// A SIGKILLed worker's trial ran on beside its re-run and its folder stayed for ever.
 // A restarted worker ends the group its predecessor recorded and removes the stale folders.
 TEST_F(DaemonTest, ARestartedWorkerEndsTheTrialProcessesItsPredecessorLeft) {
   const std::string orphan_dir = dir_ / "trials/t-old.1";

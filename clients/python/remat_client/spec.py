@@ -1,6 +1,6 @@
 """A search spec (YAML text, a file, or a dict) -> the remat.v1.SearchSpec message.
 
-The keys are the spec file's (README, "The search spec"): sections ``model``, ``train``,
+The keys are the spec file's (docs/spec.md): sections ``model``, ``train``,
 ``parallel``, ``search`` and a top-level ``name``; their fields carry the proto's names, so the
 mapping is by name. Omitted fields stay unset and the coordinator fills Megatron Core's defaults
 and validates the whole spec (its INVALID_ARGUMENT names the field). This module refuses only

@@ -112,7 +112,7 @@ class LiveCoordinator(unittest.TestCase):
         # The README's first search: the control does not fit, something else does.
         self.assertEqual(by_policy["selective:[]"]["status"], "oom")
         self.assertTrue(any(r["recommended"] for r in rows))
-        # Row by row: a near-tie's re-measure repeats its policy (issue 11).
+        # Row by row: a near-tie's re-measure repeats its policy.
         for r, t in zip(rows, ref["trials"]):
             if r["status"] == "ok":
                 self.assertEqual(r["peak_reserved_bytes"], t["peak_reserved_bytes"])
