@@ -302,6 +302,25 @@ void Coordinator::Wait() {
   im.cv_.wait(lock, [&im] { return im.stopped_; });
 }
 
+absl::Status Coordinator::ReloadTokens() {
+  Impl& im = *impl_;
+  if (!im.auth_.users_enabled() && !im.auth_.workers_enabled()) {
+    im.log_->info("reload: no token files to read (rematd runs without --user-tokens and "
+                  "--worker-tokens)");
+    return absl::OkStatus();
+  }
+  absl::Status reloaded = im.auth_.Reload();
+  if (!reloaded.ok()) {
+    im.log_->error("reload: {}; keeping the {} user and {} worker tokens in use",
+                   reloaded.message(), im.auth_.user_token_count(),
+                   im.auth_.worker_token_count());
+    return reloaded;
+  }
+  im.log_->info("reload: token files read again: {} user and {} worker tokens",
+                im.auth_.user_token_count(), im.auth_.worker_token_count());
+  return absl::OkStatus();
+}
+
 void Coordinator::RunExpiryForTest() {
   if (impl_->scheduler_ != nullptr) impl_->scheduler_->Tick();
 }
