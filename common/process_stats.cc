@@ -8,8 +8,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace remat::common {
 namespace {
@@ -107,6 +109,41 @@ std::optional<ProcessStats> ReadProcessStats(pid_t pid) {
   }
   out.open_fds = CountFds(pid);
   out.max_fds = MaxFds(pid);
+  return out;
+}
+
+DescendantsMemory ReadDescendantsMemory(pid_t root) {
+  // Parent of every process, from /proc/PID/stat (field 4, after the command's ')').
+  std::map<pid_t, std::vector<pid_t>> children;
+  if (DIR* dir = opendir("/proc")) {
+    while (const dirent* e = readdir(dir)) {
+      char* end = nullptr;
+      const long pid = std::strtol(e->d_name, &end, 10);
+      if (end == e->d_name || *end != '\0') continue;
+      std::ifstream in("/proc/" + std::string(e->d_name) + "/stat");
+      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const auto close = stat.rfind(')');
+      if (close == std::string::npos) continue;
+      std::istringstream fields(stat.substr(close + 2));
+      std::string state;
+      long ppid = 0;
+      if (fields >> state >> ppid) children[static_cast<pid_t>(ppid)].push_back(pid);
+    }
+    closedir(dir);
+  }
+  DescendantsMemory out;
+  std::vector<pid_t> todo = children[root];
+  while (!todo.empty()) {
+    const pid_t pid = todo.back();
+    todo.pop_back();
+    if (auto stats = ReadProcessStats(pid)) {
+      out.resident_bytes += stats->resident_bytes;
+      ++out.processes;
+    }
+    if (auto it = children.find(pid); it != children.end()) {
+      todo.insert(todo.end(), it->second.begin(), it->second.end());
+    }
+  }
   return out;
 }
 

@@ -25,4 +25,13 @@ struct ProcessStats {
 // entry cannot be read (another user's, under hidepid).
 std::optional<ProcessStats> ReadProcessStats(pid_t pid = 0);
 
+// What the processes below `root` (its children, their children, ...; not `root` itself) hold
+// resident, summed, and how many there are. Scans /proc once; processes that end meanwhile are
+// skipped.
+struct DescendantsMemory {
+  int64_t resident_bytes = 0;
+  int processes = 0;
+};
+DescendantsMemory ReadDescendantsMemory(pid_t root);
+
 }  // namespace remat::common

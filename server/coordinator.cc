@@ -312,7 +312,7 @@ absl::Status Coordinator::ReloadTokens() {
   absl::Status reloaded = im.auth_.Reload();
   if (!reloaded.ok()) {
     im.log_->error("reload: {}; keeping the {} user and {} worker tokens in use",
-                   reloaded.message(), im.auth_.user_token_count(),
+                   std::string(reloaded.message()), im.auth_.user_token_count(),
                    im.auth_.worker_token_count());
     return reloaded;
   }

@@ -74,9 +74,10 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const Authenti
   }
   absl::StatusOr<Response> result = body(*who);
   if (result.ok()) *response = std::move(*result);
+  // Audited before the answer leaves: once a caller has its reply, the line is in the log.
+  if (audit_target != nullptr) Audit(*who, method, *audit_target, result.status());
   reactor->Finish(ToGrpcStatus(result.status()));
   Observe(metrics, method, start, result.status().code());
-  if (audit_target != nullptr) Audit(*who, method, *audit_target, result.status());
   return reactor;
 }
 

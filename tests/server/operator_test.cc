@@ -15,8 +15,10 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "remat/v1/remat.grpc.pb.h"
 #include "server/auth.h"
@@ -55,6 +57,12 @@ std::string HttpGet(int port, const std::string& path) {
   close(fd);
   const auto body = out.find("\r\n\r\n");
   return body == std::string::npos ? "" : out.substr(body + 4);
+}
+
+int CountOf(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
 }
 
 class OperatorTest : public ::testing::Test {
@@ -159,13 +167,14 @@ TEST_F(OperatorTest, AnAdminListsWatchesAndCancelsEveryUsersSearchesAndIsAudited
 
   spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
   const std::string log = log_.str();
-  for (const std::string& line :
-       {"[rematd.audit] admin ops ListSearches (every user's searches): OK",
-        "[rematd.audit] admin ops GetSearch search " + a + ": OK",
-        "[rematd.audit] admin ops WatchSearch search " + b + ": OK",
-        "[rematd.audit] admin ops CancelSearch search " + a + ": OK"}) {
+  for (const std::string& line : std::vector<std::string>{
+           "admin ops ListSearches (every user's searches): OK",
+        "admin ops GetSearch search " + a + ": OK",
+        "admin ops WatchSearch search " + b + ": OK",
+        "admin ops CancelSearch search " + a + ": OK"}) {
     EXPECT_NE(log.find(line), std::string::npos) << line << "\n" << log;
   }
+  EXPECT_EQ(CountOf(log, "[rematd.audit]"), 4) << log;
   // Users' calls are not audit lines.
   EXPECT_EQ(log.find("admin bob"), std::string::npos) << log;
   EXPECT_EQ(log.find("admin alice"), std::string::npos) << log;

@@ -188,7 +188,7 @@ TEST_F(RematdTest, SighupReloadsTheTokenFilesAndKeepsServing) {
   };
   write("old-token alice\n");
   Process p({REMATD_PATH, "--listen", "127.0.0.1:0", "--db", dir_ + "/remat.db", "--user-tokens",
-             users},
+             users, "--drain", "1"},
             dir_);
   const std::string address = p.WaitForAddress();
   ASSERT_FALSE(address.empty()) << p.Stderr();
