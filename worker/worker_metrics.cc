@@ -1,5 +1,6 @@
 #include "worker/worker_metrics.h"
 
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <prometheus/collectable.h>
@@ -157,6 +158,10 @@ void WorkerMetrics::Refresh() {
 
 class WorkerEndpoints::Health {
  public:
+  // Answers every method but the health service's with UNIMPLEMENTED. Registered because gRPC
+  // refuses to start a server whose only service is the (synchronous) default health service
+  // without a polled completion queue; a callback service makes it run on gRPC's own threads.
+  grpc::CallbackGenericService unimplemented;
   std::unique_ptr<grpc::Server> server;
 };
 
@@ -183,7 +188,9 @@ absl::StatusOr<std::unique_ptr<WorkerEndpoints>> WorkerEndpoints::Start(
       return absl::UnavailableError(absl::StrCat("--metrics-listen: cannot listen on ",
                                                  options.metrics_listen, ": ", ex.what()));
     }
-    e->exposer_->RegisterCollectable(std::make_shared<RefreshingCollectable>(metrics));
+    // The exposer holds collectables weakly: this object keeps it alive.
+    e->collectable_ = std::make_shared<RefreshingCollectable>(metrics);
+    e->exposer_->RegisterCollectable(e->collectable_);
     auto ports = e->exposer_->GetListeningPorts();
     e->metrics_port_ = ports.empty() ? 0 : ports.front();
   }
@@ -194,6 +201,7 @@ absl::StatusOr<std::unique_ptr<WorkerEndpoints>> WorkerEndpoints::Start(
                              &e->health_port_);
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     e->health_ = std::make_unique<Health>();
+    builder.RegisterCallbackGenericService(&e->health_->unimplemented);
     e->health_->server = builder.BuildAndStart();
     if (e->health_->server == nullptr || e->health_port_ == 0) {
       e->health_.reset();

@@ -40,6 +40,7 @@
 #include "search/trial.h"
 
 namespace prometheus {
+class Collectable;
 class Counter;
 class Exposer;
 class Gauge;
@@ -119,6 +120,7 @@ class WorkerEndpoints {
   void HealthLoop();
 
   std::function<WorkerStats()> stats_;
+  std::shared_ptr<prometheus::Collectable> collectable_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<Health> health_;
   int metrics_port_ = 0;

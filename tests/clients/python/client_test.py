@@ -199,13 +199,13 @@ class CoordinatorRestart(unittest.TestCase):
 
         def run():
             try:
-                outcome["final"] = c.watch(sid, on_update, max_quiet_s=60)
+                outcome["final"] = c.watch(sid, on_update)  # default bound: 60 s of silence
             except Exception as e:  # noqa: BLE001 -- reported by the main thread
                 outcome["error"] = e
 
         t = threading.Thread(target=run, daemon=True)
         t.start()
-        self.assertTrue(first.wait(20), "no first update")
+        self.assertTrue(first.wait(20), "no first update %r" % outcome)
         self.assertEqual(updates[0]["state"], "queued")
         rematd = self.procs.pop("rematd")
         rematd.send_signal(signal.SIGTERM)
