@@ -70,6 +70,14 @@ static int RealMain(int argc, char** argv) {
       ->check(CLI::IsMember({"local", "slurm"}));
   app.add_option("--slurm-partition", slurm.partition, "with --executor slurm: sbatch --partition");
   app.add_option("--slurm-account", slurm.account, "with --executor slurm: sbatch --account");
+  std::string slurm_user_accounts;
+  app.add_option("--slurm-user-accounts", slurm_user_accounts,
+                 "with --executor slurm: file of \"USER ACCOUNT\" lines: a trial of USER's "
+                 "search is charged to ACCOUNT (others to --slurm-account)");
+  app.add_option("--slurm-poll-interval", slurm.poll_interval_s,
+                 "with --executor slurm: seconds between the one batched squeue of all the "
+                 "worker's jobs (default 1)")
+      ->check(CLI::Range(0.1, 600.0));
   app.add_option("--slurm-qos", slurm.qos, "with --executor slurm: sbatch --qos");
   app.add_option("--slurm-time-limit", slurm.time_limit,
                  "with --executor slurm: sbatch --time (default: the trial's timeout + 1 min)");
@@ -134,7 +142,13 @@ static int RealMain(int argc, char** argv) {
                      "outside Slurm)");
     }
     options.slots = remat::worker::PlainSlots(plain_slots > 0 ? plain_slots : 16);
+    if (!slurm_user_accounts.empty()) {
+      auto accounts = remat::worker::ReadSlurmUserAccounts(slurm_user_accounts);
+      if (!accounts.ok()) return Fail(2, std::string(accounts.status().message()));
+      slurm.user_accounts = *accounts;
+    }
   } else if (app.count("--slurm-partition") + app.count("--slurm-account") +
+                 app.count("--slurm-user-accounts") + app.count("--slurm-poll-interval") +
                  app.count("--slurm-qos") + app.count("--slurm-time-limit") +
                  app.count("--slurm-gpus-per-node") + app.count("--slurm-arg") > 0) {
     return Fail(2, "--slurm-*: only with --executor slurm");
