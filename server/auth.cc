@@ -89,15 +89,19 @@ std::string_view Strip(std::string_view s) {
   return s;
 }
 
-// The token of "Bearer TOKEN" (scheme case-insensitive), or "".
-std::string_view BearerToken(std::string_view authorization) {
+// The rest of "SCHEME VALUE" when `authorization` uses `scheme` ("bearer ", "munge ";
+// case-insensitive), or "".
+std::string_view SchemeValue(std::string_view authorization, std::string_view scheme) {
   authorization = Strip(authorization);
-  constexpr std::string_view kScheme = "bearer ";
-  if (authorization.size() <= kScheme.size()) return {};
-  for (size_t i = 0; i < kScheme.size(); ++i) {
-    if (absl::ascii_tolower(static_cast<unsigned char>(authorization[i])) != kScheme[i]) return {};
+  if (authorization.size() <= scheme.size()) return {};
+  for (size_t i = 0; i < scheme.size(); ++i) {
+    if (absl::ascii_tolower(static_cast<unsigned char>(authorization[i])) != scheme[i]) return {};
   }
-  return Strip(authorization.substr(kScheme.size()));
+  return Strip(authorization.substr(scheme.size()));
+}
+
+std::string_view BearerToken(std::string_view authorization) {
+  return SchemeValue(authorization, "bearer ");
 }
 
 std::string CredentialOf(const std::string& token) {
@@ -144,6 +148,18 @@ size_t Authenticator::worker_token_count() const { return Snapshot()->workers.si
 absl::StatusOr<Principal> Authenticator::Check(Role role, std::string_view authorization) const {
   const bool enabled = role == Role::kUser ? users_enabled() : workers_enabled();
   if (!enabled) return Principal::Anonymous();
+  if (const std::string_view credential = SchemeValue(authorization, "munge ");
+      !credential.empty()) {
+    if (role != Role::kUser || !munge_enabled_) {
+      return absl::UnauthenticatedError(
+          role == Role::kUser ? "MUNGE credentials are not accepted here (rematd --munge-socket)"
+                              : "workers authenticate with tokens, not MUNGE credentials");
+    }
+    std::string error;
+    const std::string user = common::MungeDecodeUser(munge_, std::string(credential), &error);
+    if (user.empty()) return absl::UnauthenticatedError("MUNGE credential refused: " + error);
+    return Principal::User(user);
+  }
   const std::string token(BearerToken(authorization));
   if (token.empty()) {
     return absl::UnauthenticatedError("missing bearer token (metadata authorization: Bearer TOKEN)");
@@ -169,6 +185,11 @@ absl::StatusOr<Principal> Authenticator::Check(Role role, std::string_view autho
     }
   }
   return absl::UnauthenticatedError("invalid bearer token");
+}
+
+void Authenticator::SetMunge(common::MungeOptions munge) {
+  munge_enabled_ = true;
+  munge_ = std::move(munge);
 }
 
 void Authenticator::AddUserToken(const std::string& token, const std::string& user, bool admin) {

@@ -5,7 +5,11 @@
 //   users:   "TOKEN USER [admin]"  (the user owns the searches it submits; "admin" also lists,
 //                                   watches and cancels every user's searches)
 //   workers: "TOKEN [NAME]"        (NAME defaults to "worker"; used in logs)
-// Callers send the metadata "authorization: Bearer TOKEN".
+// Callers send the metadata "authorization: Bearer TOKEN". With MUNGE enabled (SetMunge; rematd
+// --munge-socket), a user may instead send "authorization: Munge CREDENTIAL": a credential the
+// cluster's munged made for the caller's uid (remat --munge); the user is the name of that uid,
+// the same name a token line would give, never an admin (admins hold tokens). Each credential
+// decodes once (munged refuses replays) and within its TTL.
 //
 // With a kind's file unset, that kind needs no token (the local default). With it set, a call
 // without a valid token is UNAUTHENTICATED, and a valid token of the other kind is
@@ -22,6 +26,7 @@
 #include <unordered_map>
 
 #include "absl/status/statusor.h"
+#include "common/munge.h"
 
 namespace remat::server {
 
@@ -65,6 +70,11 @@ class Authenticator {
   static absl::StatusOr<Authenticator> Load(const std::string& user_tokens_file,
                                             const std::string& worker_tokens_file);
 
+  // Accept MUNGE credentials from users (see above): user auth is then on, with or without a
+  // token file. Setup only.
+  void SetMunge(common::MungeOptions munge);
+  bool munge_enabled() const { return munge_enabled_; }
+
   // Reads the files Load read again and, when they are valid, swaps them in as one (calls in
   // flight finish with the tokens they were checked against). On any error the tokens in use
   // stay as they were and the error (as from Load) is returned. Files Load was not given stay
@@ -75,7 +85,9 @@ class Authenticator {
   // UNAUTHENTICATED / PERMISSION_DENIED.
   absl::StatusOr<Principal> Check(Role role, std::string_view authorization) const;
 
-  bool users_enabled() const { return !user_tokens_file_.empty() || users_seeded_; }
+  bool users_enabled() const {
+    return !user_tokens_file_.empty() || users_seeded_ || munge_enabled_;
+  }
   bool workers_enabled() const { return !worker_tokens_file_.empty() || workers_seeded_; }
   // Tokens in use now, per kind (logs).
   size_t user_token_count() const;
@@ -100,6 +112,8 @@ class Authenticator {
   std::string user_tokens_file_;
   std::string worker_tokens_file_;
   bool users_seeded_ = false;
+  bool munge_enabled_ = false;
+  common::MungeOptions munge_;
   bool workers_seeded_ = false;
   // Replaced as a whole by Reload; read with std::atomic_load so Check never locks.
   std::shared_ptr<const Tokens> tokens_;

@@ -42,6 +42,9 @@ struct CoordinatorOptions {
   // "" = no auth for users. Otherwise lines "TOKEN USER [admin]" ('#' comments, blank lines
   // ignored); an admin lists, watches and cancels every user's searches (auth.h).
   std::string user_tokens_file;
+  // Set: users may also authenticate with a MUNGE credential (remat --munge), decoded by the
+  // munged behind this socket (the cluster's, sharing its key); see auth.h. "" = no MUNGE.
+  std::string munge_socket;
   // "" = no auth for workers. Otherwise lines "TOKEN [NAME]".
   std::string worker_tokens_file;
   // Both set = serve TLS with this certificate chain and private key (PEM files).

@@ -41,6 +41,9 @@ static int RealMain(int argc, char** argv) {
   app.add_option("--worker-tokens", options.worker_tokens_file,
                  "file of \"TOKEN [NAME]\" lines: workers must send a bearer token (SIGHUP "
                  "reloads it)");
+  app.add_option("--munge-socket", options.munge_socket,
+                 "also accept users' MUNGE credentials (remat --munge), decoded by the munged "
+                 "of this socket, e.g. /run/munge/munge.socket.2");
   app.add_option("--tls-cert", options.tls_cert_file, "PEM certificate chain (serve TLS)");
   app.add_option("--tls-key", options.tls_key_file, "PEM private key (serve TLS)");
   app.add_option("--heartbeat-interval", options.heartbeat_interval_s,

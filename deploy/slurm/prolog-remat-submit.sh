@@ -24,9 +24,15 @@
 # sets its own (REMAT_PROLOG_PATH, for a Slurm installed under /opt, say) before anything runs.
 #
 # The search belongs to the job's user: `remat submit` runs as that user (setpriv; the prolog
-# runs as root), in the job's working directory, with that user's token taken from the
-# coordinator's user-token file. So the spec is read with the user's rights, never root's, and
-# `remat get ID` works for the user. The search id is in the job's comment:
+# runs as root), in the job's working directory. Its identity, one of:
+#   - MUNGE (REMAT_MUNGE_SOCKET; recommended): `remat submit --munge` makes a credential as the
+#     user through munged, which every Slurm node runs already; rematd (--munge-socket, on a
+#     host sharing the cluster's munge key) decodes it to the user. No secret of any user is
+#     stored on the controller.
+#   - tokens (REMAT_USER_TOKENS): the user's token from a copy of rematd's user-token file,
+#     readable by SlurmUser: the controller then holds every user's secret.
+# So the spec is read with the user's rights, never root's, and `remat get ID` works for the
+# user. The search id is in the job's AdminComment:
 #   scontrol show job $SLURM_JOB_ID | grep -o 'remat:search=[^ ]*'      (in AdminComment)
 #
 # It never fails or delays the job beyond REMAT_PROLOG_TIMEOUT: every outcome is logged with its
@@ -34,7 +40,10 @@
 #
 # Settings (in /etc/default/remat-prolog, or the environment):
 #   REMAT_COORDINATOR      host:port of rematd                                     (required)
-#   REMAT_USER_TOKENS      rematd's --user-tokens file ("TOKEN USER" lines); unset: submit
+#   REMAT_MUNGE_SOCKET     submit with a MUNGE credential of the job's user, made through this
+#                          munged socket (e.g. /run/munge/munge.socket.2); rematd needs
+#                          --munge-socket. Takes precedence over REMAT_USER_TOKENS.
+#   REMAT_USER_TOKENS      rematd's --user-tokens file ("TOKEN USER" lines); neither set: submit
 #                          without a token (a coordinator without user auth)
 #   REMAT_BIN              the remat CLI                     (default: /usr/bin/remat)
 #   REMAT_SUBMIT_ARGS      extra flags for remat submit, e.g. --tls-ca /etc/remat/ca.crt
@@ -124,7 +133,9 @@ main() {
   fi
   local user="${SLURM_JOB_USER:-}"
   local token=""
-  if [ -n "${REMAT_USER_TOKENS:-}" ]; then
+  if [ -n "${REMAT_MUNGE_SOCKET:-}" ]; then
+    :  # the user's identity comes from munged (below), no token
+  elif [ -n "${REMAT_USER_TOKENS:-}" ]; then
     if [ ! -r "$REMAT_USER_TOKENS" ]; then
       log "cannot read REMAT_USER_TOKENS=$REMAT_USER_TOKENS; not submitting $spec"
       rmdir "$mark"
@@ -146,6 +157,7 @@ main() {
   fi
   local bin="${REMAT_BIN:-/usr/bin/remat}"
   local -a args=(submit --coordinator "$REMAT_COORDINATOR" --timeout 10)
+  [ -n "${REMAT_MUNGE_SOCKET:-}" ] && args+=(--munge --munge-socket "$REMAT_MUNGE_SOCKET")
   # shellcheck disable=SC2206
   [ -n "${REMAT_SUBMIT_ARGS:-}" ] && args+=(${REMAT_SUBMIT_ARGS})
   args+=(-- "$spec")  # the user's word is the spec, never a flag

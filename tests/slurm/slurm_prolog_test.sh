@@ -31,6 +31,7 @@ fi
 T=$(mktemp -d /tmp/remat-slurm-prolog.XXXXXX)
 chmod 0755 "$T"
 rematd_pid=""
+rematd_args=()
 cleanup() {
   slurm_cluster_stop
   [ -n "$rematd_pid" ] && kill "$rematd_pid" 2>/dev/null && wait "$rematd_pid" 2>/dev/null
@@ -55,7 +56,7 @@ start_rematd() {  # a fresh database each time; its address in $addr and $T/coor
   # (the old output too: the new process truncates it only once it runs, after we may read it)
   rm -f "$T"/rematd.db* "$T/rematd.out"
   "$build/bin/rematd" --listen 127.0.0.1:0 --db "$T/rematd.db" --user-tokens "$T/users.tokens" \
-    --log-level warn > "$T/rematd.out" 2> "$T/rematd.err" &
+    --log-level warn "${rematd_args[@]}" > "$T/rematd.out" 2> "$T/rematd.err" &
   rematd_pid=$!
   addr=""
   for _ in $(seq 1 100); do
@@ -196,11 +197,16 @@ grep "job $job:" "$T/prolog.log" | grep -q "failed (exit" || fail "no log line f
 [ "$(scontrol show job "$job" | sed -n 's/^ *Comment=//p' | sed 's/[[:space:]]*$//')" = "remat:spec=spec.yaml" ] ||
   fail "comment of job $job changed"
 pass "coordinator down: job $job ran, node $node_state, logged: $(grep "job $job:" "$T/prolog.log" | sed 's/.*remat-prolog //')"
-# 5. The same prolog as the node Prolog (it runs on every node of a job, as root): a fresh
-# cluster, the coordinator back; the job's first node submits, once.
+# 5. The same prolog as the node Prolog (it runs on every node of a job, as root), and with the
+# user's identity from MUNGE instead of a token file: a fresh cluster, rematd taking the
+# cluster's munge credentials (--munge-socket), the prolog given no token file at all; the
+# job's first node submits, once, as the job's user.
 slurm_cluster_stop
 rm -rf "$T/slurm" "$T/prolog-state"
+sed -i "s#REMAT_USER_TOKENS=\"$T/users.tokens\"#REMAT_MUNGE_SOCKET=\"$T/slurm/munge/munge.socket\"#" "$T/prolog.sh"
+grep -q REMAT_USER_TOKENS "$T/prolog.sh" && fail "the prolog still gets the token file"
 slurm_cluster_start "$T/slurm" "" "Prolog=$T/prolog.sh" || fail "Slurm did not start with a node Prolog"
+rematd_args=(--munge-socket "$MUNGE_SOCKET")
 start_rematd
 job=$(as_nobody sbatch --parsable --chdir="$T/jobs" -o /dev/null \
         --comment="node prolog remat:spec=spec.yaml" --wrap true)
@@ -208,7 +214,13 @@ wait_job "$job" COMPLETED
 [ "$(search_ids | wc -l)" -eq 1 ] || fail "node Prolog: searches $(search_ids | tr '\n' ' ')"
 id=$(search_ids)
 [ "$(admin_comment "$job")" = "remat:search=$id" ] || fail "AdminComment is '$(admin_comment "$job")'"
-pass "node Prolog: job $job ran, search $id submitted once for nobody, AdminComment 'remat:search=$id'"
+pass "node Prolog with MUNGE: job $job ran, search $id submitted once for nobody (no token file on the controller), AdminComment 'remat:search=$id'"
+# A MUNGE credential counts once: the same credential sent again is refused (munged detects
+# the replay), so a credential seen on the wire cannot be used by someone else.
+cred=$(runuser -u nobody -- munge -n -S "$MUNGE_SOCKET") || fail "munge -n as nobody failed"
+/usr/bin/python3 "$src/tests/slurm/munge_replay.py" "$addr" "$cred" "$build/clients/python" \
+  > "$T/replay.out" 2>&1 || fail "MUNGE replay: $(cat "$T/replay.out")"
+pass "a replayed MUNGE credential is refused: $(tail -n 1 "$T/replay.out")"
 
 echo "--- prolog log"
 cat "$T/prolog.log"
