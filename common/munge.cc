@@ -154,7 +154,17 @@ std::string MungeDecodeUser(const MungeOptions& options, const std::string& cred
   if (!options.socket.empty()) argv.push_back("--socket=" + options.socket);
   Outcome o = Run(argv, credential + "\n", options.timeout_s);
   if (!o.started || o.timed_out || o.exit_code != 0) {
-    // unmunge says why on stderr ("unmunge: Error: Expired credential").
+    // unmunge says why in its STATUS line ("STATUS: Replayed credential (17)"), or on stderr.
+    std::istringstream lines(o.out);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.rfind("STATUS:", 0) != 0) continue;
+      const size_t start = line.find_first_not_of(' ', 7);
+      if (start != std::string::npos) {
+        *error = "munged says: " + line.substr(start);
+        return "";
+      }
+    }
     *error = Failure(options.unmunge, o, options.timeout_s);
     return "";
   }
