@@ -64,6 +64,8 @@ struct ClientFlags {
     if (options->coordinator.empty()) {
       return Fail(2, "--coordinator: required (HOST:PORT, or set REMAT_COORDINATOR)");
     }
+    if (!munge_socket.empty() && !munge) return Fail(2, "--munge-socket: only with --munge");
+    if (munge && !token_file.empty()) return Fail(2, "--munge: not with --token-file");
     if (!token_file.empty()) {
       auto token = ReadFile(token_file);
       if (!token) return Fail(2, "--token-file: cannot read " + token_file);
@@ -72,8 +74,6 @@ struct ClientFlags {
     } else if (const char* env = getenv("REMAT_TOKEN")) {
       options->token = std::string(absl::StripAsciiWhitespace(env));
     }
-    if (!munge_socket.empty() && !munge) return Fail(2, "--munge-socket: only with --munge");
-    if (munge && !token_file.empty()) return Fail(2, "--munge: not with --token-file");
     options->munge = munge;
     options->munge_socket = munge_socket;
     if (munge) options->token.clear();  // REMAT_TOKEN does not apply
