@@ -253,8 +253,10 @@ grpc::ServerWriteReactor<v1::SearchProgress>* RematServiceImpl::WatchSearch(
     reactor->Refuse(who.status());
     return reactor;
   }
-  const absl::Status begun = reactor->Begin(*who, request->id());
-  Audit(*who, "WatchSearch", request->id(), begun);
+  // A copy: once Begin has written a final update the call may end, and `request` with it.
+  const std::string id = request->id();
+  const absl::Status begun = reactor->Begin(*who, id);
+  Audit(*who, "WatchSearch", id, begun);
   return reactor;
 }
 
