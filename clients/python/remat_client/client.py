@@ -241,7 +241,7 @@ class Client:
         return _state_name(r.state)
 
     def list(self, limit=100):
-        """The caller's searches, newest first, as dicts."""
+        """The caller's searches (an admin's token: every user's), newest first, as dicts."""
         r = self._call(self._stub.ListSearches, remat_pb2.ListSearchesRequest(limit=limit),
                        timeout=self.timeout)
         return [_to_dict(x) for x in r.searches]
