@@ -277,7 +277,8 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
   cancel->add_option("ID", id, "search id")->required();
   client.AddTo(cancel);
 
-  CLI::App* list = app.add_subcommand("list", "list your searches (every user's with an admin token)");
+  CLI::App* list =
+      app.add_subcommand("list", "list your searches (every user's with an admin token)");
   list->add_option("--limit", limit, "at most this many")->check(CLI::PositiveNumber);
   client.AddTo(list);
 
