@@ -1,5 +1,6 @@
 // What the programs' mains share: the error line and exit code, the folder of the running
-// program, and SIGINT/SIGTERM (SIGHUP: reload) taken by one thread (reading a whole file: common/read_file.h).
+// program, and SIGINT/SIGTERM (SIGHUP: reload) taken by one thread (reading a whole file:
+// common/read_file.h).
 // Standard library and POSIX only (no gRPC, no LibTorch), so every main can link it, remat-trial
 // included.
 #pragma once
