@@ -286,8 +286,8 @@ TEST_F(OperatorTest, RpcMetricsCarryTheStatusCodeAndTheProcessSeriesExist) {
     body = HttpGet(coordinator_->metrics_port(), "/metrics");
     if (body.find("remat_watch_streams 0\n") != std::string::npos &&
         body.find("method=\"WatchSearch\"") != std::string::npos &&
-        body.find("remat_rpc_duration_seconds_count{code=\"CANCELLED\",method=\"WatchSearch\"} 1") !=
-            std::string::npos) {
+        body.find("remat_rpc_duration_seconds_count{code=\"CANCELLED\",method=\"WatchSearch\"} "
+                  "1") != std::string::npos) {
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
