@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "client/channel.h"
+#include "common/munge.h"
 #include "remat/v1/remat.grpc.pb.h"
 
 namespace remat::cli {
@@ -70,7 +71,9 @@ class GrpcRematClient : public RematClient {
     double backoff_s = 0.2;
     while (true) {
       grpc::ClientContext context;
-      Prepare(&context, /*deadline=*/false);
+      if (absl::Status prepared = Prepare(&context, /*deadline=*/false); !prepared.ok()) {
+        return prepared;
+      }
       v1::WatchSearchRequest request;
       request.set_id(id);
       std::unique_ptr<grpc::ClientReader<v1::SearchProgress>> reader =
@@ -125,20 +128,36 @@ class GrpcRematClient : public RematClient {
   template <typename Response, typename Call>
   absl::StatusOr<Response> Unary(const Call& call) {
     grpc::ClientContext context;
-    Prepare(&context, /*deadline=*/true);
+    if (absl::Status prepared = Prepare(&context, /*deadline=*/true); !prepared.ok()) {
+      return prepared;
+    }
     Response response;
     grpc::Status s = call(&context, &response);
     if (!s.ok()) return FromGrpc(s);
     return response;
   }
 
-  void Prepare(grpc::ClientContext* context, bool deadline) {
+  // The deadline and the caller's credentials; FailedPrecondition when no MUNGE credential can
+  // be made (a credential decodes once, so each call gets its own).
+  absl::Status Prepare(grpc::ClientContext* context, bool deadline) {
     if (deadline) {
       context->set_deadline(
           std::chrono::system_clock::now() +
           std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_s * 1000)));
     }
-    if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
+    if (options_.munge) {
+      common::MungeOptions munge;
+      munge.socket = options_.munge_socket;
+      std::string error;
+      const std::string credential = common::MungeEncode(munge, &error);
+      if (credential.empty()) {
+        return absl::FailedPreconditionError("--munge: no credential: " + error);
+      }
+      context->AddMetadata("authorization", "Munge " + credential);
+    } else if (!options_.token.empty()) {
+      context->AddMetadata("authorization", "Bearer " + options_.token);
+    }
+    return absl::OkStatus();
   }
 
   ClientOptions options_;

@@ -22,6 +22,11 @@ namespace v1 = ::remat::v1;
 struct ClientOptions {
   std::string coordinator;  // HOST:PORT
   std::string token;        // user bearer token ("authorization: Bearer <token>"); "" none
+  // Instead of a token: a fresh MUNGE credential for each call ("authorization: Munge <cred>"),
+  // made by munge through this socket ("" = munge's default). Needs munge on this host and a
+  // coordinator started with --munge-socket (common/munge.h).
+  bool munge = false;
+  std::string munge_socket;
   bool tls = false;         // TLS; tls_ca_pem "" means the system's roots
   std::string tls_ca_pem;
   double timeout_s = 30;  // deadline of each unary call

@@ -36,6 +36,8 @@ struct ClientFlags {
   std::string token_file;
   std::string tls_ca;
   bool tls = false;
+  bool munge = false;
+  std::string munge_socket;
   double timeout_s = 30;
 
   void AddTo(CLI::App* app) {
@@ -43,6 +45,11 @@ struct ClientFlags {
                     "the coordinator, HOST:PORT (default: env REMAT_COORDINATOR)");
     app->add_option("--token-file", token_file,
                     "file holding your bearer token (default: env REMAT_TOKEN)");
+    app->add_flag("--munge", munge,
+                  "authenticate with a MUNGE credential of the user running remat instead of a "
+                  "token (a coordinator started with --munge-socket)");
+    app->add_option("--munge-socket", munge_socket,
+                    "with --munge: munged's socket (default: munge's own)");
     app->add_flag("--tls", tls, "connect with TLS (system roots unless --tls-ca)");
     app->add_option("--tls-ca", tls_ca, "PEM file of the CA that signed the coordinator's cert");
     app->add_option("--timeout", timeout_s, "deadline of each call, seconds")
@@ -58,6 +65,8 @@ struct ClientFlags {
     if (options->coordinator.empty()) {
       return Fail(2, "--coordinator: required (HOST:PORT, or set REMAT_COORDINATOR)");
     }
+    if (!munge_socket.empty() && !munge) return Fail(2, "--munge-socket: only with --munge");
+    if (munge && !token_file.empty()) return Fail(2, "--munge: not with --token-file");
     if (!token_file.empty()) {
       auto token = ReadFile(token_file);
       if (!token) return Fail(2, "--token-file: cannot read " + token_file);
@@ -66,6 +75,9 @@ struct ClientFlags {
     } else if (const char* env = getenv("REMAT_TOKEN")) {
       options->token = std::string(absl::StripAsciiWhitespace(env));
     }
+    options->munge = munge;
+    options->munge_socket = munge_socket;
+    if (munge) options->token.clear();  // REMAT_TOKEN does not apply
     options->tls = tls || !tls_ca.empty();
     if (!tls_ca.empty()) {
       auto pem = ReadFile(tls_ca);
@@ -269,7 +281,8 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
   cancel->add_option("ID", id, "search id")->required();
   client.AddTo(cancel);
 
-  CLI::App* list = app.add_subcommand("list", "list searches");
+  CLI::App* list =
+      app.add_subcommand("list", "list your searches (every user's with an admin token)");
   list->add_option("--limit", limit, "at most this many")->check(CLI::PositiveNumber);
   client.AddTo(list);
 

@@ -14,11 +14,12 @@
 namespace remat::common {
 namespace {
 
-sigset_t StopSet() {
+sigset_t StopSet(bool with_hangup) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  if (with_hangup) sigaddset(&set, SIGHUP);
   return set;
 }
 
@@ -75,8 +76,8 @@ std::string SelfDir() {
   return ec ? std::string(".") : self.parent_path().string();
 }
 
-StopSignals::StopSignals() {
-  const sigset_t set = StopSet();
+StopSignals::StopSignals(Hangup hangup) : take_hangup_(hangup == kReloadOnHangup) {
+  const sigset_t set = StopSet(take_hangup_);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 }
@@ -88,14 +89,18 @@ void StopSignals::Finish() {
   if (waiter_.joinable()) waiter_.join();
 }
 
-void StopSignals::OnStop(std::function<void(int)> on_stop) {
-  waiter_ = std::thread([this, on_stop = std::move(on_stop)] {
-    const sigset_t set = StopSet();
+void StopSignals::OnStop(std::function<void(int)> on_stop, std::function<void()> on_reload) {
+  waiter_ = std::thread([this, on_stop = std::move(on_stop), on_reload = std::move(on_reload)] {
+    const sigset_t set = StopSet(take_hangup_);
     // A short timed wait rather than sigwait, so the destructor ends the waiter by a flag, with
     // no signal sent to the process.
     const timespec tick{0, 100 * 1000 * 1000};
     while (!done_.load()) {
       const int sig = sigtimedwait(&set, nullptr, &tick);
+      if (sig == SIGHUP) {
+        if (on_reload && !done_.load()) on_reload();
+        continue;
+      }
       if (sig > 0) {
         if (!done_.load()) on_stop(sig);
         return;

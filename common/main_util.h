@@ -1,5 +1,6 @@
 // What the programs' mains share: the error line and exit code, the folder of the running
-// program, and SIGINT/SIGTERM taken by one thread (reading a whole file: common/read_file.h).
+// program, and SIGINT/SIGTERM (SIGHUP: reload) taken by one thread (reading a whole file:
+// common/read_file.h).
 // Standard library and POSIX only (no gRPC, no LibTorch), so every main can link it, remat-trial
 // included.
 #pragma once
@@ -30,35 +31,42 @@ int GuardedMain(const std::function<int()>& body);
 // Programs find their siblings there (remat-worker's remat-trial).
 std::string SelfDir();
 
-// SIGINT and SIGTERM taken by one thread. Construct it first thing in main, before any other
-// thread starts: the constructor blocks both signals in the calling thread, so every thread
-// started later inherits them blocked and only the waiter sees them; SIGPIPE is ignored (a
-// closed socket or pipe is an error return, not the end of the program).
+// SIGINT and SIGTERM (and, when asked, SIGHUP) taken by one thread. Construct it first thing in
+// main, before any other thread starts: the constructor blocks the signals in the calling
+// thread, so every thread started later inherits them blocked and only the waiter sees them;
+// SIGPIPE is ignored (a closed socket or pipe is an error return, not the end of the program).
 //
-//   common::StopSignals signals;
+//   common::StopSignals signals(common::StopSignals::kReloadOnHangup);
 //   ... start servers ...
-//   signals.OnStop([&](int sig) { server->Shutdown(); });
+//   signals.OnStop([&](int sig) { server->Shutdown(); }, [&] { server->Reload(); });
 //   server->Wait();
-//   signals.Finish();  // before what on_stop uses goes away
+//   signals.Finish();  // before what on_stop and on_reload use goes away
 //
-// Thread-safety: construct, OnStop and destroy from one thread; on_stop runs on the waiter.
+// Without kReloadOnHangup SIGHUP keeps its default action (a hang-up ends the program), as an
+// interactive program's should.
+//
+// Thread-safety: construct, OnStop and destroy from one thread; the callbacks run on the waiter.
 class StopSignals {
  public:
-  StopSignals();
+  enum Hangup { kHangupEnds, kReloadOnHangup };
+
+  explicit StopSignals(Hangup hangup = kHangupEnds);
   ~StopSignals();  // Finish()
 
-  // Stops waiting and joins the waiter: on_stop is not called after this returns (a signal that
+  // Stops waiting and joins the waiter: no callback runs after this returns (a signal that
   // comes later stays blocked). Idempotent.
   void Finish();
 
   // Starts the waiter: on the first SIGINT or SIGTERM it calls on_stop(signal) once, then ends.
-  // Call at most once.
-  void OnStop(std::function<void(int)> on_stop);
+  // With kReloadOnHangup, each SIGHUP before that calls on_reload (when given; a SIGHUP without
+  // it is ignored). Call at most once.
+  void OnStop(std::function<void(int)> on_stop, std::function<void()> on_reload = nullptr);
 
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
  private:
+  bool take_hangup_;
   std::atomic<bool> done_{false};
   std::thread waiter_;
 };

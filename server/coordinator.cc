@@ -6,6 +6,8 @@
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 
+#include <unistd.h>
+
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -129,6 +131,15 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   auto impl = std::make_unique<Impl>(std::move(options));
   REMAT_ASSIGN_OR_RETURN(impl->auth_, Authenticator::Load(impl->options_.user_tokens_file,
                                                           impl->options_.worker_tokens_file));
+  if (!impl->options_.munge_socket.empty()) {
+    if (access(impl->options_.munge_socket.c_str(), F_OK) != 0) {
+      return absl::InvalidArgumentError("munge-socket: " + impl->options_.munge_socket +
+                                        " does not exist (is munged running?)");
+    }
+    common::MungeOptions munge;
+    munge.socket = impl->options_.munge_socket;
+    impl->auth_.SetMunge(munge);
+  }
   REMAT_ASSIGN_OR_RETURN(impl->store_, OpenSqliteStore(impl->options_.db_path));
   impl->metrics_ = std::make_unique<Metrics>(impl->options_.version);
   return std::unique_ptr<Coordinator>(new Coordinator(std::move(impl)));
@@ -241,7 +252,9 @@ absl::Status Coordinator::Start() {
   const std::string host = o.listen.substr(0, o.listen.rfind(':'));
   im.log_->info("listening on {}:{} (gRPC{}{}{}), database {}, metrics {}", host, im.port_,
                 o.tls_cert_file.empty() ? "" : ", TLS",
-                im.auth_.users_enabled() ? ", user tokens" : "",
+                im.auth_.users_enabled()
+                    ? (im.auth_.munge_enabled() ? ", user tokens or MUNGE" : ", user tokens")
+                    : "",
                 im.auth_.workers_enabled() ? ", worker tokens" : "", o.db_path,
                 im.metrics_port_ ? absl::StrCat("on port ", im.metrics_port_) : "off");
   if (im.health_port_) im.log_->info("plaintext health service on port {}", im.health_port_);
@@ -300,6 +313,25 @@ void Coordinator::Wait() {
   Impl& im = *impl_;
   std::unique_lock<std::mutex> lock(im.mu_);
   im.cv_.wait(lock, [&im] { return im.stopped_; });
+}
+
+absl::Status Coordinator::ReloadTokens() {
+  Impl& im = *impl_;
+  if (!im.auth_.users_enabled() && !im.auth_.workers_enabled()) {
+    im.log_->info("reload: no token files to read (rematd runs without --user-tokens and "
+                  "--worker-tokens)");
+    return absl::OkStatus();
+  }
+  absl::Status reloaded = im.auth_.Reload();
+  if (!reloaded.ok()) {
+    im.log_->error("reload: {}; keeping the {} user and {} worker tokens in use",
+                   std::string(reloaded.message()), im.auth_.user_token_count(),
+                   im.auth_.worker_token_count());
+    return reloaded;
+  }
+  im.log_->info("reload: token files read again: {} user and {} worker tokens",
+                im.auth_.user_token_count(), im.auth_.worker_token_count());
+  return absl::OkStatus();
 }
 
 void Coordinator::RunExpiryForTest() {

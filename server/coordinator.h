@@ -39,8 +39,12 @@ struct CoordinatorOptions {
   // main server's status: probes that cannot speak TLS (kubelet's) use it while `listen` serves
   // TLS. It answers nothing else, so it exposes no API. "" = none. Port 0 = free port.
   std::string health_listen;
-  // "" = no auth for users. Otherwise lines "TOKEN USER" ('#' comments, blank lines ignored).
+  // "" = no auth for users. Otherwise lines "TOKEN USER [admin]" ('#' comments, blank lines
+  // ignored); an admin lists, watches and cancels every user's searches (auth.h).
   std::string user_tokens_file;
+  // Set: users may also authenticate with a MUNGE credential (remat --munge), decoded by the
+  // munged behind this socket (the cluster's, sharing its key); see auth.h. "" = no MUNGE.
+  std::string munge_socket;
   // "" = no auth for workers. Otherwise lines "TOKEN [NAME]".
   std::string worker_tokens_file;
   // Both set = serve TLS with this certificate chain and private key (PEM files).
@@ -116,6 +120,13 @@ class Coordinator {
 
   // Blocks until Shutdown has completed.
   void Wait();
+
+  // Reads the token files again (rematd does on SIGHUP): new, changed and removed tokens take
+  // effect for the next call; calls and streams in flight are not interrupted. A file that is
+  // now missing, empty or malformed changes nothing: the tokens in use stay and the error
+  // (InvalidArgument naming the file and line) is returned and logged. Without token files it
+  // does nothing. May be called from any thread after Create.
+  absl::Status ReloadTokens();
 
   // Tests with an injected clock: expire leases of workers silent past lease_timeout_s now.
   void RunExpiryForTest();

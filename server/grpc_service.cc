@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "search/text.h"
 #include "server/logging.h"
 
@@ -31,31 +32,52 @@ absl::StatusOr<Principal> Authorize(grpc::CallbackServerContext* ctx, const Auth
   return who;
 }
 
-// Runs `body` (returning absl::StatusOr<Response>) for an authorized caller and finishes the
-// call with its answer.
 using RpcClock = std::chrono::steady_clock;
 
-void Observe(Metrics* metrics, const char* method, RpcClock::time_point start) {
+void Observe(Metrics* metrics, const char* method, RpcClock::time_point start,
+             absl::StatusCode code) {
   if (metrics != nullptr) {
-    metrics->ObserveRpc(method, std::chrono::duration<double>(RpcClock::now() - start).count());
+    metrics->ObserveRpc(method, code,
+                        std::chrono::duration<double>(RpcClock::now() - start).count());
   }
 }
 
+// An operator's call on searches (an admin user: auth.h) leaves one line in the log of
+// "rematd.audit": who, what, on which search, and how it ended. `target` is the search id, or ""
+// for a call on every user's searches (ListSearches).
+void Audit(const Principal& who, const char* method, const std::string& target,
+           const absl::Status& status) {
+  if (!who.admin) return;
+  static const std::shared_ptr<spdlog::logger> log = ComponentLogger("audit");
+  log->info("admin {} {} {}: {}", who.name, method,
+            target.empty() ? std::string("(every user's searches)") : "search " + target,
+            status.ok() ? std::string("OK")
+                        : absl::StrCat(absl::StatusCodeToString(status.code()), " (",
+                                       status.message(), ")"));
+}
+
+// Runs `body` (returning absl::StatusOr<Response>) for an authorized caller and finishes the
+// call with its answer. Every call is timed under its final code, refusals included. With
+// `audit_target` set, an admin's call is audited (Audit).
 template <typename Response, typename Body>
 grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const Authenticator* auth,
                                 Metrics* metrics, const char* method, Role role,
-                                Response* response, Body body, RateLimiter* limiter = nullptr) {
+                                Response* response, Body body, RateLimiter* limiter = nullptr,
+                                const std::string* audit_target = nullptr) {
   const auto start = RpcClock::now();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   auto who = Authorize(ctx, auth, role, limiter);
   if (!who.ok()) {
     reactor->Finish(ToGrpcStatus(who.status()));
+    Observe(metrics, method, start, who.status().code());
     return reactor;
   }
   absl::StatusOr<Response> result = body(*who);
   if (result.ok()) *response = std::move(*result);
+  // Audited before the answer leaves: once a caller has its reply, the line is in the log.
+  if (audit_target != nullptr) Audit(*who, method, *audit_target, result.status());
   reactor->Finish(ToGrpcStatus(result.status()));
-  Observe(metrics, method, start);
+  Observe(metrics, method, start, result.status().code());
   return reactor;
 }
 
@@ -85,11 +107,14 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::SearchProgress> {
     WatchReactor* reactor = nullptr;  // null once the stream is done
   };
 
-  WatchReactor(Scheduler* scheduler, std::shared_ptr<Core> core)
-      : scheduler_(scheduler), core_(std::move(core)) {}
+  WatchReactor(Scheduler* scheduler, std::shared_ptr<Core> core, Metrics* metrics)
+      : scheduler_(scheduler), core_(std::move(core)), metrics_(metrics) {
+    if (metrics_ != nullptr) metrics_->WatchStreams(1);
+  }
 
-  // Starts the stream: registers the watcher (or finishes with the error).
-  void Begin(const Principal& who, const std::string& id) {
+  // Starts the stream: registers the watcher (or finishes with the error). Returns whether
+  // the watch was admitted.
+  absl::Status Begin(const Principal& who, const std::string& id) {
     std::weak_ptr<Core> weak = core_;
     auto handle = scheduler_->Watch(who, id, [weak] {
       if (auto core = weak.lock()) {
@@ -100,10 +125,17 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::SearchProgress> {
     std::lock_guard<std::mutex> lock(core_->mu);
     if (!handle.ok()) {
       FinishLocked(ToGrpcStatus(handle.status()));
-      return;
+      return handle.status();
     }
     handle_ = *handle;
     PumpLocked();
+    return absl::OkStatus();
+  }
+
+  // A refused stream (authentication, rate limit): finished before it began.
+  void Refuse(const absl::Status& status) {
+    std::lock_guard<std::mutex> lock(core_->mu);
+    FinishLocked(ToGrpcStatus(status));
   }
 
   void OnWriteDone(bool ok) override {
@@ -131,6 +163,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::SearchProgress> {
       core_->reactor = nullptr;
     }
     if (handle_ != 0) scheduler_->Unwatch(handle_);
+    if (metrics_ != nullptr) metrics_->WatchStreams(-1);
+    Observe(metrics_, "WatchSearch", start_, code_);
     delete this;
   }
 
@@ -160,11 +194,15 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::SearchProgress> {
   void FinishLocked(const grpc::Status& status) {
     if (finished_) return;
     finished_ = true;
+    code_ = static_cast<absl::StatusCode>(status.error_code());
     Finish(status);
   }
 
   Scheduler* scheduler_;
   std::shared_ptr<Core> core_;
+  Metrics* metrics_;
+  const RpcClock::time_point start_ = RpcClock::now();
+  absl::StatusCode code_ = absl::StatusCode::kOk;  // what the stream finished with
   uint64_t handle_ = 0;
   v1::SearchProgress update_;
   bool writing_ = false;
@@ -202,21 +240,23 @@ grpc::ServerUnaryReactor* RematServiceImpl::GetSearch(grpc::CallbackServerContex
                                                       v1::Search* response) {
   return Unary(ctx, auth_, metrics_, "GetSearch", Role::kUser, response,
                [&](const Principal& who) { return scheduler_->GetSearch(who, request->id()); },
-               limiter_);
+               limiter_, &request->id());
 }
 
 grpc::ServerWriteReactor<v1::SearchProgress>* RematServiceImpl::WatchSearch(
     grpc::CallbackServerContext* ctx, const v1::WatchSearchRequest* request) {
   auto core = std::make_shared<WatchReactor::Core>();
-  auto* reactor = new WatchReactor(scheduler_, core);
+  auto* reactor = new WatchReactor(scheduler_, core, metrics_);
   core->reactor = reactor;
   auto who = Authorize(ctx, auth_, Role::kUser, limiter_);
   if (!who.ok()) {
-    reactor->Finish(ToGrpcStatus(who.status()));
-    core->reactor = nullptr;
+    reactor->Refuse(who.status());
     return reactor;
   }
-  reactor->Begin(*who, request->id());
+  // A copy: once Begin has written a final update the call may end, and `request` with it.
+  const std::string id = request->id();
+  const absl::Status begun = reactor->Begin(*who, id);
+  Audit(*who, "WatchSearch", id, begun);
   return reactor;
 }
 
@@ -225,15 +265,16 @@ grpc::ServerUnaryReactor* RematServiceImpl::CancelSearch(grpc::CallbackServerCon
                                                          v1::CancelSearchResponse* response) {
   return Unary(ctx, auth_, metrics_, "CancelSearch", Role::kUser, response, [&](const Principal& who) {
     return scheduler_->CancelSearch(who, request->id());
-  }, limiter_);
+  }, limiter_, &request->id());
 }
 
 grpc::ServerUnaryReactor* RematServiceImpl::ListSearches(grpc::CallbackServerContext* ctx,
                                                          const v1::ListSearchesRequest* request,
                                                          v1::ListSearchesResponse* response) {
+  static const std::string kEveryUser;
   return Unary(ctx, auth_, metrics_, "ListSearches", Role::kUser, response, [&](const Principal& who) {
     return scheduler_->ListSearches(who, request->limit());
-  }, limiter_);
+  }, limiter_, &kEveryUser);
 }
 
 // ----------------------------------------------------------------------------- WorkerService
@@ -259,13 +300,14 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* WorkerServiceImpl::LeaseTrial(grpc::CallbackServerContext* ctx,
                                                         const v1::LeaseTrialRequest* request,
                                                         v1::LeaseTrialResponse* response) {
+  const auto start = RpcClock::now();
   auto who = Authorize(ctx, auth_, Role::kWorker);
   if (!who.ok()) {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(ToGrpcStatus(who.status()));
+    Observe(metrics_, "LeaseTrial", start, who.status().code());
     return reactor;
   }
-  const auto start = RpcClock::now();
   auto wait_id = std::make_shared<std::atomic<uint64_t>>(0);
   auto* reactor = new LeaseReactor(scheduler_, wait_id);
   const uint64_t id = scheduler_->LeaseTrial(
@@ -273,7 +315,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::LeaseTrial(grpc::CallbackServerCont
                     absl::StatusOr<v1::LeaseTrialResponse> result) {
         if (result.ok()) *response = std::move(*result);
         reactor->Finish(ToGrpcStatus(result.status()));
-        Observe(metrics, "LeaseTrial", start);
+        Observe(metrics, "LeaseTrial", start, result.status().code());
       },
       who->credential);
   wait_id->store(id);

@@ -7,6 +7,8 @@
 #include <prometheus/collectable.h>
 #include <prometheus/registry.h>
 
+#include "common/process_metrics.h"
+
 namespace remat::server {
 namespace {
 
@@ -23,6 +25,10 @@ class HookedCollectable : public prometheus::Collectable {
   Metrics* metrics_;
   std::shared_ptr<prometheus::Registry> registry_;
 };
+
+constexpr const char* kRpcMethods[] = {"SubmitSearch", "GetSearch",  "WatchSearch",
+                                       "CancelSearch", "ListSearches", "Register",
+                                       "Heartbeat",    "LeaseTrial",  "ReportTrial"};
 
 }  // namespace
 
@@ -93,17 +99,20 @@ Metrics::Metrics(const std::string& version)
                          .Register(r)
                          .Add({}, prometheus::Histogram::BucketBoundaries{
                                       0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600});
-  auto& rpc = BuildHistogram()
-                  .Name("remat_rpc_duration_seconds")
-                  .Help("Time the coordinator took to answer each RPC (long polls included)")
-                  .Register(r);
-  for (const char* method : {"SubmitSearch", "GetSearch", "CancelSearch", "ListSearches",
-                             "Register", "Heartbeat", "LeaseTrial", "ReportTrial"}) {
-    rpc_duration_[method] = &rpc.Add(
-        {{"method", method}}, prometheus::Histogram::BucketBoundaries{
-                                  0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5,
-                                  1, 2.5, 5, 10});
-  }
+  rpc_family_ = &BuildHistogram()
+                    .Name("remat_rpc_duration_seconds")
+                    .Help("Time the coordinator took to answer each RPC (long polls included; "
+                          "WatchSearch: the stream's life), by method and gRPC status code")
+                    .Register(r);
+  // The OK series of every method exist from the start (a rate over them reads 0, not
+  // nothing); the others appear with their first call.
+  for (const char* method : kRpcMethods) ObserveRpcSeries(method, absl::StatusCode::kOk);
+  watch_streams_ = &BuildGauge()
+                        .Name("remat_watch_streams")
+                        .Help("WatchSearch streams open now")
+                        .Register(r)
+                        .Add({});
+  process_ = std::make_unique<common::ProcessMetrics>(r);
   queue_depth_ = &BuildGauge()
                       .Name("remat_queue_depth")
                       .Help("Trials waiting for a worker")
@@ -133,6 +142,24 @@ Metrics::Metrics(const std::string& version)
 
 Metrics::~Metrics() = default;
 
+prometheus::Histogram* Metrics::ObserveRpcSeries(const std::string& method,
+                                                 absl::StatusCode code) {
+  std::lock_guard<std::mutex> lock(rpc_mu_);
+  auto key = std::make_pair(method, code);
+  auto it = rpc_duration_.find(key);
+  if (it == rpc_duration_.end()) {
+    it = rpc_duration_
+             .emplace(key, &rpc_family_->Add(
+                               {{"method", method},
+                                {"code", absl::StatusCodeToString(code)}},
+                               prometheus::Histogram::BucketBoundaries{
+                                   0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5,
+                                   1, 2.5, 5, 10, 60, 600, 3600}))
+             .first;
+  }
+  return it->second;
+}
+
 std::shared_ptr<prometheus::Collectable> Metrics::collectable() {
   if (!collectable_) collectable_ = std::make_shared<HookedCollectable>(this, registry_);
   return collectable_;
@@ -144,6 +171,7 @@ void Metrics::SetCollectHook(std::function<void()> hook) {
 }
 
 void Metrics::RunCollectHook() {
+  process_->Update();
   std::lock_guard<std::mutex> lock(hook_mu_);
   if (hook_) hook_();
 }
@@ -190,10 +218,15 @@ void Metrics::RemoveFrontier(const std::string& search_id) {
   frontier_.erase(it);
 }
 
-void Metrics::ObserveRpc(const std::string& method, double seconds) {
-  if (auto it = rpc_duration_.find(method); it != rpc_duration_.end()) {
-    it->second->Observe(seconds);
-  }
+void Metrics::ObserveRpc(const std::string& method, absl::StatusCode code, double seconds) {
+  // Bounded labels: the methods of remat.v1 and the canonical codes only.
+  bool known = false;
+  for (const char* m : kRpcMethods) known = known || method == m;
+  const int c = static_cast<int>(code);
+  if (!known || c < 0 || c > 16) return;
+  ObserveRpcSeries(method, code)->Observe(seconds);
 }
+
+void Metrics::WatchStreams(int delta) { watch_streams_->Increment(delta); }
 
 }  // namespace remat::server

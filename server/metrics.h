@@ -12,9 +12,17 @@
 //   remat_gpus{state="free|busy"}             gauge: slots of connected workers
 //   remat_frontier_points{search_id}          gauge: frontier size of each active search only;
 //                                             the series is removed when the search ends
-//   remat_rpc_duration_seconds{method}        histogram: time to answer each unary RPC (LeaseTrial
+//   remat_rpc_duration_seconds{method,code}   histogram: time to answer each RPC (LeaseTrial
 //                                             long polls included: a call answered at once
-//                                             measures dispatch); method = the RPC's name
+//                                             measures dispatch; WatchSearch: the stream's whole
+//                                             life); method = the RPC's name, code = the gRPC
+//                                             status it ended with ("OK", "UNAUTHENTICATED",
+//                                             "RESOURCE_EXHAUSTED", ...), refusals included
+//   remat_watch_streams                       gauge: WatchSearch streams open now
+//   process_resident_memory_bytes, process_virtual_memory_bytes, process_open_fds,
+//   process_max_fds, process_cpu_seconds_total, process_start_time_seconds
+//                                             the usual process metrics (common/process_stats.h),
+//                                             read at scrape time
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
@@ -25,6 +33,7 @@
 #include <mutex>
 #include <string>
 
+#include "absl/status/status.h"
 #include "remat/v1/remat.pb.h"
 
 namespace prometheus {
@@ -36,6 +45,10 @@ class Histogram;
 template <typename T>
 class Family;
 }  // namespace prometheus
+
+namespace remat::common {
+class ProcessMetrics;
+}  // namespace remat::common
 
 namespace remat::server {
 
@@ -61,10 +74,15 @@ class Metrics {
   void SetGpus(int64_t free, int64_t busy);
   void SetFrontierPoints(const std::string& search_id, int64_t n);
   void RemoveFrontier(const std::string& search_id);
-  // `method` is one of the unary RPC names of remat.v1 ("LeaseTrial", ...); others are ignored.
-  void ObserveRpc(const std::string& method, double seconds);
+  // `method` is one of the RPC names of remat.v1 ("LeaseTrial", "WatchSearch", ...); others
+  // are ignored. `code` is the status the call ended with.
+  void ObserveRpc(const std::string& method, absl::StatusCode code, double seconds);
+  // A watch stream opened (+1) or ended (-1).
+  void WatchStreams(int delta);
 
  private:
+  prometheus::Histogram* ObserveRpcSeries(const std::string& method, absl::StatusCode code);
+
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> collectable_;
   std::mutex hook_mu_;
@@ -73,7 +91,11 @@ class Metrics {
   std::map<v1::TrialStatus, prometheus::Counter*> trials_;
   prometheus::Counter* reused_ = nullptr;
   prometheus::Histogram* trial_duration_ = nullptr;
-  std::map<std::string, prometheus::Histogram*> rpc_duration_;
+  prometheus::Family<prometheus::Histogram>* rpc_family_ = nullptr;
+  std::mutex rpc_mu_;
+  std::map<std::pair<std::string, absl::StatusCode>, prometheus::Histogram*> rpc_duration_;
+  prometheus::Gauge* watch_streams_ = nullptr;
+  std::unique_ptr<common::ProcessMetrics> process_;
   prometheus::Gauge* queue_depth_ = nullptr;
   prometheus::Gauge* leased_ = nullptr;
   prometheus::Gauge* workers_ = nullptr;

@@ -1,4 +1,7 @@
-// rematd: the remat coordinator. Flags fill CoordinatorOptions; SIGTERM/SIGINT drain gracefully.
+// rematd: the remat coordinator. Flags fill CoordinatorOptions; SIGTERM/SIGINT drain gracefully,
+// SIGHUP reloads the token files. Exit codes: 0 after a drain, 2 bad flags or configuration
+// (unreadable, empty or malformed token files included: systemd must not restart it for that),
+// 1 anything else (port in use, database unopenable).
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -33,9 +36,14 @@ static int RealMain(int argc, char** argv) {
   app.add_option("--health-listen", options.health_listen,
                  "plaintext gRPC health-only address HOST:PORT for probes that cannot speak TLS");
   app.add_option("--user-tokens", options.user_tokens_file,
-                 "file of \"TOKEN USER\" lines: users must send a bearer token");
+                 "file of \"TOKEN USER [admin]\" lines: users must send a bearer token; admins "
+                 "list, watch and cancel every user's searches (SIGHUP reloads it)");
   app.add_option("--worker-tokens", options.worker_tokens_file,
-                 "file of \"TOKEN [NAME]\" lines: workers must send a bearer token");
+                 "file of \"TOKEN [NAME]\" lines: workers must send a bearer token (SIGHUP "
+                 "reloads it)");
+  app.add_option("--munge-socket", options.munge_socket,
+                 "also accept users' MUNGE credentials (remat --munge), decoded by the munged "
+                 "of this socket, e.g. /run/munge/munge.socket.2");
   app.add_option("--tls-cert", options.tls_cert_file, "PEM certificate chain (serve TLS)");
   app.add_option("--tls-key", options.tls_key_file, "PEM private key (serve TLS)");
   app.add_option("--heartbeat-interval", options.heartbeat_interval_s,
@@ -91,8 +99,9 @@ static int RealMain(int argc, char** argv) {
   spdlog::set_level(level);
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %^%l%$ [%n] %v");  // ISO 8601 with the zone
 
-  // Signals are taken by one thread; every other thread has them blocked.
-  remat::common::StopSignals signals;
+  // Signals are taken by one thread; every other thread has them blocked. SIGHUP reloads the
+  // token files (systemctl reload rematd) instead of ending the coordinator.
+  remat::common::StopSignals signals(remat::common::StopSignals::kReloadOnHangup);
 
   // Printed as soon as the port is bound, before the unfinished searches are resumed.
   remat::server::Coordinator* self = nullptr;
@@ -115,10 +124,15 @@ static int RealMain(int argc, char** argv) {
   }
 
   remat::server::Coordinator* c = coordinator->get();
-  signals.OnStop([c, drain_s](int sig) {
-    spdlog::info("signal {}: draining", sig);
-    c->Shutdown(std::chrono::milliseconds(static_cast<int64_t>(drain_s * 1000)));
-  });
+  signals.OnStop(
+      [c, drain_s](int sig) {
+        spdlog::info("signal {}: draining", sig);
+        c->Shutdown(std::chrono::milliseconds(static_cast<int64_t>(drain_s * 1000)));
+      },
+      [c] {
+        spdlog::info("SIGHUP: reloading the token files");
+        c->ReloadTokens().IgnoreError();  // logged; the tokens in use stay
+      });
   c->Wait();
   signals.Finish();
   return 0;

@@ -509,6 +509,7 @@ absl::StatusOr<v1::LeaseTrialResponse> Scheduler::State::Allocate(WorkerEntry& w
     a->mutable_policy()->set_canonical(t.rec.policy);
     a->set_world_size(s->world_size);
     a->set_attempt(attempt);
+    a->set_owner(s->rec.owner);  // the Slurm executor may charge the owner's account
     if (s->spec.search.backend == search::Backend::kReplay) {
       const v1::ReplayEntry* replay = s->ReplayFor(t.rec.policy);
       a->set_replay_found(replay != nullptr);

@@ -20,6 +20,7 @@ Assignment ToAssignment(const v1::TrialAssignment& msg) {
   a.attempt = msg.attempt();
   a.world_size = std::max(1, msg.world_size());
   a.policy_name = msg.policy().canonical();
+  a.owner = msg.owner();
   auto spec = proto::FromProto(msg.spec());
   if (!spec.ok()) {
     a.error = "assignment: " + spec.status().message();

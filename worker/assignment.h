@@ -24,6 +24,7 @@ struct Assignment {
   int attempt = 0;
   int world_size = 1;        // ranks of the trial; at least 1
   std::string policy_name;   // the policy string as the coordinator sent it: what reports carry
+  std::string owner;         // the user whose search it is ("" without user auth)
 
   // Set when the assignment could not be read (only a foreign coordinator sends one: rematd
   // validates spec and policy before it queues a trial): the field and why, e.g.

@@ -70,6 +70,14 @@ static int RealMain(int argc, char** argv) {
       ->check(CLI::IsMember({"local", "slurm"}));
   app.add_option("--slurm-partition", slurm.partition, "with --executor slurm: sbatch --partition");
   app.add_option("--slurm-account", slurm.account, "with --executor slurm: sbatch --account");
+  std::string slurm_user_accounts;
+  app.add_option("--slurm-user-accounts", slurm_user_accounts,
+                 "with --executor slurm: file of \"USER ACCOUNT\" lines: a trial of USER's "
+                 "search is charged to ACCOUNT (others to --slurm-account)");
+  app.add_option("--slurm-poll-interval", slurm.poll_interval_s,
+                 "with --executor slurm: seconds between the one batched squeue of all the "
+                 "worker's jobs (default 1)")
+      ->check(CLI::Range(0.1, 600.0));
   app.add_option("--slurm-qos", slurm.qos, "with --executor slurm: sbatch --qos");
   app.add_option("--slurm-time-limit", slurm.time_limit,
                  "with --executor slurm: sbatch --time (default: the trial's timeout + 1 min)");
@@ -79,12 +87,23 @@ static int RealMain(int argc, char** argv) {
   app.add_option("--slurm-arg", slurm.extra_sbatch_args,
                  "with --executor slurm: one more sbatch flag, e.g. --slurm-arg=--mem=64G "
                  "(repeatable)");
+  std::string metrics_listen, health_listen;
+  app.add_option("--metrics-listen", metrics_listen,
+                 "Prometheus /metrics address HOST:PORT (remat_worker_* and process_*; "
+                 "default: none)");
+  app.add_option("--health-listen", health_listen,
+                 "plaintext gRPC health address HOST:PORT for probes: service \"\" while the "
+                 "daemon runs, \"remat.v1.WorkerService\" while registered (default: none)");
+  app.set_version_flag("--version", remat::common::kVersion);
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();
+    return 0;
+  } catch (const CLI::CallForVersion&) {
+    std::cout << remat::common::kVersion << std::endl;
     return 0;
   } catch (const CLI::ParseError& e) {
     return Fail(2, e.what());
@@ -123,7 +142,13 @@ static int RealMain(int argc, char** argv) {
                      "outside Slurm)");
     }
     options.slots = remat::worker::PlainSlots(plain_slots > 0 ? plain_slots : 16);
+    if (!slurm_user_accounts.empty()) {
+      auto accounts = remat::worker::ReadSlurmUserAccounts(slurm_user_accounts);
+      if (!accounts.ok()) return Fail(2, std::string(accounts.status().message()));
+      slurm.user_accounts = *accounts;
+    }
   } else if (app.count("--slurm-partition") + app.count("--slurm-account") +
+                 app.count("--slurm-user-accounts") + app.count("--slurm-poll-interval") +
                  app.count("--slurm-qos") + app.count("--slurm-time-limit") +
                  app.count("--slurm-gpus-per-node") + app.count("--slurm-arg") > 0) {
     return Fail(2, "--slurm-*: only with --executor slurm");
@@ -189,6 +214,8 @@ static int RealMain(int argc, char** argv) {
   }
   options.kill_grace_s = grace_s;
   options.keep_trial_dirs = keep_trial_dirs;
+  remat::worker::WorkerMetrics metrics(remat::common::kVersion);
+  options.metrics = &metrics;
 
   // SIGINT/SIGTERM stop the daemon from one waiting thread; children get default handling.
   remat::common::StopSignals stop_signals;
@@ -219,6 +246,19 @@ static int RealMain(int argc, char** argv) {
   for (const auto& s : options.slots) {
     slot_names += (slot_names.empty() ? "" : ", ") + std::to_string(s.index) + ":" + s.name;
   }
+  remat::worker::WorkerDaemon* d = daemon->get();
+  auto endpoints = remat::worker::WorkerEndpoints::Start(
+      {metrics_listen, health_listen}, &metrics, [d] { return d->stats(); });
+  if (!endpoints.ok()) {
+    return Fail(endpoints.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1,
+                std::string(endpoints.status().message()));
+  }
+  if ((*endpoints)->metrics_port() != 0) {
+    std::cout << "remat-worker metrics on port " << (*endpoints)->metrics_port() << std::endl;
+  }
+  if ((*endpoints)->health_port() != 0) {
+    std::cout << "remat-worker health on port " << (*endpoints)->health_port() << std::endl;
+  }
   spdlog::info("remat-worker {} offering {} slot(s) [{}], work dir {}{}",
                remat::common::kVersion, options.slots.size(), slot_names, work_dir,
                on_slurm ? ", trials run as Slurm jobs" : "");
@@ -229,6 +269,7 @@ static int RealMain(int argc, char** argv) {
   });
   absl::Status status = (*daemon)->Run();
   stop_signals.Finish();
+  (*endpoints)->Stop();
   if (!status.ok()) return Fail(1, "coordinator " + coordinator + ": " + status.ToString());
   return 0;
 }

@@ -5,8 +5,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -122,9 +126,113 @@ std::string LastLine(const std::string& text) {
   return nl == std::string::npos ? t : t.substr(nl + 1);
 }
 
+// One batched query of every job this executor follows, per poll interval, shared by the
+// trials' threads: the first thread whose answer is older than the interval asks Slurm about
+// all of them (one squeue; one sacct for the jobs the controller has forgotten), the others wait
+// for that answer. 64 running trials cost one squeue a second, not 64 scontrol calls.
+class SlurmJobPoller {
+ public:
+  explicit SlurmJobPoller(const SlurmExecutorOptions& options) : options_(options) {}
+
+  // Follow `job` until the matching Remove (counted: Next never waits for a job no poll asks
+  // about).
+  void Add(const std::string& job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++jobs_[job];
+  }
+  void Remove(const std::string& job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = jobs_.find(job); it != jobs_.end() && --it->second == 0) jobs_.erase(it);
+  }
+
+  // The state of `job` from a poll newer than *generation (updated), waiting for one when
+  // needed (at most about one poll interval plus the query); nullopt when Slurm could not say.
+  // `dir` holds the query's output files when this thread is the one that asks.
+  std::optional<SlurmJobInfo> Next(const std::string& job, const fs::path& dir,
+                                   uint64_t* generation) {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      if (generation_ > *generation && answered_.count(job) != 0) {
+        *generation = generation_;
+        auto it = answers_.find(job);
+        return it == answers_.end() ? std::nullopt : it->second;
+      }
+      const auto due = last_poll_ + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(options_.poll_interval_s));
+      if (!polling_ && Clock::now() >= due) {
+        polling_ = true;
+        std::set<std::string> jobs;
+        for (const auto& [j, count] : jobs_) jobs.insert(j);
+        jobs.insert(job);  // always this caller's, whatever the bookkeeping says
+        lock.unlock();
+        std::map<std::string, SlurmJobInfo> found = QueryAll(jobs, dir);
+        lock.lock();
+        polling_ = false;
+        last_poll_ = Clock::now();
+        ++generation_;
+        ++polls_;
+        answered_ = jobs;
+        answers_.clear();
+        for (const std::string& j : jobs) {
+          auto it = found.find(j);
+          if (it != found.end()) answers_[j] = it->second;
+        }
+        cv_.notify_all();
+        continue;
+      }
+      if (polling_) {
+        cv_.wait_for(lock, std::chrono::seconds(1));
+      } else {
+        cv_.wait_until(lock, due);
+      }
+    }
+  }
+
+ private:
+  std::map<std::string, SlurmJobInfo> QueryAll(const std::set<std::string>& jobs,
+                                               const fs::path& dir) const {
+    std::map<std::string, SlurmJobInfo> found;
+    if (jobs.empty()) return found;
+    std::string list;
+    for (const std::string& j : jobs) list += (list.empty() ? "" : ",") + j;
+    // -t all: finished jobs too, while the controller remembers them (MinJobAge).
+    CommandResult listed = RunCommand({options_.squeue, "-h", "-t", "all", "--jobs=" + list,
+                                       "-O", "JobID:|,State:|,Reason:|,exit_code:|"},
+                                      dir, "squeue", options_.command_timeout_s);
+    if (listed.ok) found = ParseSqueueJobs(listed.out);
+    // What the controller has forgotten (or an squeue that failed: it fails outright when every
+    // id in the list is unknown), accounting remembers.
+    std::string missing;
+    for (const std::string& j : jobs) {
+      if (found.count(j) == 0) missing += (missing.empty() ? "" : ",") + j;
+    }
+    if (!missing.empty()) {
+      CommandResult acct = RunCommand({options_.sacct, "-n", "-X", "-P", "-j", missing, "-o",
+                                       "JobID,State,ExitCode,Reason"},
+                                      dir, "sacct", options_.command_timeout_s);
+      if (acct.ok) {
+        for (auto& [id, info] : ParseSacctJobs(acct.out)) found.emplace(id, info);
+      }
+    }
+    return found;
+  }
+
+  const SlurmExecutorOptions& options_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, int> jobs_;  // followed jobs, with how many trials follow each
+  std::set<std::string> answered_;  // the jobs the last poll asked about
+  std::map<std::string, std::optional<SlurmJobInfo>> answers_;
+  uint64_t generation_ = 0;
+  uint64_t polls_ = 0;
+  bool polling_ = false;
+  Clock::time_point last_poll_{};
+};
+
 class SlurmExecutor : public TrialExecutor {
  public:
-  explicit SlurmExecutor(SlurmExecutorOptions options) : options_(std::move(options)) {}
+  explicit SlurmExecutor(SlurmExecutorOptions options)
+      : options_(std::move(options)), poller_(options_) {}
 
   search::TrialResult Run(const TrialContext& context) override {
     const Assignment& a = *context.assignment;
@@ -143,7 +251,9 @@ class SlurmExecutor : public TrialExecutor {
     std::vector<std::string> argv = {options_.sbatch};
     std::string comment = "remat:trial=" + name;
     if (!options_.worker_tag.empty()) comment += " remat:worker=" + options_.worker_tag;
-    for (std::string& arg : SbatchArguments(options_, layout, "remat-" + name, comment,
+    SlurmExecutorOptions job_options = options_;
+    job_options.account = SlurmAccountFor(options_, a.owner);
+    for (std::string& arg : SbatchArguments(job_options, layout, "remat-" + name, comment,
                                             dir.string(), timeout)) {
       argv.push_back(std::move(arg));
     }
@@ -157,7 +267,15 @@ class SlurmExecutor : public TrialExecutor {
     }
     const std::string job_name = "Slurm job " + job;
 
-    // Follow the job until it ends; our own clock starts when it starts running.
+    // Follow the job until it ends; our own clock starts when it starts running. The job's
+    // state comes from the executor's batched poll (SlurmJobPoller).
+    poller_.Add(job);
+    struct Forget {
+      SlurmJobPoller* poller;
+      std::string job;
+      ~Forget() { poller->Remove(job); }
+    } forget{&poller_, job};
+    uint64_t generation = 0;
     bool running = false;  // the job runs (its current run, after a requeue)
     Clock::time_point running_since;
     Clock::time_point last_answer = Clock::now();
@@ -167,7 +285,7 @@ class SlurmExecutor : public TrialExecutor {
         Cancel(job, dir);
         return StatusResult(TrialStatus::kCancelled, "cancelled (" + job_name + " scancelled)");
       }
-      if (std::optional<SlurmJobInfo> now = Query(job, dir)) {
+      if (std::optional<SlurmJobInfo> now = poller_.Next(job, dir, &generation)) {
         info = *now;
         last_answer = Clock::now();
         if (info.terminal()) break;
@@ -190,11 +308,7 @@ class SlurmExecutor : public TrialExecutor {
         if (!tail.empty()) msg += "; rank 0 stderr: " + tail;
         return StatusResult(TrialStatus::kTimeout, msg);
       }
-      if (context.cancel) {
-        context.cancel->WaitFor(options_.poll_interval_s);
-      } else {
-        std::this_thread::sleep_for(std::chrono::duration<double>(options_.poll_interval_s));
-      }
+      // The next poll paces the loop (Next waits for it).
     }
     return Collect(a, world, dir, job_name, info);
   }
@@ -293,6 +407,7 @@ class SlurmExecutor : public TrialExecutor {
   }
 
   SlurmExecutorOptions options_;
+  SlurmJobPoller poller_;
 };
 
 int CeilDiv(int a, int b) { return (a + b - 1) / b; }
@@ -430,6 +545,86 @@ std::optional<SlurmJobInfo> ParseSacctJob(const std::string& output) {
     return info;
   }
   return std::nullopt;
+}
+
+std::map<std::string, SlurmJobInfo> ParseSqueueJobs(const std::string& output) {
+  std::map<std::string, SlurmJobInfo> out;
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::vector<std::string> fields;
+    std::istringstream cols(line);
+    std::string col;
+    while (std::getline(cols, col, '|')) fields.push_back(col);
+    if (fields.size() < 4) continue;
+    auto trim = [](std::string v) {
+      const size_t b = v.find_first_not_of(' ');
+      const size_t e = v.find_last_not_of(' ');
+      return b == std::string::npos ? std::string() : v.substr(b, e - b + 1);
+    };
+    const std::string id = trim(fields[0]);
+    if (id.empty() || id.find_first_not_of("0123456789_") != std::string::npos) continue;
+    SlurmJobInfo info;
+    info.state = FirstWord(trim(fields[1]));
+    info.reason = trim(fields[2]);
+    // squeue's exit_code is the raw wait status: the code in bits 8-15, the signal in 0-6.
+    const long status = std::atol(trim(fields[3]).c_str());
+    info.exit_code = static_cast<int>((status >> 8) & 0xff);
+    info.signal = static_cast<int>(status & 0x7f);
+    if (info.state.empty()) continue;
+    out[id] = info;
+  }
+  return out;
+}
+
+std::map<std::string, SlurmJobInfo> ParseSacctJobs(const std::string& output) {
+  std::map<std::string, SlurmJobInfo> out;
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const size_t bar = line.find('|');
+    if (bar == std::string::npos || bar == 0) continue;
+    const std::string id = line.substr(0, bar);
+    if (out.count(id) != 0) continue;  // the job's first row (its allocation)
+    if (std::optional<SlurmJobInfo> info = ParseSacctJob(line.substr(bar + 1))) out[id] = *info;
+  }
+  return out;
+}
+
+std::string SlurmAccountFor(const SlurmExecutorOptions& options, const std::string& owner) {
+  if (auto it = options.user_accounts.find(owner);
+      !owner.empty() && it != options.user_accounts.end()) {
+    return it->second;
+  }
+  return options.account;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> ReadSlurmUserAccounts(
+    const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError("--slurm-user-accounts: cannot read " + path);
+  std::map<std::string, std::string> out;
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    std::istringstream words(line);
+    std::vector<std::string> fields;
+    std::string w;
+    while (words >> w) fields.push_back(w);
+    if (fields.empty()) continue;
+    const std::string where =
+        "--slurm-user-accounts: " + path + ":" + std::to_string(number) + ": ";
+    if (fields.size() != 2) return absl::InvalidArgumentError(where + "expected \"USER ACCOUNT\"");
+    if (fields[1].find_first_of(",=") != std::string::npos) {
+      return absl::InvalidArgumentError(where + "account \"" + fields[1] + "\" is not one name");
+    }
+    if (!out.emplace(fields[0], fields[1]).second) {
+      return absl::InvalidArgumentError(where + "user " + fields[0] + " named twice");
+    }
+  }
+  return out;
 }
 
 std::string ParseSbatchJobId(const std::string& output) {

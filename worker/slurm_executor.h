@@ -16,8 +16,12 @@
 // across nodes the work dir must be on a file system every node mounts at the same path. CPU
 // trials run on one node (the engine's TCP collectives are loopback-only), with no GRES.
 //
-// While the job lives, the executor polls `scontrol show job` (falling back to `sacct` once
-// the controller has forgotten the job): cancellation, and a job that has RUNNING longer than
+// While the job lives, the executor follows it with one batched query per poll interval for
+// all of its jobs together (`squeue -t all --jobs=ID,ID,...`, and one `sacct -j ID,...` for the
+// jobs the controller has already forgotten; SlurmExecutorOptions::poll_interval_s, flag
+// --slurm-poll-interval), so the controller sees one request per interval however many trials
+// run. Jobs are charged to --slurm-account, or to the account the operator maps the search's
+// owner to (--slurm-user-accounts). Cancellation, and a job that has RUNNING longer than
 // search.trial_timeout_s, are ended with `scancel` (status cancelled / timeout); Slurm's own
 // --time is a backstop one minute past that. How the job ended becomes the trial's result:
 // the ranks' result files, combined as for builtin (worker/result_combiner.h), and for
@@ -36,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "worker/trial_executor.h"
 
 namespace remat::worker {
@@ -43,14 +48,20 @@ namespace remat::worker {
 struct SlurmExecutorOptions {
   std::string trial_binary;  // remat-trial, at a path every compute node sees
   std::string partition;     // "" = the cluster's default
-  std::string account;
+  std::string account;  // "" = the submitting user's default account
+  // The search owner's Slurm account, where the operator maps it (user -> account): a trial is
+  // charged to the account of the user who submitted its search, others to `account`. The
+  // owner comes from the coordinator's authentication, never from the spec, so a user cannot
+  // charge someone else's account. The jobs still run as the worker's Unix user.
+  std::map<std::string, std::string> user_accounts;
   std::string qos;
   std::string time_limit;  // Slurm --time as given; "" = trial_timeout_s + 1 minute
   int gpus_per_node = 0;   // 0: CPU-only nodes: no GRES; trials with device cuda are refused
   std::vector<std::string> extra_sbatch_args;  // the operator's own flags, after ours
   double collective_timeout_s = 300;           // handed to each rank; capped at the trial timeout
   double peer_exit_grace_s = 60;               // srun --wait: ranks left after one ended
-  double poll_interval_s = 1;                  // scontrol polling
+  // Seconds between the executor's batched queries of its jobs' states (one squeue for all).
+  double poll_interval_s = 1;
   double command_timeout_s = 30;               // each sbatch/scontrol/scancel/sacct call
   // Added to every job's comment as "remat:worker=<tag>": the jobs of a worker on this host and
   // work dir (SlurmWorkerTag), so the next worker there can end what a killed one left.
@@ -109,6 +120,18 @@ struct SlurmJobInfo {
 };
 std::optional<SlurmJobInfo> ParseScontrolJob(const std::string& line);
 std::optional<SlurmJobInfo> ParseSacctJob(const std::string& output);
+// The batched poll's answers, by job id: `squeue -h -O JobID:|,State:|,Reason:|,exit_code:|`
+// rows (exit_code is the raw wait status) and `sacct -n -X -P -o JobID,State,ExitCode,Reason`
+// rows. Rows that cannot be read are skipped.
+std::map<std::string, SlurmJobInfo> ParseSqueueJobs(const std::string& output);
+std::map<std::string, SlurmJobInfo> ParseSacctJobs(const std::string& output);
+
+// The account a trial of `owner`'s search is charged to (options.user_accounts, else
+// options.account).
+std::string SlurmAccountFor(const SlurmExecutorOptions& options, const std::string& owner);
+// Reads --slurm-user-accounts: "USER ACCOUNT" lines, '#' comments. InvalidArgument naming the
+// file and line for anything else (a user named twice included).
+absl::StatusOr<std::map<std::string, std::string>> ReadSlurmUserAccounts(const std::string& path);
 
 // The job id in `sbatch --parsable` output ("123" or "123;cluster"); "" when there is none.
 std::string ParseSbatchJobId(const std::string& output);

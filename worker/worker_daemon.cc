@@ -138,6 +138,7 @@ class WorkerDaemon::Impl {
     s.worker_id = worker_id_;
     s.running_trials = static_cast<int>(running_.size());
     s.free_slots = static_cast<int>(std::count(busy_.begin(), busy_.end(), false));
+    s.total_slots = static_cast<int>(busy_.size());
     s.trials_finished = trials_finished_;
     s.reports_delivered = reports_delivered_;
     s.spooled = static_cast<int>(spool_.Size());
@@ -192,7 +193,15 @@ class WorkerDaemon::Impl {
       request.set_worker_id(worker_id());
       request.set_free_slots(free);
       request.set_wait_s(options_.lease_wait_s);
+      const auto lease_start = Clock::now();
       auto response = client_->LeaseTrial(request);
+      if (options_.metrics != nullptr) {
+        options_.metrics->ObserveLease(
+            !response.ok()                 ? WorkerMetrics::LeaseOutcome::kError
+            : response->trials_size() > 0 ? WorkerMetrics::LeaseOutcome::kTrials
+                                           : WorkerMetrics::LeaseOutcome::kEmpty,
+            std::chrono::duration<double>(Clock::now() - lease_start).count());
+      }
       if (!response.ok()) {
         if (stopping()) break;
         if (IsFatal(response.status())) return response.status();
@@ -392,6 +401,7 @@ class WorkerDaemon::Impl {
       Log()->info("{} {} finished: {} in {:.2f} s{}{}", Tag(a), a.policy_name,
                   search::Name(result.status), result.wall_s, result.message.empty() ? "" : ": ",
                   result.message);
+      if (options_.metrics != nullptr) options_.metrics->TrialFinished(result.status);
       Deliver(a, result);
     } else {
       Log()->info("{} stopped with the worker; not reported", Tag(a));

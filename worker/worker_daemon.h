@@ -30,6 +30,7 @@
 #include "worker/coordinator_client.h"
 #include "worker/slots.h"
 #include "worker/trial_executor.h"
+#include "worker/worker_metrics.h"
 
 namespace remat::worker {
 
@@ -53,6 +54,9 @@ struct WorkerDaemonOptions {
   double backoff_initial_s = 0.1;               // reconnect backoff: initial, doubled up to max
   double backoff_max_s = 5;
   bool keep_trial_dirs = false;  // keep each trial's folder (requests, logs) for debugging
+  // Where trial results and lease calls are counted (--metrics-listen); null: nowhere. Must
+  // outlive the daemon.
+  WorkerMetrics* metrics = nullptr;
 };
 
 // What tests and `remat search` may replace. Left empty, Create builds the real ones.
@@ -66,6 +70,7 @@ struct WorkerStats {
   std::string worker_id;
   int running_trials = 0;
   int free_slots = 0;
+  int total_slots = 0;
   int trials_finished = 0;    // trials that ended (any status)
   int reports_delivered = 0;  // reports the coordinator answered
   int spooled = 0;            // reports waiting on disk

@@ -246,8 +246,9 @@ std::string ScrapeMetrics(int port) {
 
 // The coordinator's own view of an RPC's latency: the upper bound of the histogram bucket
 // holding quantile q of remat_rpc_duration_seconds{method}, in ms (-1 when absent).
+// The series of every status code (the `code` label) are summed bucket by bucket.
 double ServerQuantileMs(const std::string& page, const std::string& method, double q) {
-  std::vector<std::pair<double, double>> buckets;  // (le, cumulative count)
+  std::map<double, double> summed;  // le -> cumulative count over every code
   std::istringstream lines(page);
   std::string line;
   const std::string want = "method=\"" + method + "\"";
@@ -258,8 +259,9 @@ double ServerQuantileMs(const std::string& page, const std::string& method, doub
     if (le == std::string::npos) continue;
     const std::string bound = line.substr(le + 4, line.find('"', le + 4) - le - 4);
     const double count = std::stod(line.substr(line.rfind(' ') + 1));
-    buckets.emplace_back(bound == "+Inf" ? 1e9 : std::stod(bound), count);
+    summed[bound == "+Inf" ? 1e9 : std::stod(bound)] += count;
   }
+  std::vector<std::pair<double, double>> buckets(summed.begin(), summed.end());
   if (buckets.empty() || buckets.back().second == 0) return -1;
   std::sort(buckets.begin(), buckets.end());
   const double total = buckets.back().second;

@@ -108,6 +108,23 @@ TEST(Cli, BadArgumentsExitTwo) {
                 &out, &err),
             2);
   EXPECT_EQ(err, "error: --token-file: cannot read /nonexistent\n");
+  EXPECT_EQ(Cli({"list", "--coordinator", "127.0.0.1:1", "--munge-socket", "/run/m"}, &out, &err),
+            2);
+  EXPECT_EQ(err, "error: --munge-socket: only with --munge\n");
+  EXPECT_EQ(Cli({"list", "--coordinator", "127.0.0.1:1", "--munge", "--token-file", "/x"}, &out,
+                &err),
+            2);
+  EXPECT_EQ(err, "error: --munge: not with --token-file\n");
+}
+
+// --munge with no munged to ask: the call is not made, and the error says why (exit 1).
+TEST(Cli, MungeWithoutMungedSaysWhy) {
+  std::string out, err;
+  EXPECT_EQ(Cli({"list", "--coordinator", "127.0.0.1:1", "--munge", "--munge-socket",
+                 "/nonexistent/munge.socket"},
+                &out, &err),
+            1);
+  EXPECT_NE(err.find("--munge: no credential: munge"), std::string::npos) << err;
 }
 
 // remat_cli links neither the coordinator nor the worker: `remat search` needs the runner that

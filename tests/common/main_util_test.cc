@@ -53,6 +53,29 @@ TEST(MainUtil, StopSignalsCallsOnStopOnceForTheFirstSignal) {
   EXPECT_EQ(seen.load(), SIGTERM);
 }
 
+TEST(MainUtil, StopSignalsReloadsOnHangupAndStillStopsOnTerm) {
+  StopSignals signals(StopSignals::kReloadOnHangup);
+  std::atomic<int> stops{0}, reloads{0};
+  signals.OnStop([&](int) { ++stops; }, [&] { ++reloads; });
+  auto wait_for = [](const std::atomic<int>& n, int want) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (n.load() < want && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
+  kill(getpid(), SIGHUP);  // without the reload set this would end the test program
+  wait_for(reloads, 1);
+  kill(getpid(), SIGHUP);
+  wait_for(reloads, 2);
+  EXPECT_EQ(reloads.load(), 2);
+  EXPECT_EQ(stops.load(), 0);
+  kill(getpid(), SIGTERM);
+  wait_for(stops, 1);
+  signals.Finish();
+  EXPECT_EQ(stops.load(), 1);
+  EXPECT_EQ(reloads.load(), 2);
+}
+
 TEST(MainUtil, StopSignalsFinishWithoutASignalCallsNothing) {
   StopSignals signals;
   std::atomic<int> calls{0};

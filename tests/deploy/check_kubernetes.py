@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Checks the Kubernetes manifests as the cluster would see them.
 
-Renders deploy/kubernetes/base and the TLS overlay with `kubectl kustomize` (when kubectl is
-installed; else reads the base files and skips the overlay, saying so) and checks what an
-operator relies on: probes on the plaintext health-only port that rematd is told to open, also
-under TLS; restricted Pod Security on the namespace and pod/container security contexts that
+Renders deploy/kubernetes/base and the overlays (tls, monitoring, external) with `kubectl
+kustomize` (when kubectl is installed; else reads the base files and skips the overlays, saying
+so) and checks what an operator relies on: probes on the plaintext health-only port that rematd
+is told to open, also under TLS; the worker's metrics and health ports with liveness apart from
+readiness; no Prometheus Operator kind in the base (it applies on any cluster), the monitors of
+the monitoring overlay selecting what they scrape; the external overlay exposing only gRPC; restricted Pod Security on the namespace and pod/container security contexts that
 satisfy it; resource requests and memory limits on every container; the default ports; with
 VERSION (CMake's project version, the version's one source), that remat's images and the
 app.kubernetes.io/version labels carry it.
@@ -18,6 +20,7 @@ import sys
 import yaml
 
 GRPC_PORT, METRICS_PORT, HEALTH_PORT = 50051, 9464, 8081
+WORKER_METRICS_PORT, WORKER_HEALTH_PORT = 9465, 8082
 problems = []
 
 
@@ -87,9 +90,59 @@ def check_layout(docs, tls):
     (ds,) = by_kind(docs, "DaemonSet")
     wpod = ds["spec"]["template"]["spec"]
     check_pod("remat-worker", wpod)
-    wargs = wpod["containers"][0]["args"]
+    wc = wpod["containers"][0]
+    wargs = wc["args"]
     check(flag(wargs, "--coordinator") == f"rematd.remat.svc:{GRPC_PORT}", "worker coordinator")
     check((flag(wargs, "--tls-ca") is not None) == tls, f"worker TLS flags present={tls}")
+    check(flag(wargs, "--metrics-listen") == f"0.0.0.0:{WORKER_METRICS_PORT}",
+          "worker --metrics-listen on 9465")
+    check(flag(wargs, "--health-listen") == f"0.0.0.0:{WORKER_HEALTH_PORT}",
+          "worker --health-listen on 8082")
+    wports = {p["name"]: p["containerPort"] for p in wc.get("ports", [])}
+    check(wports == {"metrics": WORKER_METRICS_PORT, "health": WORKER_HEALTH_PORT},
+          f"worker ports {wports}")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        check(wc.get(probe, {}).get("grpc", {}).get("port") == WORKER_HEALTH_PORT,
+              f"worker {probe} on its health port")
+    # Liveness must not depend on the coordinator; readiness does (registered).
+    check(wc.get("livenessProbe", {}).get("grpc", {}).get("service", "") == "",
+          "worker liveness asks the overall status")
+    check(wc.get("readinessProbe", {}).get("grpc", {}).get("service") == "remat.v1.WorkerService",
+          "worker readiness asks remat.v1.WorkerService")
+    # The base applies on any cluster: no Prometheus Operator kinds in it.
+    check(not [d for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")],
+          "no Prometheus Operator objects outside overlays/monitoring")
+
+
+def check_monitoring(docs):
+    (sm,) = by_kind(docs, "ServiceMonitor")
+    (svc,) = [d for d in by_kind(docs, "Service") if d["metadata"]["name"] == "rematd"]
+    check(sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items(),
+          "ServiceMonitor selects the rematd Service")
+    check([e["port"] for e in sm["spec"]["endpoints"]] == ["metrics"], "ServiceMonitor port")
+    check(any(p["name"] == "metrics" for p in svc["spec"]["ports"]), "Service names metrics")
+    (pm,) = by_kind(docs, "PodMonitor")
+    (ds,) = by_kind(docs, "DaemonSet")
+    check(pm["spec"]["selector"]["matchLabels"].items() <=
+          ds["spec"]["template"]["metadata"]["labels"].items(), "PodMonitor selects the workers")
+    check([e["port"] for e in pm["spec"]["podMetricsEndpoints"]] == ["metrics"],
+          "PodMonitor port")
+    for m in (sm, pm):
+        check(m["spec"].get("jobLabel") == "app.kubernetes.io/name",
+              f"{m['kind']}: job named after the app (rematd, remat-worker)")
+
+
+def check_external(docs):
+    ext = [d for d in by_kind(docs, "Service") if d["spec"].get("type") in
+           ("LoadBalancer", "NodePort")]
+    check(len(ext) == 1, "overlays/external adds one LoadBalancer or NodePort Service")
+    if ext:
+        (dep,) = by_kind(docs, "Deployment")
+        pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+        check(ext[0]["spec"]["selector"].items() <= pod_labels.items(),
+              "the external Service selects rematd's pods")
+        check([p["targetPort"] for p in ext[0]["spec"]["ports"]] == ["grpc"],
+              "the external Service exposes the gRPC port only")
 
 
 def versions(node, found):
@@ -119,8 +172,10 @@ if len(sys.argv) > 2:
         check(v == sys.argv[2], f"{what}: version {v}, CMake's project version is {sys.argv[2]}")
 if shutil.which("kubectl"):
     check_layout(render(os.path.join(kdir, "overlays", "tls")), tls=True)
+    check_monitoring(render(os.path.join(kdir, "overlays", "monitoring")))
+    check_external(render(os.path.join(kdir, "overlays", "external")))
 else:
-    print("check_kubernetes: kubectl not installed: the TLS overlay was not rendered")
+    print("check_kubernetes: kubectl not installed: the overlays were not rendered")
 for p in problems:
     print("check_kubernetes: FAILED:", p)
 print("check_kubernetes:", "ok" if not problems else f"{len(problems)} problems")

@@ -28,11 +28,30 @@ expect remat-worker /usr/bin/remat-worker /usr/lib/systemd/system/remat-worker.s
   /usr/share/remat/megatron_driver/remat_megatron_driver.py
 if [ -x "$build/bin/remat-trial" ]; then expect remat-engine /usr/bin/remat-trial; fi
 
-# The services' packages carry the postinst that creates the user, and their /etc files as conffiles.
+# The services' packages carry their maintainer scripts, for their own unit: postinst creates
+# the user, reloads systemd and restarts a running service on upgrade; prerm stops it on
+# removal; postrm forgets it. Their /etc files are conffiles.
 for p in rematd remat-worker; do
-  dpkg-deb -I "$(pkg $p)" postinst >/dev/null || fail "$p has no postinst"
+  for script in postinst prerm postrm; do
+    dpkg-deb -I "$(pkg $p)" $script >"$work/$p.$script" || fail "$p has no $script"
+    sh -n "$work/$p.$script" || fail "$p's $script is not valid sh"
+    ! grep -q "@UNIT@" "$work/$p.$script" || fail "$p's $script names no unit"
+  done
+  grep -q "daemon-reload" "$work/$p.postinst" || fail "$p's postinst does not reload systemd"
+  grep -q "try-restart $p.service" "$work/$p.postinst" || fail "$p's postinst does not restart $p.service on upgrade"
+  grep -q "stop $p.service" "$work/$p.prerm" || fail "$p's prerm does not stop $p.service"
+  grep -q "daemon-reload" "$work/$p.postrm" || fail "$p's postrm does not reload systemd"
   dpkg-deb -I "$(pkg $p)" conffiles | grep -q "^/etc/default/" || fail "$p has no conffiles"
 done
+# Every package has a copyright file and a description of its own.
+descriptions=""
+for deb in "$work"/out/*.deb; do
+  name=$(dpkg-deb -f "$deb" Package)
+  dpkg-deb -c "$deb" | awk '{print $6}' | grep -qx "./usr/share/doc/$name/copyright" ||
+    fail "$name has no /usr/share/doc/$name/copyright"
+  descriptions+="$(dpkg-deb -f "$deb" Description | head -1)"$'\n'
+done
+[ "$(sort <<<"$descriptions" | uniq -d | grep -c .)" = 0 ] || fail "packages share a description: $descriptions"
 # The CLI package holds the CLI alone (no daemons pulled onto a laptop).
 [ "$(dpkg-deb -c "$(pkg remat)" | awk '{print $6}' | grep -c '^\./usr/bin/.')" = 1 ] ||
   fail "remat holds more than the CLI"
@@ -40,6 +59,12 @@ done
 # Unpack everything into one root and let systemd check the units as installed.
 root="$work/root"
 for deb in "$work"/out/*.deb; do dpkg-deb -x "$deb" "$root"; done
+# Every program answers --version with exit 0 (a packaged binary that runs at all).
+for prog in remat rematd remat-worker remat-trial; do
+  [ -x "$root/usr/bin/$prog" ] || continue
+  "$root/usr/bin/$prog" --version >"$work/version.out" 2>&1 || { cat "$work/version.out" >&2; fail "$prog --version failed"; }
+  grep -q "[0-9]\.[0-9]" "$work/version.out" || fail "$prog --version printed no version"
+done
 for unit in rematd remat-worker; do
   [ -x "$root/usr/bin/$unit" ] || fail "/usr/bin/$unit is not executable in the package"
   # verify resolves ExecStart against the real /usr/bin: point it at the unpacked binary.

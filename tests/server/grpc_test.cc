@@ -655,7 +655,7 @@ TEST_F(GrpcTest, MetricsPagePassesPromtool) {
         "remat_trial_duration_seconds_bucket", "remat_queue_depth", "remat_trials_leased",
         "remat_workers_connected 1", "remat_gpus{state=\"free\"} 2", "remat_gpus{state=\"busy\"} 0",
         "remat_trials_reused_total",
-        "remat_rpc_duration_seconds_count{method=\"LeaseTrial\"}"}) {
+        "remat_rpc_duration_seconds_count{code=\"OK\",method=\"LeaseTrial\"}"}) {
     EXPECT_NE(body.find(name), std::string::npos) << name << "\n" << body;
   }
   EXPECT_EQ(body.find("search_id=\"" + done.id() + "\""), std::string::npos)

@@ -113,7 +113,13 @@ std::unique_ptr<grpc::ClientContext> Ctx() {
   return ctx;
 }
 
+// Exit 2 is what rematd.service's RestartPreventExitStatus names: bad configuration (a missing
+// or empty token file included) must not put the unit into a restart loop.
 TEST_F(RematdTest, BadFlagsExitTwoWithAnErrorLine) {
+  const std::string empty = dir_ + "/empty.tokens";
+  FILE* f = fopen(empty.c_str(), "w");
+  fputs("# no tokens yet\n", f);
+  fclose(f);
   for (const auto& args : std::vector<std::vector<std::string>>{
            {REMATD_PATH, "--bogus"},
            {REMATD_PATH, "--db", dir_ + "/x.db"},  // --listen missing
@@ -122,6 +128,10 @@ TEST_F(RematdTest, BadFlagsExitTwoWithAnErrorLine) {
             "0"},
            {REMATD_PATH, "--listen", "127.0.0.1:0", "--db", dir_ + "/x.db", "--user-tokens",
             dir_ + "/missing"},
+           {REMATD_PATH, "--listen", "127.0.0.1:0", "--db", dir_ + "/x.db", "--user-tokens",
+            empty},
+           {REMATD_PATH, "--listen", "127.0.0.1:0", "--db", dir_ + "/x.db", "--worker-tokens",
+            empty},
            {REMATD_PATH, "--listen", "127.0.0.1:0", "--db", dir_ + "/x.db", "--log-level",
             "loud"}}) {
     Process p(args, dir_);
@@ -164,6 +174,56 @@ TEST_F(RematdTest, LogsTheBoundAddressAndRefusesAReadOnlyDatabase) {
   EXPECT_EQ(p.Wait(), 1) << p.Stderr();
   EXPECT_NE(p.Stderr().find("cannot be written"), std::string::npos) << p.Stderr();
   EXPECT_EQ(p.Stdout().find("listening"), std::string::npos) << p.Stdout();
+}
+
+// SIGHUP reads the token files again (systemctl reload): rematd keeps serving, a new token works
+// at once and a removed one is refused; a broken file is logged and changes nothing. Before,
+// SIGHUP ended rematd with status 129 and no drain.
+TEST_F(RematdTest, SighupReloadsTheTokenFilesAndKeepsServing) {
+  const std::string users = dir_ + "/users.tokens";
+  auto write = [&](const char* text) {
+    FILE* f = fopen(users.c_str(), "w");
+    fputs(text, f);
+    fclose(f);
+  };
+  write("old-token alice\n");
+  Process p({REMATD_PATH, "--listen", "127.0.0.1:0", "--db", dir_ + "/remat.db", "--user-tokens",
+             users, "--drain", "1"},
+            dir_);
+  const std::string address = p.WaitForAddress();
+  ASSERT_FALSE(address.empty()) << p.Stderr();
+  auto stub = v1::RematService::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto list = [&](const std::string& token) {
+    auto ctx = Ctx();
+    ctx->AddMetadata("authorization", "Bearer " + token);
+    v1::ListSearchesResponse r;
+    return stub->ListSearches(ctx.get(), {}, &r).error_code();
+  };
+  ASSERT_EQ(list("old-token"), grpc::StatusCode::OK);
+  ASSERT_EQ(list("new-token"), grpc::StatusCode::UNAUTHENTICATED);
+  auto wait_for_log = [&](const std::string& text) {
+    for (int i = 0; i < 100 && p.Stderr().find(text) == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return p.Stderr().find(text) != std::string::npos;
+  };
+
+  write("new-token alice\n");
+  p.Signal(SIGHUP);
+  ASSERT_TRUE(wait_for_log("token files read again: 1 user and 0 worker tokens")) << p.Stderr();
+  EXPECT_EQ(list("new-token"), grpc::StatusCode::OK);
+  EXPECT_EQ(list("old-token"), grpc::StatusCode::UNAUTHENTICATED);
+
+  write("");
+  p.Signal(SIGHUP);
+  ASSERT_TRUE(wait_for_log("holds no tokens; keeping the 1 user and 0 worker tokens in use"))
+      << p.Stderr();
+  EXPECT_EQ(list("new-token"), grpc::StatusCode::OK);
+
+  p.Signal(SIGTERM);
+  EXPECT_EQ(p.Wait(), 0) << p.Stderr();
+  EXPECT_NE(p.Stderr().find("shutting down"), std::string::npos) << p.Stderr();
 }
 
 TEST_F(RematdTest, SigkilledCoordinatorResumesOnTheSameDatabase) {

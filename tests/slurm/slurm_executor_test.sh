@@ -6,7 +6,9 @@
 #   slurm_executor_test.sh BUILD_DIR SOURCE_DIR
 #
 # Checks: a guided search of examples/tiny-dense.yaml finishes with every trial run as its own
-# Slurm job (one job per trial, each COMPLETED, trial statuses from the ranks' results); a TP 2
+# Slurm job (one job per trial, each COMPLETED, trial statuses from the ranks' results), the
+# worker following its jobs with one batched squeue per poll interval (no scontrol per job) and
+# charging them to the search owner's account (--slurm-user-accounts); a TP 2
 # search whose trials are jobs of two tasks (two CPU ranks over TCP) ends ok with both ranks'
 # figures; a trial past search.trial_timeout_s is scancelled and reported timeout; a job Slurm
 # requeues runs again and its trial ends ok; the job of a worker killed with SIGKILL is
@@ -50,8 +52,12 @@ start=$(date +%s)
 slurm_cluster_start "$T/slurm" || fail "Slurm did not start"
 pass "slurmctld + slurmd up, node idle, $(nproc) CPUs"
 
+# Searches belong to alice (a user token), whose trials the worker charges to her account.
+echo "tok-alice alice" > "$T/users.tokens"
+echo "tok-alice" > "$T/alice.token"
+echo "alice ml-alice" > "$T/accounts"
 "$build/bin/rematd" --listen 127.0.0.1:0 --db "$T/rematd.db" --log-level warn \
-  > "$T/rematd.out" 2> "$T/rematd.err" &
+  --user-tokens "$T/users.tokens" > "$T/rematd.out" 2> "$T/rematd.err" &
 rematd_pid=$!
 for _ in $(seq 1 100); do
   addr=$(sed -n 's/^rematd listening on //p' "$T/rematd.out")
@@ -59,13 +65,25 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 [ -n "$addr" ] || fail "rematd did not start: $(cat "$T/rematd.err")"
-remat() { "$build/bin/remat" "$@" --coordinator "$addr"; }
+remat() { "$build/bin/remat" "$@" --coordinator "$addr" --token-file "$T/alice.token"; }
+
+# The worker's Slurm commands go through shims that log each call (then run the real one), so
+# the test counts how the worker asks Slurm about its jobs.
+mkdir -p "$T/shim"
+for tool in squeue scontrol sacct; do
+  real=$(command -v $tool)
+  printf '#!/bin/sh\necho "%s $*" >> %s/slurm-calls.log\nexec %s "$@"\n' "$tool" "$T" "$real" \
+    > "$T/shim/$tool"
+  chmod +x "$T/shim/$tool"
+done
 
 # The worker offers 2 slots: at most 2 ranks submitted to Slurm at once (the node's 2 CPUs).
 start_worker() {
-  "$build/bin/remat-worker" --coordinator "$addr" --executor slurm --plain-slots 2 \
-    --trial-binary "$build/bin/remat-trial" --work-dir "$T/work" --slurm-partition debug \
-    --slurm-arg=--cpus-per-task=1 > "$T/worker.out" 2>> "$T/worker.err" &
+  PATH="$T/shim:$PATH" "$build/bin/remat-worker" --coordinator "$addr" --executor slurm \
+    --plain-slots 2 --trial-binary "$build/bin/remat-trial" --work-dir "$T/work" \
+    --slurm-partition debug --slurm-arg=--cpus-per-task=1 --slurm-account remat \
+    --slurm-user-accounts "$T/accounts" --slurm-poll-interval 1 \
+    > "$T/worker.out" 2>> "$T/worker.err" &
   worker_pid=$!
 }
 start_worker
@@ -111,6 +129,21 @@ jobs_table > "$T/jobs1"
 [ "$(wc -l < "$T/jobs1")" -eq "$trials" ] || fail "$trials trials but $(wc -l < "$T/jobs1") Slurm jobs"
 awk '$2 != "COMPLETED" || $3 != 1 { exit 1 }' "$T/jobs1" || fail "jobs: $(cat "$T/jobs1")"
 pass "guided search $id succeeded: $trials trials ($ok ok, $oom oom), each a COMPLETED Slurm job of 1 task"
+
+# The worker followed its jobs with one squeue per poll for all of them (never a per-job
+# scontrol), some polls asking about two jobs at once; each job was charged to alice's account.
+cp "$T/slurm-calls.log" "$T/calls1"
+polls=$(grep -c '^squeue .*--jobs=' "$T/calls1")
+batched=$(grep '^squeue .*--jobs=' "$T/calls1" | grep -c -- '--jobs=[0-9_]*,')
+per_job=$(grep -c '^scontrol show job' "$T/calls1")
+[ "$polls" -gt 0 ] && [ "$per_job" -eq 0 ] ||
+  fail "polls: $polls squeue, $per_job scontrol show job: $(tail -n 5 "$T/calls1")"
+[ "$batched" -gt 0 ] || fail "no poll asked about two jobs at once: $(grep -- --jobs= "$T/calls1" | tail -n 5)"
+seconds=$(($(date +%s) - start))
+[ "$polls" -le $((seconds * 2 + 5)) ] || fail "$polls polls in about $seconds s with a 1 s interval"
+accounts=$(squeue -h -t all -o '%a %j' | awk '$2 ~ /^remat-/ {print $1}' | sort -u | tr '\n' ' ')
+[ "$accounts" = "ml-alice " ] || fail "jobs charged to '$accounts', not alice's ml-alice"
+pass "batched poll: $polls squeue calls for $trials jobs ($batched about two jobs at once), no scontrol per job; every job charged to ml-alice"
 
 # 2. TP 2: each trial one job of two tasks, two CPU ranks meeting over TCP.
 python3 - "$T/tiny.yaml" "$T/tp2.yaml" <<'EOF'

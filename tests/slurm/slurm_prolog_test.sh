@@ -5,8 +5,10 @@
 #
 #   slurm_prolog_test.sh BUILD_DIR SOURCE_DIR
 #
-# Checks: a job asking for a search runs, and the search exists, owned by the job's user (who can
-# `remat get` it; another user cannot), with the user's comment kept; a requeue submits nothing
+# Checks: the prolog runs with the environment Slurm gives it (SLURM_* only, no PATH); a job
+# asking for a search runs, and the search exists, owned by the job's user (who can `remat get`
+# it; another user cannot), with the user's comment kept and the marker in AdminComment, which
+# the user cannot set (a marker in the user's own comment is ignored); a requeue submits nothing
 # new; a spec the user cannot read is not submitted (the CLI runs as the user); with the
 # coordinator down the job still runs and the node is not drained; as the node Prolog (a second
 # cluster) it submits once, from the job's first node. Exit 77 (ctest: skipped) when
@@ -29,6 +31,7 @@ fi
 T=$(mktemp -d /tmp/remat-slurm-prolog.XXXXXX)
 chmod 0755 "$T"
 rematd_pid=""
+rematd_args=()
 cleanup() {
   slurm_cluster_stop
   [ -n "$rematd_pid" ] && kill "$rematd_pid" 2>/dev/null && wait "$rematd_pid" 2>/dev/null
@@ -53,7 +56,7 @@ start_rematd() {  # a fresh database each time; its address in $addr and $T/coor
   # (the old output too: the new process truncates it only once it runs, after we may read it)
   rm -f "$T"/rematd.db* "$T/rematd.out"
   "$build/bin/rematd" --listen 127.0.0.1:0 --db "$T/rematd.db" --user-tokens "$T/users.tokens" \
-    --log-level warn > "$T/rematd.out" 2> "$T/rematd.err" &
+    --log-level warn "${rematd_args[@]}" > "$T/rematd.out" 2> "$T/rematd.err" &
   rematd_pid=$!
   addr=""
   for _ in $(seq 1 100); do
@@ -71,18 +74,22 @@ remat() { "$build/bin/remat" "$@" --coordinator "$addr"; }
 # /root, say): a copy where everyone can run it.
 install -D -m 0755 "$build/bin/remat" "$T/bin/remat"
 
-# Slurm gives prologs no environment of ours: a wrapper sets the prolog's settings (what
-# /etc/default/remat-prolog holds on a real controller) and runs the project's prolog.
+# Slurm gives prologs no environment of ours, and no PATH: the wrapper keeps only the SLURM_*
+# variables slurmctld (or slurmd) passed, adds the prolog's settings (what
+# /etc/default/remat-prolog holds on a real controller) and runs the project's prolog with
+# nothing else: env -i, no PATH, no HOME. It records what the prolog was given.
 cat > "$T/prolog.sh" <<EOF
-#!/bin/sh
-export SLURM_CONF="$T/slurm/slurm.conf"
-export REMAT_COORDINATOR="\$(cat "$T/coordinator")"
-export REMAT_USER_TOKENS="$T/users.tokens"
-export REMAT_BIN="$T/bin/remat"
-export REMAT_PROLOG_STATE_DIR="$T/prolog-state"
-export REMAT_PROLOG_LOG="$T/prolog.log"
-export REMAT_PROLOG_TIMEOUT=15
-exec "$src/deploy/slurm/prolog-remat-submit.sh"
+#!/bin/bash
+keep=()
+while IFS= read -r -d '' v; do
+  case "\$v" in SLURM_*) keep+=("\$v") ;; esac
+done < /proc/self/environ
+printf '%s\n' "\${keep[@]}" | cut -d= -f1 | sort > "$T/prolog-env.\$SLURM_JOB_ID"
+exec /usr/bin/env -i "\${keep[@]}" SLURM_CONF="$T/slurm/slurm.conf" \\
+  REMAT_COORDINATOR="\$(/bin/cat "$T/coordinator")" REMAT_USER_TOKENS="$T/users.tokens" \\
+  REMAT_BIN="$T/bin/remat" REMAT_PROLOG_STATE_DIR="$T/prolog-state" \\
+  REMAT_PROLOG_LOG="$T/prolog.log" REMAT_PROLOG_TIMEOUT=15 \\
+  "$src/deploy/slurm/prolog-remat-submit.sh"
 EOF
 chmod 0755 "$T/prolog.sh"
 touch "$T/prolog.log"
@@ -96,6 +103,8 @@ cp "$src/examples/tiny-dense.yaml" "$T/jobs/spec.yaml"
 chown -R nobody: "$T/jobs"
 as_nobody() { runuser -u nobody -- env SLURM_CONF="$SLURM_CONF" "$@"; }
 
+# admin_comment ID -> the job's AdminComment (scontrol prints it on a line of its own)
+admin_comment() { scontrol show job "$1" | sed -n 's/^ *AdminComment=//p' | sed 's/[[:space:]]*$//'; }
 # job_state ID -> JobState (e.g. COMPLETED)
 job_field() { scontrol show job -o "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1; }
 wait_job() {  # wait_job ID STATE [RESTARTS]
@@ -108,7 +117,7 @@ wait_job() {  # wait_job ID STATE [RESTARTS]
   done
   fail "job $1 is $s (restarts $r), expected $2${3:+ after $3 restart(s)}"
 }
-search_ids() { remat list --token-file "$T/nobody.token" | awk 'NR > 1 { print $1 }'; }
+search_ids() { remat list --token-file "$T/nobody.token" | awk 'NR > 1 && $1 ~ /^s-/ { print $1 }'; }
 
 # 1. A job asks for a search in its comment; the search belongs to the job's user.
 job=$(cd "$T/jobs" && as_nobody sbatch --parsable --chdir="$T/jobs" -o out-%j.log \
@@ -117,11 +126,23 @@ job=$(cd "$T/jobs" && as_nobody sbatch --parsable --chdir="$T/jobs" -o out-%j.lo
 wait_job "$job" COMPLETED
 [ "$(cat "$T/jobs/out-$job.log")" = training ] || fail "job $job did not run its script"
 pass "job $job ran"
+grep -q '^PATH$' "$T/prolog-env.$job" && fail "the prolog was given a PATH"
 comment=$(scontrol show job "$job" | sed -n 's/^ *Comment=//p' | sed 's/[[:space:]]*$//')
-id=${comment##*remat:search=}
-[ "$comment" = "nightly run remat:spec=spec.yaml remat:search=$id" ] && [ -n "$id" ] ||
-  fail "comment is '$comment'"
-pass "comment kept and marked: '$comment'"
+[ "$comment" = "nightly run remat:spec=spec.yaml" ] || fail "comment is '$comment'"
+admin=$(admin_comment "$job")
+id=${admin##*remat:search=}
+[ "$admin" = "remat:search=$id" ] && [ -n "$id" ] || fail "AdminComment is '$admin'"
+pass "with no PATH ($(tr '\n' ' ' < "$T/prolog-env.$job")given): comment kept, AdminComment '$admin'"
+# The user cannot touch the marker: AdminComment is the operators' field (a job of theirs that
+# is still pending or running; they may edit its Comment but not its AdminComment).
+held=$(as_nobody sbatch --parsable --chdir="$T/jobs" -o /dev/null --hold --wrap true)
+as_nobody scontrol update JobId="$held" Comment="edited by its user" ||
+  fail "the user cannot edit their job's comment"
+if as_nobody scontrol update JobId="$held" AdminComment=remat:search=s-forged > "$T/forge.out" 2>&1; then
+  fail "the job's user could set its AdminComment"
+fi
+scancel "$held"
+pass "the job's user edits its Comment but cannot set its AdminComment ($(tail -n 1 "$T/forge.out"))"
 owner=$(remat get "$id" --json --token-file "$T/nobody.token" | python3 -c 'import json,sys; print(json.load(sys.stdin)["owner"])') ||
   fail "the job's user cannot get search $id"
 [ "$owner" = nobody ] || fail "search $id is owned by '$owner'"
@@ -152,6 +173,16 @@ grep "job $job: remat submit" "$T/prolog.log" | grep -q "as 'nobody' failed (exi
   fail "no log line for the unreadable spec"
 pass "job $job: spec unreadable by its user, not submitted ($(grep "job $job:" "$T/prolog.log" | sed 's/.*failed/failed/'))"
 
+# 3b. A marker in the user's own Comment means nothing: only AdminComment counts.
+job=$(as_nobody sbatch --parsable --chdir="$T/jobs" -o /dev/null \
+        --comment="remat:spec=spec.yaml remat:search=s-forged" --wrap true)
+wait_job "$job" COMPLETED
+[ "$(search_ids | wc -l)" -eq 2 ] || fail "a forged comment marker stopped the submission"
+admin=$(admin_comment "$job")
+[ "${admin#remat:search=s-}" != "$admin" ] && [ "$admin" != "remat:search=s-forged" ] ||
+  fail "AdminComment of job $job is '$admin'"
+pass "job $job: a remat:search= in the user's comment is ignored; submitted, AdminComment '$admin'"
+
 # 4. Coordinator down: the job runs anyway, the node is not drained.
 kill "$rematd_pid"
 wait "$rematd_pid" 2>/dev/null
@@ -166,20 +197,30 @@ grep "job $job:" "$T/prolog.log" | grep -q "failed (exit" || fail "no log line f
 [ "$(scontrol show job "$job" | sed -n 's/^ *Comment=//p' | sed 's/[[:space:]]*$//')" = "remat:spec=spec.yaml" ] ||
   fail "comment of job $job changed"
 pass "coordinator down: job $job ran, node $node_state, logged: $(grep "job $job:" "$T/prolog.log" | sed 's/.*remat-prolog //')"
-# 5. The same prolog as the node Prolog (it runs on every node of a job, as root): a fresh
-# cluster, the coordinator back; the job's first node submits, once.
+# 5. The same prolog as the node Prolog (it runs on every node of a job, as root), and with the
+# user's identity from MUNGE instead of a token file: a fresh cluster, rematd taking the
+# cluster's munge credentials (--munge-socket), the prolog given no token file at all; the
+# job's first node submits, once, as the job's user.
 slurm_cluster_stop
 rm -rf "$T/slurm" "$T/prolog-state"
+sed -i "s#REMAT_USER_TOKENS=\"$T/users.tokens\"#REMAT_MUNGE_SOCKET=\"$T/slurm/munge/munge.socket\"#" "$T/prolog.sh"
+grep -q REMAT_USER_TOKENS "$T/prolog.sh" && fail "the prolog still gets the token file"
 slurm_cluster_start "$T/slurm" "" "Prolog=$T/prolog.sh" || fail "Slurm did not start with a node Prolog"
+rematd_args=(--munge-socket "$MUNGE_SOCKET")
 start_rematd
 job=$(as_nobody sbatch --parsable --chdir="$T/jobs" -o /dev/null \
         --comment="node prolog remat:spec=spec.yaml" --wrap true)
 wait_job "$job" COMPLETED
 [ "$(search_ids | wc -l)" -eq 1 ] || fail "node Prolog: searches $(search_ids | tr '\n' ' ')"
 id=$(search_ids)
-comment=$(scontrol show job "$job" | sed -n 's/^ *Comment=//p' | sed 's/[[:space:]]*$//')
-[ "$comment" = "node prolog remat:spec=spec.yaml remat:search=$id" ] || fail "comment is '$comment'"
-pass "node Prolog: job $job ran, search $id submitted once for nobody, comment '$comment'"
+[ "$(admin_comment "$job")" = "remat:search=$id" ] || fail "AdminComment is '$(admin_comment "$job")'"
+pass "node Prolog with MUNGE: job $job ran, search $id submitted once for nobody (no token file on the controller), AdminComment 'remat:search=$id'"
+# A MUNGE credential counts once: the same credential sent again is refused (munged detects
+# the replay), so a credential seen on the wire cannot be used by someone else.
+cred=$(runuser -u nobody -- munge -n -S "$MUNGE_SOCKET") || fail "munge -n as nobody failed"
+/usr/bin/python3 "$src/tests/slurm/munge_replay.py" "$addr" "$cred" "$build/clients/python" \
+  > "$T/replay.out" 2>&1 || fail "MUNGE replay: $(cat "$T/replay.out")"
+pass "a replayed MUNGE credential is refused: $(tail -n 1 "$T/replay.out")"
 
 echo "--- prolog log"
 cat "$T/prolog.log"

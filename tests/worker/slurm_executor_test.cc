@@ -125,24 +125,39 @@ TEST(SlurmEnd, JobStatesBecomeTrialResults) {
       << r.message;
 }
 
-// Fake Slurm commands: sbatch records its arguments and prints a job id (or fails as told),
-// scontrol prints the state in a file, scancel records the id and marks the job CANCELLED.
+// Fake Slurm commands: sbatch records its arguments and prints the next job id (77, 78, ...;
+// or fails as told); squeue prints each asked job's state (the file state.ID, else state) as
+// the executor's batched poll asks for it and logs the ids of each call, or with --me the
+// orphans file; scontrol prints the state; scancel records the id and marks the job CANCELLED.
 class FakeSlurmTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    const std::string f = fake_.path();
     Script("sbatch",
-           "echo \"$@\" > " + fake_ / "sbatch.args" +
-               "\nif [ -f " + fake_ / "refuse" + " ]; then cat " + fake_ / "refuse" +
-               " >&2; exit 1; fi\necho 77\n");
+           "echo \"$@\" > " + f + "/sbatch.args\n"
+           "if [ -f " + f + "/refuse ]; then cat " + f + "/refuse >&2; exit 1; fi\n"
+           "exec 9>" + f + "/sbatch.lock && flock 9\n"  // trials submit at once
+           "n=$(cat " + f + "/next 2>/dev/null || echo 77)\n"
+           "echo $((n + 1)) > " + f + "/next\n"
+           "echo $n\n");
+    Script("squeue",
+           "case \"$*\" in *--me*) cat " + f + "/orphans 2>/dev/null; exit 0 ;; esac\n"
+           "for a in \"$@\"; do case $a in --jobs=*) jobs=${a#--jobs=} ;; esac; done\n"
+           "echo \"$jobs\" >> " + f + "/squeue.calls\n"
+           "for j in $(echo \"$jobs\" | tr , ' '); do\n"
+           "  s=$(cat " + f + "/state.$j 2>/dev/null || cat " + f + "/state)\n"
+           "  printf '%s|%s|%s|0|\\n' \"$j\" \"$s\" \"$(cat " + f + "/reason)\"\n"
+           "done\n");
     Script("scontrol", "printf 'JobId=77 JobName=x JobState=%s Reason=%s ExitCode=0:0\\n' "
-                       "\"$(cat " + fake_ / "state" + ")\" \"$(cat " + fake_ / "reason" + ")\"\n");
-    Script("scancel", "echo \"$@\" >> " + fake_ / "scancel.args" + "\necho CANCELLED > " +
-                          fake_ / "state" + "\n");
+                       "\"$(cat " + f + "/state)\" \"$(cat " + f + "/reason)\"\n");
+    Script("scancel", "echo \"$@\" >> " + f + "/scancel.args\necho CANCELLED > " + f +
+                          "/state\n");
     Script("sacct", "exit 1\n");
     WriteText(fake_ / "state", "RUNNING\n");
     WriteText(fake_ / "reason", "None\n");
     options_.trial_binary = "/opt/remat/bin/remat-trial";
     options_.sbatch = fake_ / "sbatch";
+    options_.squeue = fake_ / "squeue";
     options_.scontrol = fake_ / "scontrol";
     options_.scancel = fake_ / "scancel";
     options_.sacct = fake_ / "sacct";
@@ -245,9 +260,8 @@ TEST_F(FakeSlurmTest, OrphanedJobsOfThisWorkerTagAreCancelledOthersKept) {
   EXPECT_EQ(tag.size(), 16u);
   EXPECT_EQ(tag, SlurmWorkerTag("node1", "/var/lib/remat-worker"));
   EXPECT_NE(tag, SlurmWorkerTag("node2", "/var/lib/remat-worker"));
-  Script("squeue", "printf '5|remat:trial=t-1.1 remat:worker=" + tag +
-                       "\\n6|a user job\\n7|remat:trial=t-2.1 remat:worker=0123456789abcdef\\n'\n");
-  options_.squeue = fake_ / "squeue";
+  WriteText(fake_ / "orphans", "5|remat:trial=t-1.1 remat:worker=" + tag +
+                                  "\n6|a user job\n7|remat:trial=t-2.1 remat:worker=0123456789abcdef\n");
   options_.worker_tag = tag;
   std::string error;
   std::vector<std::string> cancelled = CancelOrphanedSlurmJobs(options_, trial_ / "s", &error);
@@ -279,6 +293,102 @@ TEST_F(FakeSlurmTest, ARequeuedJobGetsTheWholeTimeoutAgain) {
   // The job starts each run clean.
   EXPECT_NE(ReadText(trial_ / "job.sh").find("rm -rf rendezvous exit-* result-*.pb"),
             std::string::npos);
+}
+
+// One executor, several trials at once: every poll asks squeue about all of the jobs in one
+// call, so the controller sees one request per poll interval however many trials run (before,
+// each trial ran its own scontrol every interval).
+TEST_F(FakeSlurmTest, ConcurrentTrialsShareOneBatchedPollPerInterval) {
+  options_.poll_interval_s = 0.2;
+  auto executor = MakeSlurmExecutor(options_);
+  constexpr int kTrials = 4;
+  std::vector<Assignment> assignments(kTrials, a_);
+  std::vector<TempDir> dirs(kTrials);
+  std::vector<search::TrialResult> results(kTrials);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kTrials; ++i) {
+    assignments[i].trial_id = "t-" + std::to_string(i);
+    threads.emplace_back([&, i] {
+      TrialContext context;
+      context.assignment = &assignments[i];
+      context.trial_dir = dirs[i].path();
+      results[i] = executor->Run(context);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  WriteText(fake_ / "state", "FAILED\n");
+  for (auto& t : threads) t.join();
+  for (const auto& r : results) {
+    EXPECT_EQ(r.status, search::TrialStatus::kFailed) << r.message;
+  }
+  std::istringstream calls(ReadText(fake_ / "squeue.calls"));
+  std::string line;
+  int n = 0, with_all = 0;
+  while (std::getline(calls, line)) {
+    ++n;
+    if (std::count(line.begin(), line.end(), ',') == kTrials - 1) ++with_all;
+  }
+  // About 1.5 s / 0.2 s polls in all (not per trial), nearly all of them for the four jobs.
+  EXPECT_GE(n, 4);
+  EXPECT_LE(n, 12) << ReadText(fake_ / "squeue.calls");
+  EXPECT_GE(with_all, n - 3) << ReadText(fake_ / "squeue.calls");
+}
+
+TEST(SlurmParse, SqueueAndSacctBatches) {
+  // squeue -O JobID:|,State:|,Reason:|,exit_code:| as Slurm 22.05 prints it; exit_code is the
+  // wait status (768: exit 3).
+  auto jobs = ParseSqueueJobs("1|FAILED|NonZeroExitCode|768|\n3|PENDING|Resources|0|\n"
+                              "2|RUNNING|None|0|\nslurm_load_jobs error: Invalid job id\n");
+  ASSERT_EQ(jobs.size(), 3u);
+  EXPECT_EQ(jobs["1"].state, "FAILED");
+  EXPECT_EQ(jobs["1"].exit_code, 3);
+  EXPECT_TRUE(jobs["1"].terminal());
+  EXPECT_EQ(jobs["3"].reason, "Resources");
+  EXPECT_FALSE(jobs["3"].started());
+  EXPECT_TRUE(jobs["2"].started());
+  auto acct = ParseSacctJobs("12|CANCELLED by 0|0:15|None\n12.batch|CANCELLED|0:15|\n"
+                             "13|COMPLETED|0:0|None\n");
+  ASSERT_EQ(acct.size(), 3u);  // 12.batch is its own row; the executor asks for 12 and 13
+  EXPECT_EQ(acct["12"].state, "CANCELLED");
+  EXPECT_EQ(acct["12"].signal, 15);
+  EXPECT_EQ(acct["13"].state, "COMPLETED");
+}
+
+TEST(SlurmAccounts, TheOwnersMappedAccountOrTheDefault) {
+  TempDir dir;
+  WriteText(dir / "accounts", "# user account\nalice ml-alice\nbob   physics  # lab\n");
+  auto accounts = ReadSlurmUserAccounts(dir / "accounts");
+  ASSERT_TRUE(accounts.ok()) << accounts.status();
+  SlurmExecutorOptions o;
+  o.account = "remat";
+  o.user_accounts = *accounts;
+  EXPECT_EQ(SlurmAccountFor(o, "alice"), "ml-alice");
+  EXPECT_EQ(SlurmAccountFor(o, "bob"), "physics");
+  EXPECT_EQ(SlurmAccountFor(o, "carol"), "remat");
+  EXPECT_EQ(SlurmAccountFor(o, ""), "remat");
+  WriteText(dir / "bad", "alice ml\nbob\n");
+  auto bad = ReadSlurmUserAccounts(dir / "bad");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("bad:2: expected \"USER ACCOUNT\""), std::string::npos)
+      << bad.status();
+  WriteText(dir / "twice", "alice a\nalice b\n");
+  EXPECT_NE(ReadSlurmUserAccounts(dir / "twice").status().message().find("named twice"),
+            std::string::npos);
+  EXPECT_FALSE(ReadSlurmUserAccounts(dir / "missing").ok());
+}
+
+TEST_F(FakeSlurmTest, AJobIsChargedToItsOwnersMappedAccount) {
+  options_.account = "remat";
+  options_.user_accounts = {{"alice", "ml-alice"}};
+  WriteText(fake_ / "state", "COMPLETED\n");
+  a_.owner = "alice";
+  Run();
+  EXPECT_NE(ReadText(fake_ / "sbatch.args").find("--account=ml-alice"), std::string::npos)
+      << ReadText(fake_ / "sbatch.args");
+  a_.owner = "bob";
+  Run();
+  EXPECT_NE(ReadText(fake_ / "sbatch.args").find("--account=remat"), std::string::npos)
+      << ReadText(fake_ / "sbatch.args");
 }
 
 }  // namespace

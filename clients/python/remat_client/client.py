@@ -25,6 +25,15 @@ _FINAL_STATES = (
 )
 
 
+# Codes of a coordinator that is away (restarting, draining, unreachable): watch tries again.
+_RETRYABLE = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.INTERNAL,
+)
+
+
 class RematError(Exception):
     """A failed call. ``code`` is the grpc.StatusCode, ``details`` the server's message."""
 
@@ -180,27 +189,50 @@ class Client:
             })
         return out
 
-    def watch(self, search_id, callback=None):
+    def watch(self, search_id, callback=None, max_quiet_s=None):
         """Follows a search until it ends, calling ``callback(progress)`` with each update as a
         dict (the SearchProgress fields: state, trials_done, trials_planned, frontier,
-        best_policy, last_trial, eta_s, ...). Returns the final search as ``get`` does. A stream
-        that breaks before the end is resumed; a refused call raises RematError."""
+        best_policy, last_trial, eta_s, ...). Returns the final search as ``get`` does.
+
+        It outlives a coordinator restart, as ``remat watch`` does: a call that fails with
+        UNAVAILABLE, CANCELLED, ABORTED or INTERNAL (the coordinator going away, restarting or
+        draining; the state read included) is tried again with a backoff from 0.2 s doubling to
+        5 s, and the watch picks up the resumed search. It gives up with that RematError once
+        nothing has been heard for ``max_quiet_s`` seconds (default: the larger of 60 and the
+        client's ``timeout``). Any other refusal (NOT_FOUND, UNAUTHENTICATED, ...) raises at
+        once."""
+        if max_quiet_s is None:
+            max_quiet_s = max(60.0, self.timeout or 0)
+        last_ok = time.monotonic()
+        backoff_s = 0.2
         while True:
-            current = self.search(search_id)
-            if current.state in _FINAL_STATES:
-                return _to_dict(current)
             try:
+                current = self._stub.GetSearch(remat_pb2.GetSearchRequest(id=search_id),
+                                               metadata=self._metadata, timeout=self.timeout)
+                last_ok = time.monotonic()
+                if current.state in _FINAL_STATES:
+                    return _to_dict(current)
                 for progress in self._stub.WatchSearch(
                         remat_pb2.WatchSearchRequest(id=search_id), metadata=self._metadata):
+                    last_ok = time.monotonic()
+                    backoff_s = 0.2
                     if callback is not None:
                         callback(_to_dict(progress))
                     if progress.state in _FINAL_STATES:
                         return self.get(search_id)
+                error = None  # the stream ended early without an error: resume
             except grpc.RpcError as e:
-                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                if e.code() not in _RETRYABLE:
                     raise RematError(e.code(), e.details(), self.address) from None
-            # The stream ended or broke early: read the state again and resume.
-            time.sleep(0.5)
+                error = RematError(e.code(), e.details(), self.address)
+            except RematError as e:  # from get() after the final update
+                if e.code not in _RETRYABLE:
+                    raise
+                error = e
+            if error is not None and time.monotonic() - last_ok > max_quiet_s:
+                raise error
+            time.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, 5.0)
 
     def cancel(self, search_id):
         """Cancels a search; returns its state name."""
@@ -209,7 +241,7 @@ class Client:
         return _state_name(r.state)
 
     def list(self, limit=100):
-        """The caller's searches, newest first, as dicts."""
+        """The caller's searches (an admin's token: every user's), newest first, as dicts."""
         r = self._call(self._stub.ListSearches, remat_pb2.ListSearchesRequest(limit=limit),
                        timeout=self.timeout)
         return [_to_dict(x) for x in r.searches]

@@ -143,6 +143,95 @@ class LiveCoordinator(unittest.TestCase):
         self.assertEqual(e.exception.code.name, "NOT_FOUND")
 
 
+class CoordinatorRestart(unittest.TestCase):
+    """A Python watch outlives a restart of rematd: the watch starts while the search waits for
+    a worker, rematd is stopped (SIGTERM, so its watch streams end UNAVAILABLE) and kept down for
+    a few seconds (the watch's state reads fail UNAVAILABLE meanwhile), started again on the same
+    port and database, and only then does a worker come; the watch returns the final state."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="remat-py-restart-")
+        self.address = "127.0.0.1:%d" % free_port()
+        self.procs = {}
+
+    def tearDown(self):
+        for p in self.procs.values():
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def start(self, program, args):
+        log = open(os.path.join(self.dir, program + ".log"), "a")
+        self.procs[program] = subprocess.Popen(
+            [os.path.join(ARGS.bin_dir, program)] + args, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+    def start_rematd(self):
+        self.start("rematd", ["--listen", self.address, "--db", self.dir + "/remat.db",
+                              "--lease-timeout", "1", "--heartbeat-interval", "0.2",
+                              "--drain", "1"])
+        host, port = self.address.split(":")
+        deadline = time.time() + 20
+        while True:
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                return
+            except OSError:
+                self.assertLess(time.time(), deadline, "rematd did not listen")
+                time.sleep(0.05)
+
+    def test_watch_returns_the_final_state_across_a_restart(self):
+        import threading
+        from remat_client import Client, RematError
+        self.start_rematd()
+        c = Client(self.address, timeout=5)
+        sid = c.submit(os.path.join(ARGS.source_dir, "examples", "tiny-dense.yaml"))
+        updates = []
+        first = threading.Event()
+        outcome = {}
+
+        def on_update(p):
+            updates.append(p)
+            first.set()
+
+        def run():
+            try:
+                outcome["final"] = c.watch(sid, on_update)  # default bound: 60 s of silence
+            except Exception as e:  # noqa: BLE001 -- reported by the main thread
+                outcome["error"] = e
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        self.assertTrue(first.wait(20), "no first update %r" % outcome)
+        self.assertEqual(updates[0]["state"], "queued")
+        rematd = self.procs.pop("rematd")
+        rematd.send_signal(signal.SIGTERM)
+        self.assertEqual(rematd.wait(20), 0)
+        time.sleep(3)  # the watch keeps trying while nothing listens
+        self.assertTrue(t.is_alive(), "watch ended while rematd was down: %r" % outcome)
+        self.start_rematd()
+        self.start("remat-worker", ["--coordinator", self.address, "--plain-slots", "1",
+                                    "--work-dir", self.dir + "/worker"])
+        t.join(120)
+        self.assertFalse(t.is_alive(), "watch did not return")
+        self.assertNotIn("error", outcome)
+        self.assertEqual(outcome["final"]["state"], "succeeded", outcome["final"]["message"])
+        self.assertEqual(updates[-1]["state"], "succeeded")
+
+        # Bounded: with the coordinator gone for good the watch gives up with UNAVAILABLE.
+        rematd = self.procs.pop("rematd")
+        rematd.send_signal(signal.SIGTERM)
+        rematd.wait(20)
+        start = time.monotonic()
+        with self.assertRaises(RematError) as e:
+            c.watch(sid, max_quiet_s=1)
+        self.assertEqual(e.exception.code.name, "UNAVAILABLE")
+        self.assertLess(time.monotonic() - start, 15)
+
+
 class SpecEncoding(unittest.TestCase):
     def test_unknown_key_and_wrong_type_name_the_key(self):
         from remat_client import SpecError, to_proto
