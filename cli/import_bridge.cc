@@ -227,8 +227,10 @@ search::StatusOr<std::string> ImportBridgeUnguarded(const std::string& yaml_text
         for (const auto& m : v) modules.push_back(Text(m));
       }
     } else if (key == "attention_backend") {
-      if (Neutral(v)) continue;
-      std::string text = Text(v);
+      // Bridge leaves it null: Megatron Core's AttnBackend.auto, which under the local layer
+      // spec is Megatron's own (unfused) attention.
+      std::string text = v.IsNull() ? "auto" : Text(v);
+      if (text == "auto" && Text(Plain(model_value("transformer_impl"))) == "local") text = "local";
       if (text.rfind("AttnBackend.", 0) == 0) text = text.substr(12);
       static const char* const kByValue[] = {"", "flash", "fused", "unfused", "local", "auto"};
       if (text.size() == 1 && text[0] >= '1' && text[0] <= '5') text = kByValue[text[0] - '0'];

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "search/compatibility.h"
 #include "search/spec.h"
@@ -96,6 +97,34 @@ Status ValidateCudaGraphs(const ModelSpec& m) {
   return OkStatus();
 }
 
+// Megatron's rules for the gradient, optimizer and FSDP settings (DistributedDataParallelConfig
+// and OptimizerConfig @d98e8a6).
+Status ValidateOptimizerSettings(const SearchSpec& spec) {
+  const TrainSpec& t = spec.train;
+  if (t.use_precision_aware_optimizer) {
+    if (t.main_params_dtype != DType::kFp32 && t.main_params_dtype != DType::kFp16) {
+      return InvalidArgument("train.main_params_dtype: must be fp32 or fp16");
+    }
+    if (t.main_grads_dtype != DType::kFp32 && t.main_grads_dtype != DType::kBf16) {
+      return InvalidArgument("train.main_grads_dtype: must be fp32 or bf16");
+    }
+  } else {
+    const TrainSpec d;
+    if (t.main_params_dtype != d.main_params_dtype || t.main_grads_dtype != d.main_grads_dtype ||
+        t.exp_avg_dtype != d.exp_avg_dtype || t.exp_avg_sq_dtype != d.exp_avg_sq_dtype) {
+      return InvalidArgument("train.use_precision_aware_optimizer: the optimizer dtypes other than "
+                             "fp32 need the precision-aware optimizer");
+    }
+  }
+  if (!t.use_megatron_fsdp && t.data_parallel_sharding_strategy != ShardingStrategy::kNoShard) {
+    return InvalidArgument("train.data_parallel_sharding_strategy: needs train.use_megatron_fsdp");
+  }
+  if (t.fp8_param_gather && spec.model.fp8.empty()) {
+    return InvalidArgument("train.fp8_param_gather: needs model.fp8");
+  }
+  return OkStatus();
+}
+
 Status ValidateOffloading(const SearchSpec& spec) {
   const ModelSpec& m = spec.model;
   if (m.cpu_offloading_num_layers < 0) {
@@ -136,6 +165,7 @@ Status ValidateCompatibility(const SearchSpec& spec) {
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateFp8(spec.model));
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateCudaGraphs(spec.model));
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateOffloading(spec));
+  REMAT_SEARCH_RETURN_IF_ERROR(ValidateOptimizerSettings(spec));
   return ValidateOverlap(spec);
 }
 
@@ -147,6 +177,32 @@ std::string BuiltinBackendProblem(const SearchSpec& spec) {
   if (m.IsGdn()) {
     return "model.experimental_attention_variant: the builtin engine has no Gated DeltaNet "
            "layer; GDN models are validated and planned only";
+  }
+  // What the engine runs is Megatron Core's local, unfused layer with fp32 gradient buffers and
+  // fp32 Adam: anything else would be measured as something it is not.
+  const std::pair<bool, const char*> kNotRun[] = {
+      {m.transformer_impl == TransformerImpl::kTransformerEngine,
+       "model.transformer_impl: the builtin engine runs Megatron Core's local layer, not "
+       "Transformer Engine's"},
+      {m.bias_activation_fusion, "model.bias_activation_fusion: the builtin engine's MLP is unfused"},
+      {m.bias_dropout_fusion, "model.bias_dropout_fusion: the builtin engine's bias-dropout-add is "
+                              "unfused"},
+      {m.apply_rope_fusion, "model.apply_rope_fusion: the builtin engine's RoPE is unfused"},
+      {m.masked_softmax_fusion, "model.masked_softmax_fusion: the builtin engine's softmax is "
+                                "unfused"},
+      {m.cross_entropy_loss_fusion, "model.cross_entropy_loss_fusion: the builtin engine's "
+                                    "cross-entropy is unfused"},
+      {!spec.train.grad_reduce_in_fp32 && spec.train.precision == Precision::kBf16,
+       "train.grad_reduce_in_fp32: the builtin engine keeps fp32 gradient buffers"},
+      {spec.train.use_precision_aware_optimizer,
+       "train.use_precision_aware_optimizer: the builtin engine's Adam is fp32"},
+      {spec.train.use_megatron_fsdp, "train.use_megatron_fsdp: the builtin engine has no FSDP"},
+  };
+  for (const auto& [refused, why] : kNotRun) {
+    if (refused) {
+      return std::string(why) + "; plan and validate it, or run it with the megatron or command "
+                                "backend";
+    }
   }
   if (!m.fp8.empty()) {
     return "model.fp8: the builtin engine cannot run FP8 (it has no Transformer Engine); use the "

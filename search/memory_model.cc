@@ -59,7 +59,19 @@ Dims MakeDims(const SearchSpec& spec) {
 // RoPE's cos and sin tables as Megatron's unfused apply_rotary_pos_emb builds them: cast to the
 // activation dtype on every call ([s, 1, 1, rot], one pair for q and one for k) and saved by the
 // multiplications, so a layer holds four per micro-batch, whatever the batch size or TP.
-double RopeTableBytes(const Dims& x, double rot) { return 4 * x.e * x.s * rot; }
+// Fused RoPE (apply_rope_fusion) keeps no per-layer tables.
+double RopeTableBytes(const ModelSpec& m, const Dims& x, double rot) {
+  return m.apply_rope_fusion ? 0 : 4 * x.e * x.s * rot;
+}
+
+// F-wide tensors a dense MLP keeps per token. GELU: its input and output. SwiGLU unfused (as
+// Megatron's glu): fc1 output [2F], silu output, x_linear + glu_linear_offset, product; fused
+// (bias_activation_fusion, megatron/core/fusions/fused_bias_swiglu.py@d98e8a6): fc1's output
+// [2F], which the fused function keeps, and its product.
+double MlpWidths(const ModelSpec& m, bool glu) {
+  if (!glu) return 2;
+  return m.bias_activation_fusion ? 3 : 5;
+}
 
 // Expert tensor parallelism: Megatron Core sets it to TP when unset; Megatron Bridge sets it to 1
 // when EP > 1 (experts are spread over the TP x DP ranks instead).
@@ -278,8 +290,12 @@ Discard SelectiveDiscard(const SearchSpec& spec, const Policy& policy, const Lay
   if (policy.Has(Label::kCoreAttn)) d.attn += a.core_attn;
   if (policy.Has(Label::kMlaUpProj)) d.attn += a.mla_up_proj;
   if (policy.Has(Label::kLayernorm)) {
-    d.attn += a.layernorm / 2;
-    d.mlp += a.layernorm / 2;
+    // Under Transformer Engine a dense layer's norms are fused into the linears after them
+    // (IdentityOp in the layer spec): only a separate norm is discarded, the input norm of MLA
+    // and the pre-MLP norm of an MoE layer (megatron/core/models/gpt/gpt_layer_specs.py@d98e8a6).
+    const bool te = spec.model.transformer_impl == TransformerImpl::kTransformerEngine;
+    if (!te || spec.model.multi_latent_attention) d.attn += a.layernorm / 2;
+    if (!te || spec.model.IsMoeLayer(layer)) d.mlp += a.layernorm / 2;
   }
   if (spec.model.IsMoeLayer(layer)) {
     if (policy.Has(Label::kMoe)) {
@@ -386,14 +402,49 @@ ParamCount CountParams(const SearchSpec& spec, int pp_rank) {
   return p;
 }
 
-// Megatron's bytes per parameter: bf16 weight + fp32 main grad + fp32 master weight + fp32 Adam
-// m and v (18); fp32 has no master copy (16). The distributed optimizer shards master weights
-// and Adam states over the data-parallel group.
+double DTypeBytes(DType d) {
+  switch (d) {
+    case DType::kFp32: return 4;
+    case DType::kBf16:
+    case DType::kFp16: return 2;
+    case DType::kFp8: return 1;
+  }
+  return 4;
+}
+
+// Megatron's bytes per parameter, as a weight, its gradient buffer and the optimizer's state.
+// bf16: a bf16 weight, the gradient buffer in fp32 (grad_reduce_in_fp32) or bf16, and Adam's
+// fp32 master weight and two moments (18 with fp32 gradients). The precision-aware optimizer
+// (Transformer Engine's FusedAdam) keeps the moments in their configured dtypes and an fp32 master
+// weight as the 16-bit remainder of the bf16 one (store_param_remainders, Megatron Core's
+// default). fp32: weight, gradient, two moments (16). The distributed optimizer shards the
+// optimizer's state over the data-parallel group; Megatron-FSDP shards it too (optim), and the
+// gradients (optim_grads) and the weights (optim_grads_params) as well.
+// (NVIDIA/Megatron-LM megatron/core/optimizer/optimizer_config.py and
+// megatron/core/distributed/distributed_data_parallel_config.py @d98e8a6; docs/memory-model.md.)
 double BytesPerParameter(const SearchSpec& spec, double dp) {
-  const bool fp32 = spec.train.precision == Precision::kFp32;
+  const TrainSpec& t = spec.train;
   dp = std::max(1.0, dp);
-  if (!spec.train.use_distributed_optimizer) return fp32 ? 16 : 18;
-  return fp32 ? 8 + 8 / dp : 6 + 12 / dp;
+  const bool fp32 = t.precision == Precision::kFp32;
+  double weight = fp32 ? 4 : 2;
+  double grad = fp32 || t.grad_reduce_in_fp32 ? 4 : 2;
+  double optimizer = fp32 ? 8 : 12;
+  if (!fp32 && t.use_precision_aware_optimizer) {
+    const double master = t.main_params_dtype == DType::kFp32 ? 2 : DTypeBytes(t.main_params_dtype);
+    optimizer = master + DTypeBytes(t.exp_avg_dtype) + DTypeBytes(t.exp_avg_sq_dtype);
+  }
+  ShardingStrategy sharding = ShardingStrategy::kNoShard;
+  if (t.use_megatron_fsdp) {
+    sharding = t.data_parallel_sharding_strategy;
+  } else if (t.use_distributed_optimizer) {
+    sharding = ShardingStrategy::kOptim;
+  }
+  if (sharding != ShardingStrategy::kNoShard) optimizer /= dp;
+  if (sharding == ShardingStrategy::kOptimGrads || sharding == ShardingStrategy::kOptimGradsParams) {
+    grad /= dp;
+  }
+  if (sharding == ShardingStrategy::kOptimGradsParams) weight /= dp;
+  return weight + grad + optimizer;
 }
 
 double StaticParameterBytes(const SearchSpec& spec, const ParamCount& p) {
@@ -500,7 +551,7 @@ LayerActivations EstimateLayerActivations(const SearchSpec& spec, int layer) {
     a.attn_other += latent * (kvl + pe) + latent * kvl + NormStatsBytes(m) * x.seq_tokens;
     // Expanded query, key, value (contiguous) kept by core attention, and the cos/sin tables of
     // the RoPE applied inside the up-projection region (replayed with it).
-    a.mla_up_proj = full * x.heads * (2 * (qk + pe) + vd) + RopeTableBytes(x, pe);
+    a.mla_up_proj = full * x.heads * (2 * (qk + pe) + vd) + RopeTableBytes(m, x, pe);
     a.core_attn = unfused ? scores * chain.held : lse;
     a.attn_other += full * x.heads * vd;  // output projection's input
   } else {
@@ -513,9 +564,16 @@ LayerActivations EstimateLayerActivations(const SearchSpec& spec, int layer) {
     // and both core_attn's checkpoint and a fused kernel keep them as given: q, k (new under
     // RoPE or, for q, GQA) and v, a view that keeps the whole fused output.
     const bool q_view = !gqa && !rope;
-    const double given = (q_view ? 0 : q) + (rope ? kv : 0) + fused;
+    double given = (q_view ? 0 : q) + (rope ? kv : 0) + fused;
+    if (m.transformer_impl == TransformerImpl::kTransformerEngine && !unfused) {
+      // Transformer Engine's fused attention makes the strided v contiguous (a copy), so the
+      // fused QKV output is no longer held: it keeps q, k and v, W_f wide
+      // (transformer_engine/pytorch/attention/dot_product_attention, NVIDIA/TransformerEngine
+      // @d0067d0; docs/transformer-engine.md section 2).
+      given = fused;
+    }
     a.attn_inputs = full * given;
-    if (rope) a.attn_other += RopeTableBytes(x, x.d);
+    if (rope) a.attn_other += RopeTableBytes(m, x, x.d);
     if (unfused) {
       // Without the checkpoint the unfused core holds q (copy or view) and GQA's k and v
       // repeated to all heads (copies) instead; MHA's k is the rotated copy or a view.
@@ -539,14 +597,14 @@ LayerActivations EstimateLayerActivations(const SearchSpec& spec, int layer) {
     a.moe_expert_fc1 = x.e * n * moe.ffn * (x.glu ? 2 : 1);
     // SwiGLU: silu output, x_linear + glu_linear_offset (a new tensor even at offset 0), gated
     // product, product * probs; GELU: activation, product * probs.
-    a.moe_act = x.e * n * moe.ffn * (x.glu ? 4 : 2);
+    // Fused (bias_activation_fusion): the fused activation with the probabilities keeps its
+    // input (fc1's output, counted above) and makes one output.
+    a.moe_act = x.e * n * moe.ffn * (m.bias_activation_fusion ? 1 : (x.glu ? 4 : 2));
     a.moe_other = 8 * n;  // sorted token indices for unpermute
     // Shared experts: an MLP of width shared_ffn on every token.
-    a.shared_experts = full * moe.shared_ffn * (x.glu ? 5 : 2);
+    a.shared_experts = full * moe.shared_ffn * MlpWidths(m, x.glu);
   } else {
-    // GELU: its input and output; SwiGLU (unfused, as Megatron's glu): fc1 output [2F], silu
-    // output, x_linear + glu_linear_offset, product.
-    a.mlp = full * x.ffn * (x.glu ? 5 : 2);
+    a.mlp = full * x.ffn * MlpWidths(m, x.glu);
   }
   return a;
 }

@@ -36,6 +36,12 @@ std::string LabelProblem(const SearchSpec& spec, Label label) {
       }
       return "";
     case Label::kLayernorm:
+      if (m.transformer_impl == TransformerImpl::kTransformerEngine && !m.multi_latent_attention &&
+          m.NumMoeLayers() == 0) {
+        return "layernorm has no effect: Transformer Engine's layer fuses a dense layer's norms into "
+               "the linears after them (no separate norm to checkpoint; MLA and MoE layers have "
+               "one)";
+      }
       return "";
     case Label::kMlaUpProj:
       if (!m.multi_latent_attention) {

@@ -32,6 +32,11 @@ constexpr const char* kStrategy[] = {"guided", "exhaustive"};
 constexpr const char* kObjective[] = {"frontier", "recommend"};
 constexpr const char* kBackend[] = {"builtin", "command", "replay", "megatron"};
 constexpr const char* kDevice[] = {"auto", "cuda", "cpu"};
+constexpr const char* kTransformerImpl[] = {"local", "transformer_engine"};
+constexpr const char* kCrossEntropyFusionImpl[] = {"native", "te"};
+constexpr const char* kDType[] = {"fp32", "bf16", "fp16", "fp8"};
+constexpr const char* kShardingStrategy[] = {"no_shard", "optim", "optim_grads",
+                                             "optim_grads_params"};
 
 Status Positive(const char* field, long long v) {
   if (v <= 0) return InvalidArgument(std::string(field) + ": must be a positive integer");
@@ -501,6 +506,10 @@ const char* Name(StrategyKind v) { return kStrategy[static_cast<int>(v)]; }
 const char* Name(Objective v) { return kObjective[static_cast<int>(v)]; }
 const char* Name(Backend v) { return kBackend[static_cast<int>(v)]; }
 const char* Name(Device v) { return kDevice[static_cast<int>(v)]; }
+const char* Name(TransformerImpl v) { return kTransformerImpl[static_cast<int>(v)]; }
+const char* Name(CrossEntropyFusionImpl v) { return kCrossEntropyFusionImpl[static_cast<int>(v)]; }
+const char* Name(DType v) { return kDType[static_cast<int>(v)]; }
+const char* Name(ShardingStrategy v) { return kShardingStrategy[static_cast<int>(v)]; }
 
 std::optional<Normalization> ParseNormalization(const std::string& s) {
   return ParseByName<Normalization>(s, kNormalization);
@@ -552,6 +561,24 @@ REMAT_SPEC_ENUM(StrategyKind, kStrategy, ParseStrategyKind)
 REMAT_SPEC_ENUM(Objective, kObjective, ParseObjective)
 REMAT_SPEC_ENUM(Backend, kBackend, ParseBackend)
 REMAT_SPEC_ENUM(Device, kDevice, ParseDevice)
+REMAT_SPEC_ENUM(TransformerImpl, kTransformerImpl,
+                [](const std::string& v) { return ParseByName<TransformerImpl>(v, kTransformerImpl); })
+REMAT_SPEC_ENUM(CrossEntropyFusionImpl, kCrossEntropyFusionImpl, [](const std::string& v) {
+  return ParseByName<CrossEntropyFusionImpl>(v, kCrossEntropyFusionImpl);
+})
+REMAT_SPEC_ENUM(DType, kDType, [](const std::string& v) -> std::optional<DType> {
+  // torch's names too, as Megatron Bridge writes OptimizerConfig's dtypes (torch.bfloat16, ...);
+  // fp8 moments are stored as uint8.
+  std::string name = v.rfind("torch.", 0) == 0 ? v.substr(6) : v;
+  if (name == "float32" || name == "float") return DType::kFp32;
+  if (name == "bfloat16") return DType::kBf16;
+  if (name == "float16" || name == "half") return DType::kFp16;
+  if (name == "uint8") return DType::kFp8;
+  return ParseByName<DType>(name, kDType);
+})
+REMAT_SPEC_ENUM(ShardingStrategy, kShardingStrategy, [](const std::string& v) {
+  return ParseByName<ShardingStrategy>(v, kShardingStrategy);
+})
 #undef REMAT_SPEC_ENUM
 
 namespace {

@@ -30,6 +30,13 @@ enum class Objective { kFrontier, kRecommend };
 // megatron: trials run Megatron Core's own model and step (worker/megatron_executor.h).
 enum class Backend { kBuiltin, kCommand, kReplay, kMegatron };
 enum class Device { kAuto, kCuda, kCpu };
+// Megatron Core's layer implementation: Transformer Engine's modules or its own local ones.
+enum class TransformerImpl { kLocal, kTransformerEngine };
+enum class CrossEntropyFusionImpl { kNative, kTe };
+// A tensor dtype of the optimizer's state (OptimizerConfig's torch dtypes; fp8 is uint8 storage).
+enum class DType { kFp32, kBf16, kFp16, kFp8 };
+// Megatron-FSDP's data_parallel_sharding_strategy: what is sharded over the data-parallel group.
+enum class ShardingStrategy { kNoShard, kOptim, kOptimGrads, kOptimGradsParams };
 
 // Megatron's moe_layer_freq: every `every`-th layer has an MoE MLP (1: all of them), or, when
 // `pattern` is not empty, layer i has one when pattern[i] is 1 (one 0/1 entry per layer).
@@ -178,6 +185,10 @@ const char* Name(StrategyKind v);
 const char* Name(Objective v);
 const char* Name(Backend v);
 const char* Name(Device v);
+const char* Name(TransformerImpl v);
+const char* Name(CrossEntropyFusionImpl v);
+const char* Name(DType v);
+const char* Name(ShardingStrategy v);
 
 // The names of every value of a spec enum, in declaration order (the names Name() gives), and
 // ParseEnum<E>, which reads them back (with ParseAttentionBackend's aliases): the generic forms

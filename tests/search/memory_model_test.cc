@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "search/rules.h"
 #include "tests/search/test_specs.h"
 
 namespace remat::search {
@@ -631,6 +632,91 @@ TEST(ContextParallel, ExpertOptimizerShardsOverTheExpertDataParallelGroup) {
               dense * (6 + 12.0 / 8) + 2 * expert_params_4 * (6 + 12.0 / 2), 1.0);
   EXPECT_NEAR(e8.static_bytes - e8.buffer_bytes,
               dense * (6 + 12.0 / 8) + expert_params_4 * (6 + 12.0 / 1), 1.0);
+}
+
+
+// The Transformer Engine layer and Megatron's fusions (docs/transformer-engine.md).
+
+// Megatron's fused SwiGLU (bias_activation_fusion) keeps fc1's output [2F], which it needs to
+// recompute the gate, and makes one product [F]: 3 F-wide tensors instead of the unfused 5.
+TEST(Fusions, FusedSwigluKeepsThreeFfnWidths) {
+  SearchSpec s = DenseSpec();
+  const double tokens = 4096, e = 2, f = 14336;
+  EXPECT_DOUBLE_EQ(EstimateLayerActivations(s, 0).mlp, 5 * e * tokens * f);
+  s.model.bias_activation_fusion = true;
+  EXPECT_DOUBLE_EQ(EstimateLayerActivations(s, 0).mlp, 3 * e * tokens * f);
+  // Shared experts are such an MLP; the routed experts' activation keeps one output per token.
+  SearchSpec moe = MoeSpec();
+  const LayerActivations unfused = EstimateLayerActivations(moe, 0);
+  moe.model.bias_activation_fusion = true;
+  const LayerActivations fused = EstimateLayerActivations(moe, 0);
+  EXPECT_DOUBLE_EQ(fused.shared_experts, unfused.shared_experts * 3 / 5);
+  EXPECT_DOUBLE_EQ(fused.moe_act, unfused.moe_act / 4);
+}
+
+// Fused RoPE keeps no cos/sin tables per layer.
+TEST(Fusions, FusedRopeKeepsNoTables) {
+  SearchSpec s = DenseSpec();
+  const double rope = EstimateLayerActivations(s, 0).attn_other;
+  s.model.apply_rope_fusion = true;
+  EXPECT_DOUBLE_EQ(rope - EstimateLayerActivations(s, 0).attn_other, 4 * 2.0 * 4096 * 128);
+}
+
+// Transformer Engine's fused attention copies the strided v: it keeps q, k and v (W_f wide), not
+// the whole fused QKV output behind a view.
+TEST(TransformerEngine, FusedAttentionKeepsQkvCopies) {
+  SearchSpec s = DenseSpec();  // 32 heads, 8 groups, RoPE
+  s.model.attention_backend = AttentionBackend::kFlash;
+  s.model.transformer_impl = TransformerImpl::kTransformerEngine;
+  const double tokens = 4096, d = 128, e = 2;
+  EXPECT_DOUBLE_EQ(EstimateLayerActivations(s, 0).attn_inputs, e * tokens * (32 + 16) * d);
+}
+
+// A dense layer's norms are fused into the linears after them: `layernorm` discards nothing and
+// is no valid label; on an MoE layer the pre-MLP norm is separate and is discarded.
+TEST(TransformerEngine, LayernormDiscardsOnlySeparateNorms) {
+  SearchSpec dense = DenseSpec();
+  dense.model.transformer_impl = TransformerImpl::kTransformerEngine;
+  EXPECT_DOUBLE_EQ(EstimateMemory(dense, P("selective:[layernorm]")).activation_bytes,
+                   EstimateMemory(dense, Policy::None()).activation_bytes);
+  EXPECT_FALSE(ValidatePolicy(dense, P("selective:[layernorm]")).ok());
+  SearchSpec moe = MoeSpec();
+  const double local_saving = EstimateMemory(moe, Policy::None()).activation_bytes -
+                              EstimateMemory(moe, P("selective:[layernorm]")).activation_bytes;
+  moe.model.transformer_impl = TransformerImpl::kTransformerEngine;
+  const double te_saving = EstimateMemory(moe, Policy::None()).activation_bytes -
+                           EstimateMemory(moe, P("selective:[layernorm]")).activation_bytes;
+  EXPECT_GT(te_saving, 0);
+  EXPECT_NEAR(te_saving, local_saving / 2, 1);
+}
+
+// Static bytes per parameter with the distributed optimizer over DP 4: 2 (bf16 weight) + the
+// gradient buffer (4 in fp32, 2 in bf16) + the optimizer's state / DP: fp32 master and moments
+// (12), or the precision-aware optimizer's remainder (2) and moments in their dtypes.
+TEST(StaticMemory, GradientBufferAndOptimizerDtypes) {
+  SearchSpec s = DenseSpec();
+  s.parallel.data_parallel_size = 4;
+  s.train.use_distributed_optimizer = true;
+  const double params = ParameterCount(s);
+  auto static_bytes = [&](const SearchSpec& spec) {
+    return EstimateMemory(spec, Policy::None()).static_bytes;
+  };
+  const double fp32_grads = static_bytes(s);
+  s.train.grad_reduce_in_fp32 = false;
+  EXPECT_NEAR(fp32_grads - static_bytes(s), 2 * params, 1e-6 * params);
+  const double bf16_grads = static_bytes(s);
+  s.train.use_precision_aware_optimizer = true;
+  s.train.exp_avg_dtype = DType::kBf16;
+  s.train.exp_avg_sq_dtype = DType::kBf16;
+  // (12 - (2 + 2 + 2)) / 4 bytes less per parameter.
+  EXPECT_NEAR(bf16_grads - static_bytes(s), 1.5 * params, 1e-6 * params);
+  // Megatron-FSDP sharding the gradients and the weights too.
+  s.train.use_precision_aware_optimizer = false;
+  s.train.exp_avg_dtype = s.train.exp_avg_sq_dtype = DType::kFp32;
+  s.train.use_distributed_optimizer = false;
+  s.train.use_megatron_fsdp = true;
+  s.train.data_parallel_sharding_strategy = ShardingStrategy::kOptimGradsParams;
+  EXPECT_NEAR(bf16_grads - static_bytes(s), (2 + 2) * 0.75 * params, 1e-6 * params);
 }
 
 }  // namespace

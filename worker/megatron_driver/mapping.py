@@ -2,7 +2,8 @@
 
 The spec's field names are Megatron Core's already, so most fields pass through; what this module
 decides is (1) which settings the driver adds so that Megatron Core runs the model the builtin
-engine stands for (local layer spec, fusions off, SwiGLU = silu, plain RoPE for MLA, top-k router
+engine stands for (local layer spec, the fusions the spec asks for that run without Transformer
+Engine, SwiGLU = silu, plain RoPE for MLA, top-k router
 without auxiliary loss, all-to-all dispatcher), and (2) what the driver cannot run, refused with
 the reason (`Unsupported`), never run as something else.
 
@@ -134,6 +135,16 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
     if _get(model, "fp8", ""):
         raise Unsupported("model.fp8: the driver builds Megatron Core's local (non-TE) layer spec, "
                           "which has no FP8; refused rather than measured in 16 bits")
+    for key, ran in (("transformer_impl", "local"), ("apply_rope_fusion", False),
+                     ("masked_softmax_fusion", False), ("cross_entropy_loss_fusion", False)):
+        if _get(model, key, ran) != ran:
+            raise Unsupported("model.%s: the driver builds Megatron Core's local layer spec without "
+                              "Transformer Engine or Apex, which runs %s = %r only"
+                              % (key, key, ran))
+    for key in ("use_precision_aware_optimizer", "use_megatron_fsdp"):
+        if _get(train, key, False):
+            raise Unsupported("train.%s: needs Transformer Engine's FusedAdam or Megatron-FSDP, "
+                              "which the driver does not set up" % key)
     if _get(model, "cuda_graph_impl", "none") != "none":
         raise Unsupported("model.cuda_graph_impl: the driver does not capture CUDA graphs; "
                           "refused rather than measured eagerly")
@@ -194,9 +205,10 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
         "params_dtype": precision,
         "transformer_impl": "local",
         "attention_backend": "local",
-        # Fusions off: what the local spec runs without Apex/TE, and what the engine mirrors.
-        "bias_activation_fusion": False,
-        "bias_dropout_fusion": False,
+        # The spec's jit-fused bias + activation and bias + dropout + add (Megatron Core's own,
+        # no Transformer Engine or Apex needed); the other fusions off, as the local spec runs.
+        "bias_activation_fusion": bool(_get(model, "bias_activation_fusion", False)),
+        "bias_dropout_fusion": bool(_get(model, "bias_dropout_fusion", False)),
         "masked_softmax_fusion": False,
         "apply_rope_fusion": False,
         "gradient_accumulation_fusion": False,
@@ -292,6 +304,7 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
             "precision": precision,
             "seed": int(seed),
             "use_distributed_optimizer": bool(_get(train, "use_distributed_optimizer", False)),
+            "grad_reduce_in_fp32": bool(_get(train, "grad_reduce_in_fp32", True)),
         },
         "parallel": {"tp": tp, "pp": 1, "cp": 1, "ep": ep, "dp": dp, "world_size": tp * dp},
         "run": {

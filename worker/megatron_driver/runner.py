@@ -125,7 +125,7 @@ class Session:
         if config.bf16:
             model = Float16Module(config, model)
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+            grad_reduce_in_fp32=train.get("grad_reduce_in_fp32", True), overlap_grad_reduce=False,
             use_distributed_optimizer=train["use_distributed_optimizer"])
         model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
         opt_config = OptimizerConfig(
