@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <string>
 
+#include "search/equivalence.h"
 #include "specfile/spec_file.h"
 #include "tests/search/replay_surfaces.h"
 
@@ -38,8 +39,11 @@ replay::Outcome Evaluate(const std::string& name, const std::string& run,
 // a quarter on 60-150 policies (the MLA tables, 76). These surfaces are small (6-8 layers) and
 // noisy (MoE step times scatter by 15-50% between a trial's steps), so the bounds here guard
 // against sliding back rather than state the goal; docs/results.md has the figures.
+// The hypervolume is the exhaustive table's with each equivalence class's members pooled
+// (search/equivalence.h): members are draws of one policy, so the best of their draws is luck.
 void ExpectEfficient(const replay::Outcome& o, double max_trial_ratio, double min_hypervolume) {
-  EXPECT_GE(o.hypervolume_ratio, min_hypervolume);
+  EXPECT_GE(o.pooled_hypervolume_ratio, min_hypervolume);
+  EXPECT_GE(o.pooled_hypervolume_ratio + 1e-9, o.hypervolume_ratio - 0.02);
   EXPECT_LE(static_cast<double>(o.guided_trials) / o.exhaustive_trials, max_trial_ratio);
 }
 
@@ -66,6 +70,41 @@ TEST(PlannerOnH200Measurements, MoeThirdRunAfterTheSwigluFix) {
 TEST(PlannerOnH200Measurements, Mla) { ExpectEfficient(Evaluate("mla", ""), 0.25, 0.93); }
 TEST(PlannerOnH200Measurements, MlaSecondRun) {
   ExpectEfficient(Evaluate("mla", "-r2"), 0.25, 0.97);
+}
+
+// Megatron's code says the members of an equivalence class keep the same tensors
+// (search/equivalence.h); every H200 table agrees: each member peaks where its representative
+// does, to the byte, or both run out of memory.
+TEST(PlannerOnH200Measurements, ClassMembersPeakExactlyWhereTheirRepresentativeDoes) {
+  int compared = 0;
+  for (const char* name : {"dense", "moe", "mla"}) {
+    for (const char* run : {"", "-r2", "-r3"}) {
+      if (std::string(run) == "-r3" && std::string(name) != "moe") continue;
+      auto spec = spec::LoadSpecFile(std::string(REMAT_SOURCE_DIR) + "/examples/replay/h200-" +
+                                     name + ".yaml");
+      auto table = spec::LoadReplayTableFile(std::string(REMAT_SOURCE_DIR) + "/docs/results/h200-" +
+                                             name + "-exhaustive-table" + run + ".json");
+      ASSERT_TRUE(spec.ok() && table.ok()) << name << run;
+      for (const auto& c : EquivalenceClasses(*spec)) {
+        const auto rep = table->find(c.representative.ToString());
+        ASSERT_NE(rep, table->end()) << c.representative.ToString();
+        for (const auto& o : c.others) {
+          const auto m = table->find(o.representative.ToString());
+          ASSERT_NE(m, table->end()) << o.representative.ToString();
+          const bool ok = rep->second.result.status == TrialStatus::kOk;
+          EXPECT_EQ(ok, m->second.result.status == TrialStatus::kOk) << o.representative.ToString();
+          if (ok) {
+            EXPECT_EQ(rep->second.result.PeakAllocatedBytes(), m->second.result.PeakAllocatedBytes())
+                << name << run << " " << o.representative.ToString();
+            EXPECT_EQ(rep->second.result.PeakReservedBytes(), m->second.result.PeakReservedBytes())
+                << name << run << " " << o.representative.ToString();
+          }
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_GE(compared, 40);
 }
 
 // The recommend objective: a handful of trials. Where the exhaustive recommendation is a policy

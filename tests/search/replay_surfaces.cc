@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <random>
 
+#include "search/equivalence.h"
 #include "search/memory_model.h"
 #include "search/planner.h"
+#include "search/remeasure.h"
 #include "search/rules.h"
 
 namespace remat::search::replay {
@@ -242,8 +244,33 @@ Outcome Replay(const SearchSpec& spec, const Table& table) {
   o.exhaustive_trials = all.size();
   const double hv_e = Hypervolume(fe, budget, 0.9 * t_min);
   o.hypervolume_ratio = hv_e > 0 ? Hypervolume(fg, budget, 0.9 * t_min) / hv_e : 1;
+  // The exhaustive table with each class's members pooled into its representative.
+  std::vector<TrialResult> by_class = all;
+  for (auto& r : by_class) r.policy = EquivalenceClassOf(spec, r.policy).representative;
+  const auto pooled = CombineRemeasured(spec, by_class);
+  o.exhaustive_classes = pooled.size();
+  const auto fp = ComputeFrontier(pooled, spec.search.memory_metric, budget);
+  double tp_min = 0;
+  for (const auto& p : fp) tp_min = tp_min == 0 ? p.tokens_per_s : std::min(tp_min, p.tokens_per_s);
+  const double hv_p = Hypervolume(fp, budget, 0.9 * tp_min);
+  o.pooled_hypervolume_ratio = hv_p > 0 ? Hypervolume(fg, budget, 0.9 * tp_min) / hv_p : 1;
   o.guided = RecommendPolicy(spec, guided);
   o.exhaustive = RecommendPolicy(spec, all);
+  {
+    const uint64_t fit = spec.search.RecommendBudgetBytes();
+    double best = 0, chosen = 0;
+    const Policy choice = o.guided ? EquivalenceClassOf(spec, o.guided->choice.policy).representative
+                                   : Policy::None();
+    for (const auto& r : pooled) {
+      if (r.status != TrialStatus::kOk || r.ranks.empty() ||
+          r.PeakBytes(spec.search.memory_metric) > fit) {
+        continue;
+      }
+      best = std::max(best, r.tokens_per_s);
+      if (o.guided && r.policy == choice) chosen = r.tokens_per_s;
+    }
+    o.recommendation_throughput_ratio = best > 0 ? chosen / best : (o.guided ? 0 : 1);
+  }
   if (!o.guided || !o.exhaustive) {
     o.recommendation_matches = !o.guided && !o.exhaustive;
   } else {
@@ -257,11 +284,13 @@ Outcome Replay(const SearchSpec& spec, const Table& table) {
 std::string Describe(const std::string& name, const Outcome& o, bool frontiers) {
   char buf[512];
   std::snprintf(buf, sizeof(buf),
-                "%s: guided %zu trials of %zu (%.1f%%); hypervolume %.4f; recommendation %s "
-                "(exhaustive %s, %zu tied): %s",
+                "%s: guided %zu trials of %zu (%.1f%%; %zu classes); hypervolume %.4f, pooled "
+                "%.4f; recommendation %s at %.3f of the best fitting (exhaustive %s, %zu tied): %s",
                 name.c_str(), o.guided_trials, o.exhaustive_trials,
                 100.0 * o.guided_trials / std::max<size_t>(1, o.exhaustive_trials),
-                o.hypervolume_ratio, o.guided ? o.guided->choice.policy.ToString().c_str() : "none",
+                o.exhaustive_classes, o.hypervolume_ratio, o.pooled_hypervolume_ratio,
+                o.guided ? o.guided->choice.policy.ToString().c_str() : "none",
+                o.recommendation_throughput_ratio,
                 o.exhaustive ? o.exhaustive->choice.policy.ToString().c_str() : "none",
                 o.exhaustive ? o.exhaustive->tied.size() : size_t{0},
                 o.recommendation_matches ? "within noise" : "MISSED");

@@ -67,6 +67,14 @@ struct Outcome {
   // The guided recommendation is the exhaustive one within noise: it is among the policies the
   // exhaustive search found tied with its best (or both find nothing fits).
   bool recommendation_matches = false;
+  // Against the exhaustive table with each equivalence class's members pooled
+  // (search/equivalence.h: the members keep the same tensors, so their measured steps are draws
+  // of one policy; search/remeasure.h pools them): the guided hypervolume over the pooled
+  // exhaustive one, the classes, and the guided recommendation's class throughput (pooled) over
+  // the best pooled throughput that fits the budget less headroom (1 when both find nothing).
+  double pooled_hypervolume_ratio = 0;
+  size_t exhaustive_classes = 0;
+  double recommendation_throughput_ratio = 0;
   std::vector<std::string> order;  // the guided trials, in the order proposed
   std::vector<FrontierPoint> guided_frontier, exhaustive_frontier;
 };
