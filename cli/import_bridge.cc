@@ -264,8 +264,10 @@ search::StatusOr<std::string> ImportBridgeUnguarded(const std::string& yaml_text
 
   // Sequence length: what the data loader feeds (dataset.sequence_length, or dataset.seq_length
   // as newer Bridge writes it) is what trains.
-  YAML::Node seq = Plain(Child(Child(root, "dataset"), "sequence_length"));
-  if (!seq || seq.IsNull()) seq = Plain(Child(Child(root, "dataset"), "seq_length"));
+  const YAML::Node dataset = Child(root, "dataset");
+  const YAML::Node named_seq = Plain(Child(dataset, "sequence_length"));
+  const YAML::Node seq = named_seq && !named_seq.IsNull() ? named_seq
+                                                          : Plain(Child(dataset, "seq_length"));
   const YAML::Node model_seq = Plain(model_value("seq_length"));
   if (seq && !seq.IsNull()) {
     out.Set("model", "seq_length", Flow(seq));

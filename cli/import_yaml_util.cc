@@ -15,7 +15,10 @@ YAML::Node Plain(const YAML::Node& node) {
   // A mapping with fields of its own is an object (MixedPrecisionConfig, ...), not a value.
   for (const auto& kv : node) {
     const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "";
-    if (key != "_target_" && key != "_args_" && key != "_call_" && key != "_partial_") return node;
+    if (key != "_target_" && key != "_args_" && key != "_call_" && key != "_partial_" &&
+        key != "_name_") {
+      return node;
+    }
   }
   const YAML::Node args = Child(node, "_args_");
   if (args && args.IsSequence() && args.size() > 0) return args[0];
