@@ -618,7 +618,14 @@ class LayerFreqReader {
     return true;
   }
   bool Atom(std::vector<int>* out) {
-    if (Eat('(')) return Expr(out) && Eat(')');
+    if (Eat('(')) {
+      // Parentheses nest only as deep as a recipe writes them: a bound keeps the recursion (and
+      // the stack) small whatever the text.
+      if (++depth_ > 8) return false;
+      const bool ok = Expr(out) && Eat(')');
+      --depth_;
+      return ok;
+    }
     if (!Eat('[')) return false;
     do {
       long long v = 0;
@@ -649,6 +656,7 @@ class LayerFreqReader {
 
   const std::string& text_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 }  // namespace
 

@@ -279,3 +279,34 @@ TEST(SpecValidationTest, WorldSizeIsTensorTimesPipelineTimesData) {
 
 }  // namespace
 }  // namespace remat::search
+
+namespace remat::search {
+namespace {
+
+// moe_layer_freq as Megatron-LM and Megatron Bridge recipes write it: an interval, a list, or a
+// Python expression of lists, repetitions and sums (read, never evaluated).
+TEST(MoeLayerFreqText, IntervalsListsAndMegatronExpressions) {
+  auto every = ParseMoeLayerFreq("3", "model.moe_layer_freq");
+  ASSERT_TRUE(every.ok());
+  EXPECT_EQ(every->every, 3);
+  EXPECT_TRUE(every->pattern.empty());
+  auto deepseek = ParseMoeLayerFreq("([0]*3+[1]*58)", "model.moe_layer_freq");
+  ASSERT_TRUE(deepseek.ok()) << deepseek.status().message();
+  ASSERT_EQ(deepseek->pattern.size(), 61u);
+  EXPECT_EQ(deepseek->pattern[2], 0);
+  EXPECT_EQ(deepseek->pattern[3], 1);
+  auto alternating = ParseMoeLayerFreq("[1, 0] * 2", "model.moe_layer_freq");
+  ASSERT_TRUE(alternating.ok());
+  EXPECT_EQ(alternating->pattern, (std::vector<int>{1, 0, 1, 0}));
+  const std::vector<std::string> bad_texts = {
+      "[0]*", "__import__('os')", "[0]*3+", "[1]*99999999",
+      std::string(100, '(') + "[1]" + std::string(100, ')')};
+  for (const std::string& bad : bad_texts) {
+    auto r = ParseMoeLayerFreq(bad, "model.moe_layer_freq");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().message().rfind("model.moe_layer_freq: ", 0), 0u);
+  }
+}
+
+}  // namespace
+}  // namespace remat::search
