@@ -73,8 +73,10 @@ std::string Render() {
       "// default (docs/spec.md), so any client may send only what its recipe changes.\n"
       "syntax = \"proto3\";\n\npackage remat.v1;\n";
   const remat::search::SearchSpec defaults;
-  for (const auto& [section, message] : kMessages) {
-    out += "\nmessage " + std::string(message) + " {\n";
+  for (const auto& names : kMessages) {
+    // Plain names: a lambda cannot capture a structured binding in C++17.
+    const std::string section = names[0], message = names[1];
+    out += "\nmessage " + message + " {\n";
     remat::search::VisitFields(defaults, [&](const FieldInfo& f, const auto& value) {
       using T = std::decay_t<decltype(value)>;
       if (std::string(f.section) != section) return;
