@@ -12,6 +12,17 @@
 #include <new>
 
 namespace remat::common {
+
+std::string HostPortProblem(const std::string& flag, const std::string& value) {
+  const auto colon = value.rfind(':');
+  const std::string port = colon == std::string::npos ? "" : value.substr(colon + 1);
+  const bool digits = !port.empty() && port.size() <= 5 &&
+                      port.find_first_not_of("0123456789") == std::string::npos;
+  if (colon == std::string::npos || colon == 0 || !digits || std::stoi(port) > 65535) {
+    return flag + ": expected HOST:PORT (port 0 picks a free one), got \"" + value + "\"";
+  }
+  return "";
+}
 namespace {
 
 sigset_t StopSet(bool with_hangup) {

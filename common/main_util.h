@@ -27,6 +27,10 @@ int Fail(int code, const std::string& message);
 //   }
 int GuardedMain(const std::function<int()>& body);
 
+// "" when `value` is HOST:PORT ("[::1]:PORT" for IPv6; port 0 picks a free one), else the one-line
+// reason naming `flag`, for the daemons' listen flags.
+std::string HostPortProblem(const std::string& flag, const std::string& value);
+
 // The folder of the running executable (from /proc/self/exe); "." when that cannot be read.
 // Programs find their siblings there (remat-worker's remat-trial).
 std::string SelfDir();

@@ -14,6 +14,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/main_util.h"
 #include "common/read_file.h"
 #include "search/limits.h"
 #include "server/auth.h"
@@ -29,16 +30,9 @@ namespace {
 
 constexpr int kMaxMessageBytes = search::limits::kMaxGrpcMessageBytes;
 
-// Splits "HOST:PORT" ("[::1]:PORT" for IPv6); InvalidArgument naming `flag` otherwise.
 absl::Status CheckHostPort(const std::string& flag, const std::string& value) {
-  const auto colon = value.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(value.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": expected HOST:PORT (port 0 picks a free one), got \"", value, "\""));
-  }
-  return absl::OkStatus();
+  const std::string problem = common::HostPortProblem(flag, value);
+  return problem.empty() ? absl::OkStatus() : absl::InvalidArgumentError(problem);
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {

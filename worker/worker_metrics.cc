@@ -14,6 +14,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/main_util.h"
 #include "common/process_metrics.h"
 #include "common/process_stats.h"
 #include "worker/worker_daemon.h"
@@ -37,14 +38,8 @@ class RefreshingCollectable : public prometheus::Collectable {
 };
 
 absl::Status CheckHostPort(const std::string& flag, const std::string& value) {
-  const auto colon = value.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(value.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": expected HOST:PORT (port 0 picks a free one), got \"", value, "\""));
-  }
-  return absl::OkStatus();
+  const std::string problem = common::HostPortProblem(flag, value);
+  return problem.empty() ? absl::OkStatus() : absl::InvalidArgumentError(problem);
 }
 
 }  // namespace
