@@ -55,11 +55,17 @@ search::StatusOr<std::string> ImportMegatronLm(const std::vector<std::string>& a
 
   ImportedSpec out("imported by `remat import megatron-lm` from Megatron-LM arguments");
   out.Set("", "name", Yaml(name));
-  // Megatron-LM's defaults that differ from Megatron Core's (remat's): tied embeddings, fp32,
-  // no fp32 softmax unless asked.
+  // Megatron-LM's defaults that differ from remat's: tied embeddings, fp32, no fp32 softmax
+  // unless asked, Transformer Engine's layer, and the fusions its --no-*-fusion flags turn off
+  // (megatron/training/arguments.py@d98e8a6; fp32 gradient buffers for bf16, as remat's).
   out.Set("model", "share_embeddings_and_output_weights", "true");
   out.Set("model", "attention_softmax_in_fp32", "false");
   out.Set("train", "precision", "fp32");
+  out.Set("model", "transformer_impl", "transformer_engine");
+  for (const char* fusion : {"bias_activation_fusion", "bias_dropout_fusion", "apply_rope_fusion",
+                             "masked_softmax_fusion"}) {
+    out.Set("model", fusion, "true");
+  }
 
   std::string granularity, method, recompute_layers, attention_backend, transformer_impl;
   std::vector<std::string> modules;
@@ -109,6 +115,7 @@ search::StatusOr<std::string> ImportMegatronLm(const std::vector<std::string>& a
     } else if (n == "transformer_impl") {
       REMAT_SEARCH_RETURN_IF_ERROR(needs_value());
       transformer_impl = value;
+      out.Set("model", "transformer_impl", Yaml(value));
     } else if (n == "optimizer" && value != "adam") {
       out.Note("not modelled: --optimizer " + value +
                " (remat's static memory assumes Adam's two fp32 moments)");

@@ -21,20 +21,30 @@ std::optional<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
-FileText ReadRegularFile(const std::string& path, size_t max_bytes) {
-  FileText out;
-  // O_NONBLOCK: opening a FIFO with no writer would otherwise wait for one.
+namespace {
+// Opens `path` for reading only when it is a regular file, never waiting (O_NONBLOCK: opening a
+// FIFO with no writer would otherwise wait for one). The descriptor, or -1 with out->error set;
+// *st is the file's status.
+int OpenRegular(const std::string& path, struct stat* st, FileText* out) {
   const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
-    out.error = std::string("cannot be read: ") + std::strerror(errno);
-    return out;
+    out->error = std::string("cannot be read: ") + std::strerror(errno);
+    return -1;
   }
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
     close(fd);
-    out.error = "is not a regular file";
-    return out;
+    out->error = "is not a regular file";
+    return -1;
   }
+  return fd;
+}
+}  // namespace
+
+FileText ReadRegularFile(const std::string& path, size_t max_bytes) {
+  FileText out;
+  struct stat st {};
+  const int fd = OpenRegular(path, &st, &out);
+  if (fd < 0) return out;
   const std::string too_big = "is larger than " + std::to_string(max_bytes) + " bytes";
   if (static_cast<unsigned long long>(st.st_size) > max_bytes) {
     close(fd);
@@ -68,17 +78,9 @@ FileText ReadRegularFile(const std::string& path, size_t max_bytes) {
 
 FileText ReadRegularFileTail(const std::string& path, size_t max_bytes) {
   FileText out;
-  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    out.error = std::string("cannot be read: ") + std::strerror(errno);
-    return out;
-  }
   struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    out.error = "is not a regular file";
-    return out;
-  }
+  const int fd = OpenRegular(path, &st, &out);
+  if (fd < 0) return out;
   const auto size = static_cast<unsigned long long>(st.st_size);
   const off_t start = size > max_bytes ? static_cast<off_t>(size - max_bytes) : 0;
   std::string text(static_cast<size_t>(size - static_cast<unsigned long long>(start)), '\0');
