@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a GPU machine (shared/gpu-machine.md): builds remat-trial and the bench programs against the
+# On a GPU machine: builds remat-trial and the bench programs against the
 # pip torch's LibTorch and NCCL, then runs every policy of the three example models with the C++
 # engine and with its eager-PyTorch twin (bench/engine/bench.py) and prints the comparison tables.
 # Logs, raw JSON lines and bench.json go to OUT_DIR (default: $OUT, else build-gpu/bench-out).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs rematd, remat-worker and remat (built here, where gRPC exists) with the shared libraries
-# they need into DIR/bin and DIR/lib, for a GPU node that has no gRPC (shared/gpu-machine.md):
+# they need into DIR/bin and DIR/lib, for a GPU node that has no gRPC:
 # everything ldd lists except glibc's own libraries, libstdc++ and libgcc_s.
 # Usage: bench/gpu/pack_service.sh BUILD_DIR DIR
 set -euo pipefail
