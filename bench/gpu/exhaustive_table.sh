@@ -4,7 +4,8 @@
 # one JSON line to OUT_DIR/table.jsonl (a trial that cannot start or is killed leaves a line with
 # its exit status). Stops starting trials once REMAT_TABLE_SECONDS (default 540) have passed, so a
 # time-limited call still brings back what it measured; a later call given the earlier
-# table.jsonl as DONE_JSONL skips the policies it holds. bench/gpu/to_replay.py --jsonl turns the
+# table.jsonl as DONE_JSONL skips the policies it holds (matched as remat-trial prints them:
+# list POLICIES_FILE in that canonical form, labels in Megatron's order). bench/gpu/to_replay.py --jsonl turns the
 # lines into a replay table. Builds remat-trial with build_engine.sh.
 #
 #   bench/gpu/exhaustive_table.sh OUT_DIR SPEC POLICIES_FILE [DONE_JSONL]
