@@ -225,6 +225,9 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
 
   CLI::App* fields = app.add_subcommand(
       "fields", "every spec field: default, values, Megatron's name for it (a Markdown table)");
+  bool fields_json = false;
+  fields->add_flag("--json", fields_json,
+                   "each field's Megatron home and default as JSON (what the megatron driver reads)");
 
   CLI::App* search = app.add_subcommand(
       "search", "run a whole search on this machine (embedded coordinator and worker)");
@@ -309,7 +312,7 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
 
   if (plan->parsed()) return RunPlan(spec_path, json, std::cout, std::cerr);
   if (fields->parsed()) {
-    std::cout << search::SpecFieldsMarkdown();
+    std::cout << (fields_json ? search::SpecFieldsJson() : search::SpecFieldsMarkdown());
     return 0;
   }
   if (validate->parsed()) return RunValidate(spec_path, policy, std::cout, std::cerr);

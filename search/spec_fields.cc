@@ -148,4 +148,64 @@ std::string SpecFieldsMarkdown() {
   return out;
 }
 
+namespace {
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string JsonValue(bool v) { return v ? "true" : "false"; }
+std::string JsonValue(int v) { return std::to_string(v); }
+std::string JsonValue(uint64_t v) { return std::to_string(v); }
+std::string JsonValue(double v) { return FormatValue(v); }
+std::string JsonValue(const std::string& v) { return JsonString(v); }
+std::string JsonValue(const MoeLayerFreq& v) {
+  if (v.pattern.empty()) return std::to_string(v.every);
+  std::string out = "[";
+  for (size_t i = 0; i < v.pattern.size(); ++i) out += (i ? ", " : "") + std::to_string(v.pattern[i]);
+  return out + "]";
+}
+template <typename E, typename = std::enable_if_t<std::is_enum_v<E>>>
+std::string JsonValue(E v) {
+  return JsonString(Name(v));
+}
+template <typename T>
+std::string JsonValue(const std::optional<T>& v) {
+  return v ? JsonValue(*v) : "null";
+}
+template <typename T>
+std::string JsonValue(const std::vector<T>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + JsonValue(v[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+std::string SpecFieldsJson() {
+  std::string out = "{\n";
+  const SearchSpec defaults;
+  bool first = true;
+  VisitFields(defaults, [&](const FieldInfo& f, const auto& value) {
+    out += std::string(first ? "" : ",\n") + JsonString(f.Path()) + ": {\"home\": " +
+           JsonString(Name(f.home)) + ", \"default\": " + (f.required ? "null" : JsonValue(value)) +
+           "}";
+    first = false;
+  });
+  return out + "\n}\n";
+}
+
 }  // namespace remat::search

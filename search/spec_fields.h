@@ -169,4 +169,13 @@ std::string TypeDescription() {
 // Bridge / Megatron-LM names, doc), as docs/spec.md holds it.
 std::string SpecFieldsMarkdown();
 
+// Every field's Megatron home and default as JSON, one line per field:
+//   {"model.num_layers": {"home": "TransformerConfig", "default": null}, ...}
+// (a required field's default is null; enums by their names, as the spec and the protobuf JSON
+// write them). The megatron backend's driver reads this (worker/megatron_driver/
+// declared_fields.json, a copy checked by a test) to pass every TransformerConfig field the spec
+// sets away from its default, so a field declared here reaches Megatron Core without a second
+// list in the driver.
+std::string SpecFieldsJson();
+
 }  // namespace remat::search

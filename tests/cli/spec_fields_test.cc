@@ -77,6 +77,15 @@ TEST(SpecFields, DocsTableIsTheDeclarationsTable) {
       << "docs/spec.md is stale: replace its table with the output of `remat fields`";
 }
 
+// The megatron driver passes TransformerConfig fields by this copy of the declaration.
+TEST(SpecFields, DriverCopyIsTheDeclarations) {
+  EXPECT_EQ(ReadText(std::string(REMAT_SOURCE_DIR) +
+                     "/worker/megatron_driver/declared_fields.json"),
+            search::SpecFieldsJson())
+      << "worker/megatron_driver/declared_fields.json is stale: replace it with the output of "
+         "`remat fields --json`";
+}
+
 TEST(SpecFields, NamesProtoNumbersAndMegatronNamesAreUnique) {
   std::set<std::string> paths, bridge, lm;
   std::set<std::pair<std::string, int>> numbers;

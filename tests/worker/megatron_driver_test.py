@@ -62,9 +62,12 @@ class MappingTest(unittest.TestCase):
         self.assertNotIn("recompute_method", c)  # Megatron refuses it under selective
         self.assertEqual(c["transformer_impl"], "local")
         self.assertEqual(c["attention_backend"], "local")
-        for fusion in ("bias_activation_fusion", "bias_dropout_fusion", "masked_softmax_fusion",
-                       "apply_rope_fusion", "gradient_accumulation_fusion"):
+        for fusion in ("masked_softmax_fusion", "apply_rope_fusion",
+                       "gradient_accumulation_fusion"):
             self.assertFalse(c[fusion], fusion)
+        # Left at the declared default (Megatron Core's), so not passed at all.
+        for key in ("bias_activation_fusion", "bias_dropout_fusion", "attention_softmax_in_fp32"):
+            self.assertNotIn(key, c)
         self.assertEqual(plan["model"]["vocab_size"], 1024)  # padded to 128 x TP
         self.assertEqual(plan["model"]["position_embedding_type"], "rope")
         self.assertEqual(plan["parallel"]["world_size"], 4)
@@ -73,6 +76,33 @@ class MappingTest(unittest.TestCase):
         self.assertEqual(plan["run"]["budget_bytes"], int(1.5 * 2**30))
         self.assertEqual(plan["shims"], [])
         self.assertIsNone(plan["layer_spec"]["num_experts"])
+
+    def test_declared_transformer_config_fields_pass_through(self):
+        # A TransformerConfig field the driver has no code for reaches TransformerConfig by the
+        # declaration alone (worker/megatron_driver/declared_fields.json).
+        spec = dense(bias_activation_fusion=True, attention_dropout=0.05,
+                     distribute_saved_activations=True)
+        c = mapping.map_trial(spec, "full:uniform:1")["config"]
+        self.assertTrue(c["bias_activation_fusion"])
+        self.assertEqual(c["attention_dropout"], 0.05)
+        self.assertTrue(c["distribute_saved_activations"])
+        # Fields of other homes, and remat's own, are not TransformerConfig's.
+        self.assertNotIn("seq_length", c)
+        self.assertNotIn("vocab_size", c)
+        homes = {f["home"] for f in mapping.DECLARED_FIELDS.values()}
+        self.assertIn("TransformerConfig", homes)
+        # What the driver sets itself is its own decision, whatever the spec says.
+        self.assertEqual(c["transformer_impl"], "local")
+
+    def test_no_q_compression_from_null_or_the_workers_zero(self):
+        # The worker writes the spec as protobuf JSON, where MLA's null q_lora_rank is 0.
+        for value in (None, 0):
+            spec = dense(multi_latent_attention=True, q_lora_rank=value)
+            plan = mapping.map_trial(spec, "selective:[]")
+            self.assertIsNone(plan["config"]["q_lora_rank"])
+            self.assertIn("mla_no_q_norm", plan["shims"])
+        plan = mapping.map_trial(dense(multi_latent_attention=True), "selective:[]")
+        self.assertEqual(plan["config"]["q_lora_rank"], 512)
 
     def test_derived_defaults_are_left_to_megatron(self):
         spec = dense()

@@ -14,6 +14,9 @@ kv_channels = h / heads, num_query_groups = heads, moe_ffn_hidden_size = ffn_hid
 left to TransformerConfig.__post_init__, so this module holds no copy of those rules.
 """
 
+import json
+import os
+
 LABELS = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
           "gdn_norm_out")
 
@@ -23,6 +26,38 @@ OUTPUT_DISCARDING_LABELS = ("layernorm", "moe_act", "mla_up_proj")
 
 # Megatron-LM pads the vocabulary to a multiple of this times TP (make_vocab_size_divisible_by).
 VOCAB_MULTIPLE = 128
+
+# Every spec field's Megatron home and default: a copy of remat's one declaration of its fields
+# (`remat fields --json`; a test keeps the copy equal to the declaration).
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "declared_fields.json")) as f:
+    DECLARED_FIELDS = json.load(f)
+
+# TransformerConfig fields the driver sets itself below (the local layer spec's limits, MLA's and
+# the MoE layer's groups, the parallel sizes it initialises); every other TransformerConfig field
+# the spec sets away from its declared default reaches TransformerConfig under its own name.
+DRIVER_SETS = frozenset((
+    "transformer_impl", "attention_backend", "masked_softmax_fusion", "apply_rope_fusion",
+    "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+    "context_parallel_size", "num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage", "multi_latent_attention", "q_lora_rank", "kv_lora_rank",
+    "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "num_moe_experts", "moe_router_topk",
+    "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_grouped_gemm",
+    "moe_layer_freq", "moe_shared_expert_overlap", "moe_token_dispatcher_type"))
+
+
+def declared_transformer_config(spec):
+    """The TransformerConfig keyword arguments the spec sets: each field whose declared home is
+    TransformerConfig, not in DRIVER_SETS, whose value is given and differs from its declared
+    default (a default is Megatron Core's own, so leaving it out changes nothing)."""
+    out = {}
+    for path, field in DECLARED_FIELDS.items():
+        section, name = path.split(".", 1)
+        if field["home"] != "TransformerConfig" or name in DRIVER_SETS:
+            continue
+        value = spec.get(section, {}).get(name)
+        if value is not None and value != field["default"]:
+            out[name] = value
+    return out
 
 
 class Unsupported(Exception):
@@ -183,19 +218,15 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
     gated = bool(_get(model, "gated_linear_unit", False))
     mla = bool(_get(model, "multi_latent_attention", False))
     normalization = _get(model, "normalization", "LayerNorm")
+    # Absent: MLATransformerConfig's (and remat's) default of 512; null, or the 0 the protobuf
+    # JSON the worker writes carries for null: no q compression.
+    q_lora_rank = model.get("q_lora_rank", 512) or None
 
-    config = {
-        "num_layers": num_layers,
-        "hidden_size": model["hidden_size"],
-        "num_attention_heads": model["num_attention_heads"],
-        "gated_linear_unit": gated,
+    config = declared_transformer_config(spec)
+    config.update({
         # The spec's SwiGLU is GLU with swish; TransformerConfig's default activation is gelu.
         "activation_func": "silu" if gated else "gelu",
         "normalization": normalization,
-        "attention_dropout": float(_get(model, "attention_dropout", 0.1)),
-        "hidden_dropout": float(_get(model, "hidden_dropout", 0.1)),
-        "attention_softmax_in_fp32": bool(_get(model, "attention_softmax_in_fp32", True)),
-        "add_bias_linear": bool(_get(model, "add_bias_linear", True)),
         "tensor_model_parallel_size": tp,
         "pipeline_model_parallel_size": 1,
         "context_parallel_size": 1,
@@ -206,20 +237,15 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
         "transformer_impl": "local",
         "attention_backend": "local",
         # The spec's jit-fused bias + activation and bias + dropout + add (Megatron Core's own,
-        # no Transformer Engine or Apex needed); the other fusions off, as the local spec runs.
-        "bias_activation_fusion": bool(_get(model, "bias_activation_fusion", False)),
-        "bias_dropout_fusion": bool(_get(model, "bias_dropout_fusion", False)),
+        # no Transformer Engine or Apex needed) pass through; the other fusions off, as the local
+        # spec runs.
         "masked_softmax_fusion": False,
         "apply_rope_fusion": False,
         "gradient_accumulation_fusion": False,
         "persist_layer_norm": False,
-        "distribute_saved_activations": bool(_get(model, "distribute_saved_activations", False)),
-    }
-    for key in ("num_query_groups", "ffn_hidden_size"):
-        if model.get(key) is not None:
-            config[key] = model[key]
-    if model.get("kv_channels") is not None and not mla:
-        config["kv_channels"] = model["kv_channels"]
+    })
+    if mla:
+        config.pop("kv_channels", None)
     config.update(recompute)
     if recompute["recompute_granularity"] == "selective":
         config.pop("recompute_method")
@@ -230,8 +256,7 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
     if mla:
         config.update({
             "multi_latent_attention": True,
-            # Absent: MLATransformerConfig's (and remat's) default of 512; null: no q compression.
-            "q_lora_rank": model.get("q_lora_rank", 512),
+            "q_lora_rank": q_lora_rank,
             "kv_lora_rank": _get(model, "kv_lora_rank", 512),
             "qk_head_dim": _get(model, "qk_head_dim", 128),
             "qk_pos_emb_head_dim": _get(model, "qk_pos_emb_head_dim", 64),
@@ -267,7 +292,7 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
         shims.append("te_fp8_stand_in")
     if mla:
         shims.append("mla_core_attention_channels")
-        if model.get("q_lora_rank") is None:
+        if q_lora_rank is None:
             # Without q compression there is no compressed q to normalise, and Megatron Core
             # refuses a q_layernorm it would not use; the local spec has one flag for both norms.
             shims.append("mla_no_q_norm")
