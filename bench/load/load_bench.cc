@@ -38,12 +38,17 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "bench/load/rematd_process.h"
 #include "proto/convert.h"
 #include "remat/v1/remat.grpc.pb.h"
 #include "search/rules.h"
 #include "search/spec.h"
 
 namespace {
+
+using remat::bench::RematdProcess;
+using remat::bench::ScrapeMetrics;
+using remat::bench::ServerQuantileMs;
 
 using Clock = std::chrono::steady_clock;
 using remat::v1::LeaseTrialRequest;
@@ -145,131 +150,7 @@ class Samples {
   std::vector<double> v_;
 };
 
-// The coordinator process.
-struct Rematd {
-  pid_t pid = -1;
-  std::string address;
-  int metrics_port = 0;
-
-  static Rematd Start(const Options& o, const std::string& dir) {
-    Rematd r;
-    int out[2];
-    if (pipe(out) != 0) return r;
-    r.pid = fork();
-    if (r.pid == 0) {
-      dup2(out[1], 1);
-      close(out[0]);
-      int err = open((dir + "/rematd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(err, 2);
-      const std::string db = o.db.empty() ? dir + "/remat.db" : o.db;
-      execl(o.rematd.c_str(), o.rematd.c_str(), "--listen", "127.0.0.1:0", "--db", db.c_str(),
-            "--metrics-listen", "127.0.0.1:0", "--log-level", o.log_level.c_str(),
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(out[1]);
-    FILE* f = fdopen(out[0], "r");
-    char line[512];
-    const std::string marker = "rematd listening on ";
-    const std::string metrics = "rematd metrics on port ";
-    while (fgets(line, sizeof(line), f) != nullptr) {
-      std::string s(line);
-      if (auto at = s.find(marker); at != std::string::npos) {
-        r.address = s.substr(at + marker.size());
-        while (!r.address.empty() && (r.address.back() == '\n' || r.address.back() == '\r')) {
-          r.address.pop_back();
-        }
-      } else if (auto m = s.find(metrics); m != std::string::npos) {
-        r.metrics_port = std::atoi(s.c_str() + m + metrics.size());
-        break;
-      }
-    }
-    // Keep the pipe open (rematd writes nothing more); closing it is harmless too.
-    return r;
-  }
-
-  // utime + stime in seconds.
-  double CpuSeconds() const {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    auto close = stat.rfind(')');
-    if (close == std::string::npos) return 0;
-    std::istringstream fields(stat.substr(close + 2));
-    std::string field;
-    double ticks = 0;
-    for (int i = 3; i <= 15 && fields >> field; ++i) {
-      if (i == 14 || i == 15) ticks += std::stod(field);
-    }
-    return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
-  }
-
-  // VmHWM / VmRSS in MiB.
-  double StatusMiB(const std::string& key) const {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.rfind(key + ":", 0) == 0) return std::stod(line.substr(key.size() + 1)) / 1024.0;
-    }
-    return 0;
-  }
-
-  int Stop() {
-    if (pid <= 0) return -1;
-    kill(pid, SIGTERM);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-};
-
 std::atomic<int64_t> g_inflight{0};  // calls started and not yet completed
-
-// GET http://127.0.0.1:PORT/metrics; "" on failure.
-std::string ScrapeMetrics(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string req = "GET /metrics HTTP/1.0\r\n\r\n";
-    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
-      char buf[8192];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-    }
-  }
-  close(fd);
-  return out;
-}
-
-// The coordinator's own view of an RPC's latency: the upper bound of the histogram bucket
-// holding quantile q of remat_rpc_duration_seconds{method}, in ms (-1 when absent).
-// The series of every status code (the `code` label) are summed bucket by bucket.
-double ServerQuantileMs(const std::string& page, const std::string& method, double q) {
-  std::map<double, double> summed;  // le -> cumulative count over every code
-  std::istringstream lines(page);
-  std::string line;
-  const std::string want = "method=\"" + method + "\"";
-  while (std::getline(lines, line)) {
-    if (line.rfind("remat_rpc_duration_seconds_bucket{", 0) != 0) continue;
-    if (line.find(want) == std::string::npos) continue;
-    auto le = line.find("le=\"");
-    if (le == std::string::npos) continue;
-    const std::string bound = line.substr(le + 4, line.find('"', le + 4) - le - 4);
-    const double count = std::stod(line.substr(line.rfind(' ') + 1));
-    summed[bound == "+Inf" ? 1e9 : std::stod(bound)] += count;
-  }
-  std::vector<std::pair<double, double>> buckets(summed.begin(), summed.end());
-  if (buckets.empty() || buckets.back().second == 0) return -1;
-  std::sort(buckets.begin(), buckets.end());
-  const double total = buckets.back().second;
-  for (const auto& [le, count] : buckets) {
-    if (count >= q * total) return le * 1000;
-  }
-  return -1;
-}
 
 template <typename Req, typename Resp>
 struct Call {
@@ -604,7 +485,10 @@ int main(int argc, char** argv) {
 
   char tmpl[] = "/tmp/remat-load-bench-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
-  Rematd rematd = Rematd::Start(o, dir);
+  const std::string db = o.db.empty() ? dir + "/remat.db" : o.db;
+  RematdProcess rematd = RematdProcess::Start(
+      o.rematd, db, dir + "/rematd.log",
+      {"--metrics-listen", "127.0.0.1:0", "--log-level", o.log_level});
   if (rematd.address.empty()) {
     std::fprintf(stderr, "error: rematd did not start (log: %s/rematd.log)\n", dir.c_str());
     rematd.Stop();

@@ -24,49 +24,20 @@
 #include <thread>
 #include <vector>
 
+#include "bench/load/rematd_process.h"
 #include "proto/convert.h"
 #include "remat/v1/remat.grpc.pb.h"
 #include "tests/search/largest_specs.h"
 
 namespace {
 
+using remat::bench::RematdProcess;
+
 namespace v1 = remat::v1;
 using Clock = std::chrono::steady_clock;
 
 double MsSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-// rematd on `db`; returns its pid and address once it printed its listening line.
-pid_t StartRematd(const std::string& rematd, const std::string& db, const std::string& log,
-                  std::string* address) {
-  int out[2];
-  if (pipe(out) != 0) return -1;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(out[1], 1);
-    close(out[0]);
-    const int err = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    dup2(err, 2);
-    execl(rematd.c_str(), rematd.c_str(), "--listen", "127.0.0.1:0", "--db", db.c_str(),
-          "--user-rate-limit", "0", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(out[1]);
-  FILE* f = fdopen(out[0], "r");
-  char line[512];
-  const std::string marker = "rematd listening on ";
-  while (fgets(line, sizeof(line), f) != nullptr) {
-    std::string s(line);
-    if (auto at = s.find(marker); at != std::string::npos) {
-      *address = s.substr(at + marker.size());
-      while (!address->empty() && (address->back() == '\n' || address->back() == '\r')) {
-        address->pop_back();
-      }
-      break;
-    }
-  }
-  return pid;
 }
 
 std::unique_ptr<grpc::ClientContext> Ctx(double seconds) {
@@ -99,9 +70,8 @@ int main(int argc, char** argv) {
   const std::string dir = mkdtemp(dir_template);
   const std::string db = dir + "/remat.db", log = dir + "/rematd.log";
 
-  std::string address;
-  pid_t pid = StartRematd(rematd, db, log, &address);
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  RematdProcess coordinator = RematdProcess::Start(rematd, db, log, {"--user-rate-limit", "0"});
+  auto channel = grpc::CreateChannel(coordinator.address, grpc::InsecureChannelCredentials());
   auto stub = v1::RematService::NewStub(channel);
 
   remat::search::SearchSpec small = remat::search::testing::LargestDense();
@@ -175,12 +145,11 @@ int main(int argc, char** argv) {
       "worst %.2f ms\n",
       gets.size(), pct(0.5), pct(0.99), gets.empty() ? 0.0 : gets.back());
 
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
+  coordinator.Stop(SIGKILL);
   const auto t0 = Clock::now();
-  pid = StartRematd(rematd, db, log, &address);
+  coordinator = RematdProcess::Start(rematd, db, log, {"--user-rate-limit", "0"});
   const double listening_ms = MsSince(t0);
-  channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  channel = grpc::CreateChannel(coordinator.address, grpc::InsecureChannelCredentials());
   stub = v1::RematService::NewStub(channel);
   v1::GetSearchRequest get;
   get.set_id(small_id.id());
@@ -196,7 +165,6 @@ int main(int argc, char** argv) {
       "restart (SIGKILL, then the same database) with %d such searches queued: "
       "listening after %.0f ms, GetSearch answered after %.0f ms\n",
       searches + 1, listening_ms, serving_ms);
-  kill(pid, SIGTERM);
-  waitpid(pid, nullptr, 0);
+  coordinator.Stop();
   return 0;
 }
