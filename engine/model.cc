@@ -45,6 +45,16 @@ Recompute RecomputeOf(const search::Policy& p) {
 
 at::Tensor One(const std::vector<at::Tensor>& v) { return v.at(0); }
 
+// model.moe_router_force_load_balancing: Megatron's benchmark routing (TopKRouter.forward applies
+// apply_random_logits, a RandomSTE: Megatron-LM megatron/core/transformer/moe/router.py and
+// moe_utils.py at d98e8a6). The forward sees standard-normal logits, so every expert gets about
+// the same number of tokens whatever the weights; the backward passes the gradient to the real
+// logits unchanged (a straight-through estimator). Drawn from the device generator, which the
+// checkpoints capture and replay (ops.cc), so a recomputed router routes as the first forward did.
+at::Tensor ForcedBalanceLogits(const at::Tensor& logits) {
+  return logits + (at::randn_like(logits) - logits).detach();
+}
+
 }  // namespace
 
 std::string UnsupportedReason(const search::SearchSpec& spec, const search::Policy& policy) {
@@ -584,6 +594,7 @@ struct GptModel::Impl {
     at::Tensor hs = x.reshape({-1, hidden});
     const int64_t num_tokens = hs.size(0);
     at::Tensor logits = Linear(rt, hs, P(lp.router), at::Tensor(), LinearMode::kLocal);
+    if (m.moe_router_force_load_balancing) logits = ForcedBalanceLogits(logits);
     auto top = logits.topk(m.moe_router_topk, -1);
     at::Tensor probs = at::softmax(std::get<0>(top), -1, at::kFloat).to(logits.scalar_type());
     const at::Tensor& top_idx = std::get<1>(top);

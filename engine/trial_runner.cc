@@ -26,6 +26,7 @@
 #include "search/pipeline.h"
 #include "search/rank_layout.h"
 #include "search/rules.h"
+#include "search/noise.h"
 #include "search/steady_state.h"
 #include "search/trial.h"
 #include "engine/collectives.h"
@@ -771,15 +772,16 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
     // forward_backward_func). The step's tokens are drawn at once on the host, so M micro-batches
     // of b sequences see the tokens of one micro-batch of M x b.
     const int microbatches = spec.NumMicrobatches();
-    // Warm-up until the step times settle (search/steady_state.h), then measure_steps steps.
+    // Warm-up until the step times settle (search/steady_state.h), then at least measure_steps
+    // steps, until the median is known to search.noise_target (search/noise.h).
     const search::SearchOptions& so = spec.search;
-    std::vector<double> warmup_times, times;
+    std::vector<double> warmup_times, times, judged_times;
     // Stand-ins: the measured steps' calls, and each step's forward/backward and optimizer parts.
     std::map<std::pair<std::string, int>, search::CommRecord> comm_sum;
     std::vector<double> schedule_times, optimizer_times;
     bool measuring = search::WarmupDone(so, warmup_times);
     result.setup_s = Seconds(start, Clock::now());
-    for (int step = 0; !measuring || static_cast<int>(times.size()) < so.measure_steps; ++step) {
+    for (int step = 0; !measuring || !search::MeasureDone(so, judged_times); ++step) {
       const int64_t rows = static_cast<int64_t>(microbatches) * b;
       at::Tensor all_tokens, all_labels;
       if (reads_data) {
@@ -840,20 +842,21 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
         result.grad_norm = norm.item<double>();
       }
       const double seconds = Seconds(t0, t1);
-      if (measuring) {
-        times.push_back(seconds);
-        continue;
-      }
-      rank.warmup_step_times_s.push_back(seconds);
-      // Every rank judges the slowest rank's times, so all of them stop warming up at the same
-      // step (their collectives must pair up).
+      // Every rank judges the slowest rank's times, so all of them stop warming up and measuring
+      // at the same step (their collectives must pair up).
       double judged = seconds;
-      if (o.world_size > 1) {
+      if (o.world_size > 1 && (!measuring || search::MeasureStepCap(so) > so.measure_steps)) {
         at::Tensor t = at::full({1}, seconds, at::TensorOptions().dtype(at::kDouble).device(device));
         AllReduceTensor(rt, comm->World(), t, ReduceOp::kMax);
         comm->Synchronize();
         judged = t.item<double>();
       }
+      if (measuring) {
+        times.push_back(seconds);
+        judged_times.push_back(judged);
+        continue;
+      }
+      rank.warmup_step_times_s.push_back(seconds);
       warmup_times.push_back(judged);
       measuring = search::WarmupDone(so, warmup_times);
     }
@@ -866,6 +869,8 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
     result.step_time_s = rank.step_time_s;
     result.step_time_spread_s = *std::max_element(times.begin(), times.end()) -
                                 *std::min_element(times.begin(), times.end());
+    search::SetStepTimeInterval(so, judged_times, &result);
+    result.forced_load_balancing = spec.model.IsMoe() && spec.model.moe_router_force_load_balancing;
     result.tokens_per_s = search::TokensPerSecond(spec, result.step_time_s);
     result.model_tflops = ModelFlopsPerStep(spec, search::PaddedVocabSize(spec)) /
                           (result.step_time_s * o.world_size * 1e12);

@@ -252,6 +252,11 @@ StatusOr<search::TrialResult> FromProto(const v1::TrialResult& msg) {
   r.warmup_steps_taken = msg.warmup_steps_taken();
   r.warmup_settled = msg.warmup_settled();
   r.versions.insert(msg.versions().begin(), msg.versions().end());
+  r.step_time_low_s = msg.step_time_low_s();
+  r.step_time_high_s = msg.step_time_high_s();
+  r.noise_target_met = msg.noise_target_met();
+  r.measured_steps = msg.measured_steps();
+  r.forced_load_balancing = msg.forced_load_balancing();
   return r;
 }
 
@@ -284,6 +289,11 @@ v1::TrialResult ToProto(const search::TrialResult& r) {
   msg.set_warmup_steps_taken(r.warmup_steps_taken);
   msg.set_warmup_settled(r.warmup_settled);
   msg.mutable_versions()->insert(r.versions.begin(), r.versions.end());
+  msg.set_step_time_low_s(r.step_time_low_s);
+  msg.set_step_time_high_s(r.step_time_high_s);
+  msg.set_noise_target_met(r.noise_target_met);
+  msg.set_measured_steps(r.measured_steps);
+  msg.set_forced_load_balancing(r.forced_load_balancing);
   return msg;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "search/noise.h"
 #include "search/trial.h"
 
 namespace remat::search {
@@ -39,9 +40,7 @@ SteadySplit SplitSteadyState(const SearchOptions& options, const std::vector<dou
   while (w < step_times.size() && !WarmupDone(options, warmup)) warmup.push_back(step_times[w++]);
   out.warmup_steps = static_cast<int>(w);
   out.settled = Settled(options, warmup) && WarmupDone(options, warmup);
-  const size_t end =
-      std::min(step_times.size(), w + static_cast<size_t>(std::max(0, options.measure_steps)));
-  out.measured.assign(step_times.begin() + w, step_times.begin() + end);
+  out.measured = AdaptiveMeasuredSteps(step_times, static_cast<int>(w), options);
   return out;
 }
 

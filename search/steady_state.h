@@ -37,12 +37,13 @@ bool WarmupDone(const SearchOptions& options, const std::vector<double>& warmup_
 struct SteadySplit {
   int warmup_steps = 0;          // the warm-up steps the rule took
   bool settled = false;          // the warm-up ended because the steps settled, not at the bound
-  std::vector<double> measured;  // up to search.measure_steps after the warm-up
+  std::vector<double> measured;  // after the warm-up, as search/noise.h's rule measures them
 };
 
 // The rule applied afterwards to every step time a run reported (the command backend, whose run
-// length is fixed in advance at search.warmup_max_steps + search.measure_steps): the warm-up
-// is the shortest prefix for which WarmupDone holds, or the whole run when none does.
+// length is fixed in advance at search.warmup_max_steps + MeasureStepCap): the warm-up is the
+// shortest prefix for which WarmupDone holds, or the whole run when none does; the measured
+// steps follow it as AdaptiveMeasuredSteps (search/noise.h) takes them.
 SteadySplit SplitSteadyState(const SearchOptions& options, const std::vector<double>& step_times);
 
 }  // namespace remat::search

@@ -46,6 +46,17 @@ struct TrialResult {
   std::vector<RankResult> ranks;
   double step_time_s = 0;         // median of the measured steps (max over ranks)
   double step_time_spread_s = 0;  // max - min of the measured steps
+  // The 90% distribution-free interval of the median step (search/noise.h), from the slowest
+  // rank's measured steps; 0 when unknown. noise_target_met: the interval reached the
+  // confidence within search.noise_target (false: the trial stopped at its step cap, or the
+  // target was 0).
+  double step_time_low_s = 0;
+  double step_time_high_s = 0;
+  bool noise_target_met = false;
+  int measured_steps = 0;  // the steps the median is of (max over ranks)
+  // model.moe_router_force_load_balancing was on: the router's logits were random, so the
+  // experts' loads (and the step time) are a balanced benchmark's, not the trained router's.
+  bool forced_load_balancing = false;
   double tokens_per_s = 0;        // micro_batch * seq_length * dp / step_time_s
   double model_tflops = 0;        // model FLOPs (recompute not counted) per second per GPU, 1e12
   // The step after the shortest warm-up (step index search.warmup_steps, counted from 0): the

@@ -18,6 +18,7 @@ SearchOptions Options(int min_warmup, int max_warmup, int window, double toleran
   o.steady_window = window;
   o.steady_tolerance = tolerance;
   o.measure_steps = measure;
+  o.noise_target = 0;  // exactly `measure` steps (the adaptive rule: noise_test.cc)
   return o;
 }
 

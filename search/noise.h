@@ -1,0 +1,92 @@
+// How well a trial knows its step time, and when it has measured enough: the one home of the
+// adaptive-measurement rule (search.noise_target, search.max_measure_steps).
+//
+// A trial's step time is the median of its measured steps. The interval reported with it is the
+// distribution-free order-statistic interval of the median: for n steps sorted x_(1) <= ... <=
+// x_(n), [x_(k), x_(n+1-k)] holds the true median with probability 1 - 2 P(Binomial(n, 1/2) < k)
+// whatever the distribution of the steps (continuous, independent steps). No normality is
+// assumed, which matters on MoE steps: the H200 tables show one step in a few 30-50% slow, a
+// tail a mean and a standard deviation would follow and a median does not.
+//
+// The rule: a trial measures at least search.measure_steps; then, when search.noise_target is
+// above 0, it keeps measuring until the interval reaches kMedianConfidence and its half-width is
+// within noise_target of the median, or until MeasureStepCap steps. With kMedianConfidence 0.90
+// the first interval that reaches it needs 5 steps ([min, max] of 5 covers 0.9375), so a steady
+// trial (dense H200 steps spread 0.5%) stops at 5 and a noisy one takes more. The default target,
+// 0.02, is twice the recommendation's smallest tie band (kMinNoiseTolerance, the run-to-run
+// drift of one GPU): a median known to +-2% tells apart policies 2-4% apart, which is where the
+// H200 frontiers' neighbours sit; a tighter target buys nothing the next run would reproduce.
+//
+// The trial engine applies the rule step by step (every rank judges the slowest rank's steps, so
+// all stop together); backends that read a finished run's step times apply it afterwards
+// (AdaptiveMeasuredSteps). Thread-safety: pure functions.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "search/spec.h"
+#include "search/trial.h"
+
+namespace remat::search {
+
+// The confidence of the reported interval and of the stop rule.
+inline constexpr double kMedianConfidence = 0.90;
+
+struct MedianInterval {
+  int steps = 0;
+  double median_s = 0;
+  double low_s = 0, high_s = 0;
+  // The interval's exact coverage of the true median (any continuous distribution). Below the
+  // confidence asked for when there were too few steps for it: then [min, max].
+  double coverage = 0;
+  // (high - low) / 2 / median; 0 when the median is not positive.
+  double RelativeHalfWidth() const;
+};
+
+// P(Binomial(n, 1/2) < k), exact to double precision for any n (log-space sums).
+double BinomialHalfBelow(int n, int k);
+
+// The narrowest symmetric order-statistic interval whose coverage is at least `confidence`
+// ([min, max] with its lower coverage when none is; all zero for no steps; a single step is its
+// own interval with coverage 0).
+MedianInterval MedianConfidenceInterval(std::vector<double> times,
+                                        double confidence = kMedianConfidence);
+
+// The most steps a trial measures: measure_steps when noise_target is 0, else the larger of
+// measure_steps and max_measure_steps.
+int MeasureStepCap(const SearchOptions& options);
+
+// True when a trial that has measured `times` (in order, warm-up excluded) may stop: it has at
+// least measure_steps and either noise_target is 0, it reached MeasureStepCap, or the interval of
+// its median reaches kMedianConfidence within noise_target.
+bool MeasureDone(const SearchOptions& options, const std::vector<double>& times);
+
+// The rule applied afterwards to a finished run's step times (every step, warm-up included): the
+// steps after the first `warmup_steps`, up to the first count at which MeasureDone holds (all of
+// them, up to the cap, when it never does).
+std::vector<double> AdaptiveMeasuredSteps(const std::vector<double>& step_times, int warmup_steps,
+                                          const SearchOptions& options);
+
+// A trial's interval: from the measured steps of its slowest rank (the highest step_time_s) when
+// a rank has per-step times, else the recorded step_time_low_s/high_s; nullopt when neither says
+// anything (the replay tables of older runs without per-step times, predicted trials).
+std::optional<MedianInterval> TrialInterval(const TrialResult& result);
+
+// Records on `result` the interval of `times` (the trial's measured steps, per step the slowest
+// rank's): step_time_low_s/high_s, measured_steps and whether noise_target was met.
+void SetStepTimeInterval(const SearchOptions& options, const std::vector<double>& times,
+                         TrialResult* result);
+
+// Sets result->step_time_low_s/high_s (and noise_target_met against `options`) from TrialInterval
+// when they are unset: how replayed and combined trials get their interval.
+void FillStepTimeInterval(const SearchOptions& options, TrialResult* result);
+
+// A trial's throughput interval, tokens/s: the step interval turned over (the slow end is the low
+// throughput). {tokens_per_s, tokens_per_s} when the trial has no interval.
+struct ThroughputInterval {
+  double low = 0, high = 0;
+};
+ThroughputInterval ThroughputIntervalOf(const TrialResult& result);
+
+}  // namespace remat::search
