@@ -33,6 +33,16 @@ def from_jsonl(path):
     return trials
 
 
+def Rank(r):
+    """A rank's peaks, and its measured steps when the result has them: a replayed trial's
+    median interval comes from them (search/noise.h)."""
+    out = {k: r[k] for k in ("rank", "peak_allocated_bytes", "peak_reserved_bytes")}
+    if r.get("step_times_s"):
+        out["step_times_s"] = r["step_times_s"]
+        out["step_time_s"] = r["step_time_s"]
+    return out
+
+
 def main():
     if sys.argv[1] == "--jsonl":
         json.dump({"trials": from_jsonl(sys.argv[2])}, sys.stdout, indent=1, sort_keys=True)
@@ -46,8 +56,7 @@ def main():
             continue
         # The result writes null for what a trial did not measure.
         entry = {"status": t["status"], "step_time_s": t.get("step_time_s") or 0.0,
-                 "ranks": [{k: r[k] for k in ("rank", "peak_allocated_bytes", "peak_reserved_bytes")}
-                           for r in t.get("ranks", [])]}
+                 "ranks": [Rank(r) for r in t.get("ranks", [])]}
         if wall > 0:
             entry["wall_s"] = wall
         if t.get("message"):
