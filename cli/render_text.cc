@@ -130,6 +130,15 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
       ++noisy;
       worst_spread = std::max(worst_spread, r.step_time_spread_s() / r.step_time_s());
     }
+    if (ok && !r.predicted() && r.step_time_high_s() > 0 && r.step_time_s() > 0) {
+      // The median's 90% interval (search/noise.h) and the steps it took to get there.
+      marks.push_back(Format("median +-%.1f%%", 50 * (r.step_time_high_s() - r.step_time_low_s()) /
+                                                    r.step_time_s()) +
+                      (r.measured_steps() > 0 ? " of " + std::to_string(r.measured_steps()) +
+                                                    " steps"
+                                              : std::string()));
+    }
+    if (r.forced_load_balancing()) marks.push_back("forced expert balance");
     if (t.remeasure()) marks.push_back("re-measure");
     if (ok && r.warmup_steps_taken() > 0 && !r.warmup_settled()) {
       marks.push_back("warm-up unsettled");

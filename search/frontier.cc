@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "search/units.h"
 #include "search/memory_model.h"
+#include "search/noise.h"
+#include "search/units.h"
 
 namespace remat::search {
 namespace {
@@ -57,6 +58,39 @@ std::vector<FrontierPoint> ParetoFrontier(const std::vector<FrontierPoint>& poin
 std::vector<FrontierPoint> ComputeFrontier(const std::vector<TrialResult>& trials,
                                            MemoryMetric metric, uint64_t budget_bytes) {
   return ParetoFrontier(EligiblePoints(trials, metric, budget_bytes));
+}
+
+std::vector<FrontierPoint> NoiseAwareFrontier(const std::vector<TrialResult>& trials,
+                                              MemoryMetric metric, uint64_t budget_bytes,
+                                              std::vector<double>* upper, double max_noise) {
+  struct Point {
+    FrontierPoint p;
+    double high = 0;
+  };
+  std::vector<Point> points;
+  for (const auto& t : trials) {
+    if (t.status != TrialStatus::kOk || t.ranks.empty()) continue;
+    const uint64_t mem = t.PeakBytes(metric);
+    if (mem > budget_bytes) continue;
+    double high = std::max(t.tokens_per_s, ThroughputIntervalOf(t).high);
+    if (max_noise >= 0) high = std::min(high, t.tokens_per_s * (1 + max_noise));
+    points.push_back({{t.policy, mem, t.tokens_per_s}, high});
+  }
+  std::sort(points.begin(), points.end(), [](const Point& x, const Point& y) {
+    if (x.p.memory_bytes != y.p.memory_bytes) return x.p.memory_bytes < y.p.memory_bytes;
+    if (x.p.tokens_per_s != y.p.tokens_per_s) return x.p.tokens_per_s > y.p.tokens_per_s;
+    return x.p.policy.ToString() < y.p.policy.ToString();
+  });
+  std::vector<FrontierPoint> out;
+  if (upper != nullptr) upper->clear();
+  double bar = -1;  // the highest interval end kept so far
+  for (const Point& x : points) {
+    if (!out.empty() && !(x.p.tokens_per_s > bar)) continue;
+    out.push_back(x.p);
+    if (upper != nullptr) upper->push_back(x.high);
+    bar = std::max(bar, x.high);
+  }
+  return out;
 }
 
 std::optional<Recommendation> RecommendPolicy(const SearchSpec& spec,

@@ -32,6 +32,22 @@ std::vector<FrontierPoint> ParetoFrontier(const std::vector<FrontierPoint>& poin
 std::vector<FrontierPoint> ComputeFrontier(const std::vector<TrialResult>& trials,
                                            MemoryMetric metric, uint64_t budget_bytes);
 
+// The frontier within the measurement noise: ComputeFrontier's points less those whose
+// throughput is within the throughput interval (search/noise.h: the 90% interval of the median
+// step, turned over) of a point kept at equal or lower memory: measured again, such a point could
+// as well come out below it, so it is not a separate frontier point. Points are taken by memory
+// ascending (ties: throughput descending); one is kept when its throughput is above the highest
+// interval end of every point kept before it. Trials without an interval count as exact, so
+// without intervals this is ComputeFrontier. `max_noise`, when given, caps each interval's upper
+// end at that fraction over the point's throughput (the planner's use: search.noise_target, what
+// a trial measures down to when it can; a trial that stopped at its step cap with a wider
+// interval must not shadow a whole region). `upper`, when given, receives each kept point's
+// (capped) throughput interval end, in the same order. Pure.
+std::vector<FrontierPoint> NoiseAwareFrontier(const std::vector<TrialResult>& trials,
+                                              MemoryMetric metric, uint64_t budget_bytes,
+                                              std::vector<double>* upper = nullptr,
+                                              double max_noise = -1);
+
 // The smallest tie band of the recommendation rule: throughputs closer than this fraction of the
 // best are never told apart, however steady the steps look (run-to-run drift on one GPU is about
 // this large; docs/results.md).

@@ -93,6 +93,15 @@ std::optional<MedianInterval> TrialInterval(const TrialResult& result) {
     out.high_s = result.step_time_high_s;
     return out;  // steps and coverage unknown
   }
+  if (result.step_time_spread_s > 0 && result.step_time_s > 0) {
+    // Only the range of the steps is known, not where the median sits in it: taken as centred
+    // (as the plots draw it). Coverage unknown.
+    MedianInterval out;
+    out.median_s = result.step_time_s;
+    out.low_s = std::max(result.step_time_s - result.step_time_spread_s / 2, 0.5 * result.step_time_s);
+    out.high_s = result.step_time_s + result.step_time_spread_s / 2;
+    return out;
+  }
   return std::nullopt;
 }
 

@@ -69,8 +69,9 @@ std::vector<double> AdaptiveMeasuredSteps(const std::vector<double>& step_times,
                                           const SearchOptions& options);
 
 // A trial's interval: from the measured steps of its slowest rank (the highest step_time_s) when
-// a rank has per-step times, else the recorded step_time_low_s/high_s; nullopt when neither says
-// anything (the replay tables of older runs without per-step times, predicted trials).
+// a rank has per-step times, else the recorded step_time_low_s/high_s, else the steps' range
+// (step_time_spread_s) centred on the median (the H200 tables of runs 1 and 2 kept only that);
+// nullopt when none says anything (a single step, predicted trials).
 std::optional<MedianInterval> TrialInterval(const TrialResult& result);
 
 // Records on `result` the interval of `times` (the trial's measured steps, per step the slowest

@@ -24,9 +24,6 @@ constexpr double kMinHypervolumeGain = 0.002;
 // buy little hypervolume for many trials on the 80-layer surfaces.
 constexpr double kStopHypervolumeGain = 0.003;
 
-// A prediction up to this fraction over a budget may still fit: the anchored model's error.
-constexpr double kModelMargin = 0.02;
-
 std::string Fmt(const char* fmt, double a) {
   char buf[128];
   std::snprintf(buf, sizeof(buf), fmt, a);
@@ -181,10 +178,33 @@ class GuidedStrategy : public Strategy {
     return out;
   }
 
-  // A predicted figure that may fit `budget`: the model's error is allowed for.
-  static bool MayFit(const Prediction& p, uint64_t budget) {
-    return !p.known_not_to_fit && p.memory_bytes <= (1 + kModelMargin) * budget;
+  // A predicted figure that may fit `budget`: corrected by the error the memory predictions have
+  // had so far, and that error allowed for (search/predict.h FitTest).
+  static bool MayFit(const Prediction& p, uint64_t budget, const FitTest& fit) {
+    return !p.known_not_to_fit && fit.MayFit(p.memory_bytes, static_cast<double>(budget));
   }
+
+  FitTest CurrentFitTest() const {
+    return FitTestFrom(predictor_.MeasuredMemoryError(results_));
+  }
+
+ public:
+  std::string Notes() const override {
+    const MemoryError e = predictor_.MeasuredMemoryError(results_);
+    const FitTest fit = FitTestFrom(e);
+    if (e.trials == 0) return "";
+    return "memory predictions, each measured trial predicted from the others: " +
+           Fmt("median error %+.1f%%", 100 * e.bias) + Fmt(", spread %.1f%%", 100 * e.spread) +
+           " over " + std::to_string(e.trials) + " trials; " +
+           (e.trials < kMinErrorTrials
+                ? Fmt("too few to correct by: a policy predicted up to %.1f%% over the budget "
+                      "is tried",
+                      100 * fit.margin)
+                : Fmt("predictions corrected by %+.1f%%", 100 * fit.bias) +
+                      Fmt(", and one up to %.1f%% over the budget is still tried", 100 * fit.margin));
+  }
+
+ private:
 
   std::optional<Candidate> NextCandidate() const {
     if (spec_.search.objective == Objective::kRecommend) return NextForRecommendation();
@@ -230,16 +250,40 @@ class GuidedStrategy : public Strategy {
     for (const auto& f : frontier) t_min = std::min(t_min, f.tokens_per_s);
     const double t_ref = 0.9 * t_min;
     const double base = Hypervolume(frontier, budget, t_ref);
+    // What the untried policies together must beat for the search to go on: the frontier within
+    // noise (NoiseAwareFrontier), each point at the top of its throughput interval, taken at most
+    // search.noise_target over it (a trial's noise beyond the target is its failure to settle,
+    // not its policy's figure). Policies predicted inside measured points' intervals would only
+    // tell the noise again. (Each policy is still ranked against the measured frontier itself:
+    // ranked against the raised one, the H200 MoE replays lost 0.05-0.09 of their hypervolume.)
+    // Only intervals that reached the confidence within the target count: a trial that stopped
+    // at its step cap, or one whose interval is not a 90% one (3 steps; the older tables' ranges),
+    // is taken as exact, so the search goes on where the noise is not known (the H200 MoE
+    // replays, whose ranges run to +-17%, lost 0.03-0.11 of their hypervolume otherwise).
+    std::vector<TrialResult> known = results;
+    for (TrialResult& r : known) {
+      if (r.noise_target_met) continue;
+      r.step_time_low_s = r.step_time_high_s = r.step_time_spread_s = 0;
+      for (RankResult& rank : r.ranks) rank.step_times_s.clear();
+    }
+    std::vector<double> upper;
+    std::vector<FrontierPoint> raised = NoiseAwareFrontier(
+        known, spec_.search.memory_metric, budget, &upper, spec_.search.noise_target);
+    for (size_t i = 0; i < raised.size(); ++i) raised[i].tokens_per_s = upper[i];
+    const double raised_base = Hypervolume(raised, budget, t_ref);
     std::vector<FrontierPoint> predicted;
     std::optional<Candidate> best;
     double best_gain = 0;
     const double caching_spread = CachingSpread();
+    const FitTest fit = CurrentFitTest();
     for (const Policy& p : all_) {
       if (tried_.count(p.ToString())) continue;
       const Prediction pred = predictor_.Predict(results_, p);
-      if (!MayFit(pred, budget) || !(pred.tokens_per_s > 0)) continue;
+      if (!MayFit(pred, budget, fit) || !(pred.tokens_per_s > 0)) continue;
       const FrontierPoint point{
-          p, static_cast<uint64_t>(std::min(pred.memory_bytes, static_cast<double>(budget))),
+          p,
+          static_cast<uint64_t>(
+              std::min(fit.Corrected(pred.memory_bytes), static_cast<double>(budget))),
           pred.tokens_per_s};
       predicted.push_back(point);
       auto with = frontier;
@@ -261,15 +305,18 @@ class GuidedStrategy : public Strategy {
             spec_, p,
             Fmt("predicted to add %.1f%% to the frontier's hypervolume", 100 * gain / base) +
                 Fmt(" (predicted %.2f GiB", BytesToGib(pred.memory_bytes)) +
+                (fit.bias != 0 ? Fmt(", %.2f GiB after the measured error",
+                                     BytesToGib(fit.Corrected(pred.memory_bytes)))
+                               : std::string()) +
                 Fmt(", %.0f tokens/s)", pred.tokens_per_s));
       }
     }
     if (!best) return std::nullopt;
     // Every untried policy at once, as predicted (no optimism): when even all of them would add
     // little, the frontier is settled.
-    auto with_all = frontier;
+    auto with_all = raised;
     with_all.insert(with_all.end(), predicted.begin(), predicted.end());
-    const double joint = Hypervolume(ParetoFrontier(with_all), budget, t_ref) - base;
+    const double joint = Hypervolume(ParetoFrontier(with_all), budget, t_ref) - raised_base;
     if (joint < kStopHypervolumeGain * base) {
       if (open != nullptr) *open = 0;
       return std::nullopt;
@@ -301,10 +348,11 @@ class GuidedStrategy : public Strategy {
   std::optional<Candidate> NextToFit(uint64_t budget) const {
     std::optional<Candidate> best;
     std::pair<double, double> best_key;
+    const FitTest fit = CurrentFitTest();
     for (const Policy& p : all_) {
       if (tried_.count(p.ToString())) continue;
       const Prediction pred = predictor_.Predict(results_, p);
-      if (!MayFit(pred, budget)) continue;
+      if (!MayFit(pred, budget, fit)) continue;
       const std::pair<double, double> key{pred.tokens_per_s, -pred.memory_bytes};
       if (!best || key > best_key) {
         best_key = key;
@@ -336,10 +384,12 @@ class GuidedStrategy : public Strategy {
       }
     }
     std::map<std::string, Prediction> predictions;
+    const FitTest fit = CurrentFitTest();
     for (const Policy& p : all_) {
       if (tried_.count(p.ToString())) continue;
-      const Prediction pred = predictor_.Predict(results_, p);
-      if (!MayFit(pred, budget)) continue;
+      Prediction pred = predictor_.Predict(results_, p);
+      if (!MayFit(pred, budget, fit)) continue;
+      pred.memory_bytes = fit.Corrected(pred.memory_bytes);
       predictions[p.ToString()] = pred;
       if (!p.IsFull()) selective_may_fit = true;
     }

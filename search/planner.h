@@ -47,6 +47,10 @@ class Strategy {
   // The number of trials this strategy expects to run in total (an estimate for progress bars).
   virtual int PlannedTotal() const = 0;
 
+  // What the strategy has learnt about its own predictions so far, one sentence for the search's
+  // output (e.g. the measured error of the memory predictions); "" when nothing.
+  virtual std::string Notes() const { return ""; }
+
   // Rebuild state after a restart: `proposed` in the order they were proposed, `results` for
   // those that finished. Afterwards Propose continues where the strategy left off.
   virtual void Restore(const std::vector<Candidate>& proposed,

@@ -52,7 +52,8 @@ Prediction Predictor::PredictFrom(const TrialResult& anchor, const Policy& polic
 }
 
 std::optional<Prediction> Predictor::PredictFamily(
-    const std::map<std::string, TrialResult>& measured, const Policy& policy) {
+    const std::map<std::string, TrialResult>& measured, const Policy& policy,
+    const std::string& exclude) {
   const MemoryMetric metric = spec_.search.memory_metric;
   const uint64_t budget = spec_.search.MemoryBudgetBytes();
   const int layers = LayersPerStage(spec_);
@@ -60,7 +61,7 @@ std::optional<Prediction> Predictor::PredictFamily(
   // N -> measured member. full:uniform:1 is block's N = layers (each layer checkpointed alone).
   std::map<int, const TrialResult*> family;
   for (const auto& [key, r] : measured) {
-    if (!r.policy.IsFull()) continue;
+    if (!r.policy.IsFull() || key == exclude) continue;
     if (r.policy.method == policy.method) {
       family[r.policy.num_layers] = &r;
     } else if (block && r.policy.num_layers == 1 && !family.count(layers)) {
@@ -123,9 +124,42 @@ std::optional<Prediction> Predictor::PredictFamily(
 
 Prediction Predictor::Predict(const std::map<std::string, TrialResult>& measured,
                               const Policy& policy) {
+  return PredictExcluding(measured, policy, "");
+}
+
+MemoryError Predictor::MeasuredMemoryError(const std::map<std::string, TrialResult>& measured) {
+  const MemoryMetric metric = spec_.search.memory_metric;
+  std::vector<double> errors;
+  for (const auto& [key, r] : measured) {
+    if (!Usable(r) || r.predicted) continue;
+    const Prediction p = PredictExcluding(measured, r.policy, key);
+    if (!(p.memory_bytes > 0) || !(p.tokens_per_s > 0)) continue;  // nothing else anchored it
+    errors.push_back((r.PeakBytes(metric) - p.memory_bytes) / p.memory_bytes);
+  }
+  MemoryError out;
+  out.trials = static_cast<int>(errors.size());
+  if (errors.empty()) return out;
+  std::vector<double> sorted = errors;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  out.bias = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  for (double e : errors) out.spread = std::max(out.spread, std::fabs(e - out.bias));
+  return out;
+}
+
+FitTest FitTestFrom(const MemoryError& error) {
+  FitTest t;
+  if (error.trials < kMinErrorTrials) return t;
+  t.bias = error.bias;
+  t.margin = std::clamp(error.spread, kMinMargin, kModelMargin);
+  return t;
+}
+
+Prediction Predictor::PredictExcluding(const std::map<std::string, TrialResult>& measured,
+                                       const Policy& policy, const std::string& exclude) {
   bool known_not_to_fit = false;
   if (policy.IsFull()) {
-    if (auto p = PredictFamily(measured, policy)) {
+    if (auto p = PredictFamily(measured, policy, exclude)) {
       if (p->tokens_per_s > 0) return *p;
       known_not_to_fit = p->known_not_to_fit;
     }
@@ -136,7 +170,7 @@ Prediction Predictor::Predict(const std::map<std::string, TrialResult>& measured
   int best_diff = 0;
   double best_gap = 0;
   for (const auto& [key, r] : measured) {
-    if (!Usable(r)) continue;
+    if (!Usable(r) || key == exclude) continue;
     const int diff = policy.IsFull() || r.policy.IsFull()
                          ? (policy.IsFull() == r.policy.IsFull() ? 0 : kNumLabels + 1)
                          : SymmetricDifference(policy, r.policy);

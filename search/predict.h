@@ -39,6 +39,34 @@ struct Prediction {
   bool known_not_to_fit = false;
 };
 
+// How far the memory predictions have been off on this search so far, measured leave-one-out:
+// each ok trial predicted from the other trials (as Predict would have, had it not been measured)
+// against what it measured. Relative errors (measured - predicted) / predicted.
+struct MemoryError {
+  int trials = 0;     // ok trials with a prediction to compare
+  double bias = 0;    // their median error
+  double spread = 0;  // the largest distance of one error from the median
+};
+
+// The planner's fit test near the budget: a prediction corrected by the measured bias may fit
+// when it is at most `margin` over the budget. With fewer than kMinErrorTrials errors the
+// uncorrected prediction and kModelMargin (the anchored model's error on the H200 tables) apply;
+// after, the margin is the measured spread, within [kMinMargin, kModelMargin]: a search whose
+// predictions have been right spends fewer trials on policies predicted just over the budget.
+inline constexpr double kModelMargin = 0.02;
+inline constexpr double kMinMargin = 0.005;
+inline constexpr int kMinErrorTrials = 3;
+struct FitTest {
+  double bias = 0;
+  double margin = kModelMargin;
+  // The corrected prediction and whether it may fit `budget`.
+  double Corrected(double predicted_bytes) const { return predicted_bytes * (1 + bias); }
+  bool MayFit(double predicted_bytes, double budget_bytes) const {
+    return Corrected(predicted_bytes) <= (1 + margin) * budget_bytes;
+  }
+};
+FitTest FitTestFrom(const MemoryError& error);
+
 class Predictor {
  public:
   explicit Predictor(const SearchSpec& spec);
@@ -54,9 +82,16 @@ class Predictor {
   // `measured`: every trial observed so far, keyed by canonical policy string.
   Prediction Predict(const std::map<std::string, TrialResult>& measured, const Policy& policy);
 
+  // The leave-one-out error of the memory predictions over `measured` (MemoryError). A function
+  // of the measurements alone, whatever order they arrived in.
+  MemoryError MeasuredMemoryError(const std::map<std::string, TrialResult>& measured);
+
  private:
+  // Predict, with the trial keyed `exclude` (if any) left out of `measured`.
+  Prediction PredictExcluding(const std::map<std::string, TrialResult>& measured,
+                              const Policy& policy, const std::string& exclude);
   std::optional<Prediction> PredictFamily(const std::map<std::string, TrialResult>& measured,
-                                          const Policy& policy);
+                                          const Policy& policy, const std::string& exclude);
   Prediction PredictFrom(const TrialResult& anchor, const Policy& policy);
 
   SearchSpec spec_;

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "search/frontier.h"
+#include "search/noise.h"
 
 namespace remat::search {
 namespace {
@@ -71,6 +72,11 @@ TrialResult Pool(const SearchSpec& spec, const std::vector<const TrialResult*>& 
     out.wall_s += runs[i]->wall_s;
   }
   out.reused = false;
+  // The pooled steps' interval, not the first run's (none when the runs reported medians only).
+  out.step_time_low_s = out.step_time_high_s = 0;
+  out.measured_steps = 0;
+  out.noise_target_met = false;
+  if (every_rank_timed && any) FillStepTimeInterval(spec.search, &out);
   return out;
 }
 
@@ -159,6 +165,31 @@ std::vector<Remeasure> NearTiesToRemeasure(const SearchSpec& spec,
               ") for the recommendation, " + Percent(c.below_best) + " below it (band " +
               Percent(c.tolerance) + ")",
           decides ? 0 : 1, c.below_best);
+    }
+  }
+  // Candidates for the recommendation whose throughput interval (search/noise.h) overlaps the
+  // best's: which of them is faster is not known yet, whatever the tie band says.
+  if (auto rec = RecommendPolicy(spec, measured)) {
+    const auto best = by_policy.find(rec->best.policy.ToString());
+    const ThroughputInterval b = ThroughputIntervalOf(*best->second);
+    bool any_overlap = false;
+    for (const TrialResult& r : measured) {
+      if (r.policy == rec->best.policy || r.status != TrialStatus::kOk || r.ranks.empty() ||
+          r.PeakBytes(spec.search.memory_metric) > rec->budget_bytes || !(r.tokens_per_s > 0)) {
+        continue;
+      }
+      const ThroughputInterval t = ThroughputIntervalOf(r);
+      if (t.high < b.low || b.high <= b.low) continue;
+      any_overlap = true;
+      add(r.policy,
+          "re-measure: its throughput interval overlaps the best's (" +
+              rec->best.policy.ToString() + ", " +
+              Percent(rec->best.tokens_per_s / r.tokens_per_s - 1) + " apart) for the recommendation",
+          1, (rec->best.tokens_per_s - r.tokens_per_s) / rec->best.tokens_per_s);
+    }
+    if (any_overlap) {
+      add(rec->best.policy,
+          "re-measure: the best fitting throughput, overlapped by another's interval", 0, 0);
     }
   }
   const std::vector<FrontierPoint> frontier =

@@ -410,6 +410,8 @@ Status ReadReplayEntry(const nlohmann::json& entry, const std::string& where, Re
   e->result.status = *status;
   REMAT_SEARCH_RETURN_IF_ERROR(Seconds(entry, "step_time_s", where, &e->result.step_time_s));
   REMAT_SEARCH_RETURN_IF_ERROR(Seconds(entry, "tokens_per_s", where, &e->result.tokens_per_s));
+  REMAT_SEARCH_RETURN_IF_ERROR(
+      Seconds(entry, "step_time_spread_s", where, &e->result.step_time_spread_s));
   REMAT_SEARCH_RETURN_IF_ERROR(Seconds(entry, "wall_s", where, &e->wall_s));
   REMAT_SEARCH_RETURN_IF_ERROR(Number(entry, "loss", where, &e->result.loss));
   REMAT_SEARCH_RETURN_IF_ERROR(Number(entry, "grad_norm", where, &e->result.grad_norm));
@@ -446,6 +448,22 @@ Status ReadReplayEntry(const nlohmann::json& entry, const std::string& where, Re
     REMAT_SEARCH_RETURN_IF_ERROR(Bytes(r, "alloc_retries", at, &rr.alloc_retries));
     rr.step_time_s = e->result.step_time_s;
     REMAT_SEARCH_RETURN_IF_ERROR(Seconds(r, "step_time_s", at, &rr.step_time_s));
+    // Each measured step, when the table keeps them: the replayed trial's median interval
+    // (search/noise.h) comes from them.
+    if (r.contains("step_times_s") && !r["step_times_s"].is_null()) {
+      const nlohmann::json& steps = r["step_times_s"];
+      if (!steps.is_array() || steps.size() > static_cast<size_t>(limits::kMaxSteps)) {
+        return InvalidArgument(at + ".step_times_s: must be a list of at most " +
+                               std::to_string(limits::kMaxSteps) + " step times");
+      }
+      for (const nlohmann::json& t : steps) {
+        const double v = t.is_number() ? t.get<double>() : -1;
+        if (!(v > 0) || !std::isfinite(v)) {
+          return InvalidArgument(at + ".step_times_s: each must be a positive number of seconds");
+        }
+        rr.step_times_s.push_back(v);
+      }
+    }
     e->result.ranks.push_back(rr);
   }
   return search::OkStatus();

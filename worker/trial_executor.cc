@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "search/noise.h"
+
 namespace remat::worker {
 namespace {
 
@@ -28,6 +30,7 @@ class ReplayExecutor : public TrialExecutor {
     if (result.status == TrialStatus::kOk && result.tokens_per_s <= 0) {
       result.tokens_per_s = search::TokensPerSecond(a.spec, result.step_time_s);
     }
+    search::FillStepTimeInterval(a.spec.search, &result);  // from the table's steps, if any
     return result;
   }
 };

@@ -57,6 +57,8 @@ def main():
         # The result writes null for what a trial did not measure.
         entry = {"status": t["status"], "step_time_s": t.get("step_time_s") or 0.0,
                  "ranks": [Rank(r) for r in t.get("ranks", [])]}
+        if t.get("step_time_spread_s"):  # older results' only trace of their steps' noise
+            entry["step_time_spread_s"] = t["step_time_spread_s"]
         if wall > 0:
             entry["wall_s"] = wall
         if t.get("message"):

@@ -1,7 +1,10 @@
 // remat-search-bench: how many trials the guided search needs on large surfaces, and what it
 // keeps of the exhaustive search's frontier and recommendation (step 4).
 //
-//   remat-search-bench [--seeds N] [--source DIR] [--frontiers]
+//   remat-search-bench [--seeds N] [--source DIR] [--frontiers] [--noise-target X]
+//
+// --noise-target X sets search.noise_target for every surface and table (0: every synthetic
+// trial measures exactly its 5 steps, as before adaptive measurement; the default is each spec's).
 //
 // For each synthetic surface (tests/search/replay_surfaces.h: 70B-class and other large
 // models, every valid policy "measured" by the model with realistic errors and step-time noise)
@@ -16,6 +19,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -31,6 +36,7 @@ using remat::search::SearchSpec;
 namespace replay = remat::search::replay;
 
 bool g_frontiers = false;
+double g_noise_target = -1;  // --noise-target: overrides every spec's search.noise_target
 
 struct Tally {
   int runs = 0, matches = 0;
@@ -40,6 +46,7 @@ struct Tally {
 
 void Run(const std::string& name, SearchSpec spec, const replay::Table& table, Tally* frontier,
          Tally* recommend) {
+  if (g_noise_target >= 0) spec.search.noise_target = g_noise_target;
   for (Objective obj : {Objective::kFrontier, Objective::kRecommend}) {
     spec.search.objective = obj;
     spec.search.max_trials = 1000;  // the bench measures what the strategy asks for
@@ -84,10 +91,16 @@ int main(int argc, char** argv) {
       g_frontiers = true;
     } else if (!std::strcmp(argv[i], "--source") && i + 1 < argc) {
       source = argv[++i];
+    } else if (!std::strcmp(argv[i], "--noise-target") && i + 1 < argc) {
+      g_noise_target = std::atof(argv[++i]);
+      if (!(g_noise_target >= 0 && g_noise_target < 1)) {
+        std::fprintf(stderr, "error: --noise-target: must be 0 or a fraction below 1\n");
+        return 2;
+      }
     } else {
       std::fprintf(stderr,
                    "error: %s: unknown argument (usage: remat-search-bench [--seeds N] "
-                   "[--source REPO_DIR] [--frontiers])\n",
+                   "[--source REPO_DIR] [--frontiers] [--noise-target X])\n",
                    argv[i]);
       return 2;
     }
@@ -97,7 +110,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   for (const std::string& name : replay::SurfaceNames()) {
-    const auto surface = replay::MakeSurface(name);
+    auto surface = replay::MakeSurface(name);
+    if (g_noise_target >= 0) surface->spec.search.noise_target = g_noise_target;
     const SearchSpec& spec = surface->spec;
     const auto control = remat::search::EstimateMemory(spec, remat::search::Policy::None());
     std::printf(
@@ -114,23 +128,37 @@ int main(int argc, char** argv) {
     Summary(name.c_str(), f, r);
   }
   if (!source.empty()) {
-    for (const char* model : {"dense", "moe", "mla"}) {
-      for (const char* run : {"", "-r2", "-r3"}) {
-        if (std::string(run) == "-r3" && std::string(model) != "moe") continue;
-        auto spec = remat::spec::LoadSpecFile(source + "/examples/replay/h200-" + model + ".yaml");
-        auto table = remat::spec::LoadReplayTableFile(source + "/docs/results/h200-" + model +
-                                                      "-exhaustive-table" + run + ".json");
-        if (!spec.ok() || !table.ok()) {
-          std::fprintf(stderr, "error: --source: cannot read the H200 %s%s spec or table\n", model,
-                       run);
-          return 2;
-        }
-        replay::Table t;
-        for (const auto& [k, entry] : *table) t[k] = entry.result;
-        Tally f, r;
-        Run(std::string("h200-") + model + run, *spec, t, &f, &r);
-        Summary((std::string("h200-") + model + run).c_str(), f, r);
+    // Every measured table under docs/results: h200-MODEL-exhaustive-table[-rN].json, replayed
+    // with examples/replay/h200-MODEL.yaml (a table added there is scored without a change here).
+    std::vector<std::pair<std::string, std::string>> tables;  // name, model
+    const std::regex pattern(R"(h200-([a-z0-9-]+?)-exhaustive-table(-r[0-9]+)?\.json)");
+    std::error_code ec;
+    for (const auto& f : std::filesystem::directory_iterator(source + "/docs/results", ec)) {
+      std::smatch m;
+      const std::string file = f.path().filename().string();
+      if (std::regex_match(file, m, pattern)) tables.push_back({file, m[1].str()});
+    }
+    std::sort(tables.begin(), tables.end());
+    if (ec || tables.empty()) {
+      std::fprintf(stderr, "error: --source: no H200 tables under %s/docs/results\n",
+                   source.c_str());
+      return 2;
+    }
+    for (const auto& [file, model] : tables) {
+      const std::string name = file.substr(0, file.size() - 5);  // less ".json"
+      auto spec = remat::spec::LoadSpecFile(source + "/examples/replay/h200-" + model + ".yaml");
+      auto table = remat::spec::LoadReplayTableFile(source + "/docs/results/" + file);
+      if (!spec.ok() || !table.ok()) {
+        std::fprintf(stderr, "error: --source: cannot read %s or examples/replay/h200-%s.yaml: %s\n",
+                     file.c_str(), model.c_str(),
+                     (!spec.ok() ? spec.status() : table.status()).message().c_str());
+        return 2;
       }
+      replay::Table t;
+      for (const auto& [k, entry] : *table) t[k] = entry.result;
+      Tally f, r;
+      Run(name, *spec, t, &f, &r);
+      Summary(name.c_str(), f, r);
     }
   }
   return 0;

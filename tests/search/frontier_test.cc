@@ -172,3 +172,78 @@ TEST(FrontierTest, AllocatedOverTheBudgetIsCapacityNotFragmentation) {
 
 }  // namespace
 }  // namespace remat::search
+
+namespace remat::search {
+namespace {
+
+// A trial whose median step has the interval [median - half, median + half] (search/noise.h);
+// tokens/s = 1000 / step.
+TrialResult Noisy(const std::string& policy, uint64_t memory, double step, double half) {
+  TrialResult t = Make(policy, TrialStatus::kOk, memory, 1000 / step);
+  t.step_time_s = step;
+  t.step_time_low_s = step - half;
+  t.step_time_high_s = step + half;
+  return t;
+}
+
+TEST(NoiseAwareFrontierTest, APointInsideTheIntervalOfALowerMemoryPointIsNotSeparate) {
+  const std::vector<TrialResult> trials = {
+      Noisy("full:uniform:1", 50, 1.00, 0.05),          // 1000 tokens/s, up to 1052.6
+      Noisy("selective:[core_attn]", 60, 0.97, 0.005),  // 1030.9: inside uniform:1's interval
+      Noisy("selective:[]", 80, 0.90, 0.01),            // 1111: above every interval kept
+  };
+  EXPECT_EQ(Names(ComputeFrontier(trials, MemoryMetric::kReserved, 100)),
+            (std::vector<std::string>{"full:uniform:1", "selective:[core_attn]", "selective:[]"}));
+  std::vector<double> upper;
+  const auto f = NoiseAwareFrontier(trials, MemoryMetric::kReserved, 100, &upper);
+  EXPECT_EQ(Names(f), (std::vector<std::string>{"full:uniform:1", "selective:[]"}));
+  ASSERT_EQ(upper.size(), 2u);
+  EXPECT_NEAR(upper[0], 1000 / 0.95, 1e-9);
+  EXPECT_NEAR(upper[1], 1000 / 0.89, 1e-9);
+  // A steadier low-memory end leaves the middle point outside its interval: separate again.
+  std::vector<TrialResult> steady = trials;
+  steady[0] = Noisy("full:uniform:1", 50, 1.00, 0.01);
+  EXPECT_EQ(Names(NoiseAwareFrontier(steady, MemoryMetric::kReserved, 100)),
+            Names(ComputeFrontier(steady, MemoryMetric::kReserved, 100)));
+}
+
+TEST(NoiseAwareFrontierTest, WithoutIntervalsItIsTheFrontier) {
+  std::mt19937_64 gen(3);
+  std::uniform_int_distribution<uint64_t> mem(1, 100);
+  std::uniform_real_distribution<double> tps(1, 10);
+  const char* policies[] = {"selective:[]", "selective:[core_attn]", "selective:[layernorm]",
+                            "selective:[mlp]", "full:uniform:1", "full:block:1", "full:block:2"};
+  for (int round = 0; round < 50; ++round) {
+    std::vector<TrialResult> trials;
+    for (const char* p : policies) trials.push_back(Make(p, TrialStatus::kOk, mem(gen), tps(gen)));
+    const auto exact = ComputeFrontier(trials, MemoryMetric::kReserved, 90);
+    const auto noisy = NoiseAwareFrontier(trials, MemoryMetric::kReserved, 90);
+    // Equal up to exact duplicates, which the noise-aware frontier keeps once.
+    std::set<std::pair<uint64_t, double>> a, b;
+    for (const auto& p : exact) a.insert({p.memory_bytes, p.tokens_per_s});
+    for (const auto& p : noisy) b.insert({p.memory_bytes, p.tokens_per_s});
+    EXPECT_EQ(a, b);
+  }
+}
+
+}  // namespace
+}  // namespace remat::search
+
+namespace remat::search {
+namespace {
+
+TEST(NoiseAwareFrontierTest, TheCapLimitsHowFarANoisyPointShadows) {
+  const std::vector<TrialResult> trials = {
+      Noisy("full:uniform:1", 50, 1.00, 0.20),          // stopped at its cap: +-20%
+      Noisy("selective:[core_attn]", 60, 0.95, 0.005),  // 1052.6, 5% above it
+  };
+  EXPECT_EQ(Names(NoiseAwareFrontier(trials, MemoryMetric::kReserved, 100)),
+            (std::vector<std::string>{"full:uniform:1"}));
+  std::vector<double> upper;
+  EXPECT_EQ(Names(NoiseAwareFrontier(trials, MemoryMetric::kReserved, 100, &upper, 0.02)),
+            (std::vector<std::string>{"full:uniform:1", "selective:[core_attn]"}));
+  EXPECT_NEAR(upper[0], 1020, 1e-9);
+}
+
+}  // namespace
+}  // namespace remat::search

@@ -115,3 +115,37 @@ TEST(PlannerOnLargeSurfaces, RecommendObjective) {
 
 }  // namespace
 }  // namespace remat::search
+
+namespace remat::search {
+namespace {
+
+// The noise-aware stop (search/planner.h): with every trial's interval known to the target, the
+// search ends no later than with the same medians taken as exact, and the table measured
+// adaptively (search/noise.h) puts more steps where they are noisy.
+TEST(PlannerOnLargeSurfaces, KnownNoiseStopsNoLaterThanExactFigures) {
+  auto surface = replay::MakeSurface("mixtral-like");
+  ASSERT_TRUE(surface.has_value());
+  surface->spec.search.max_trials = 1000;
+  const auto table = replay::SyntheticTable(surface->spec, surface->step_time_s, surface->noise, 1);
+  size_t steps = 0, ok = 0, met = 0;
+  replay::Table exact = table;
+  for (auto& [k, r] : exact) {
+    if (r.status != TrialStatus::kOk) continue;
+    ++ok;
+    steps += r.ranks[0].step_times_s.size();
+    EXPECT_GE(r.ranks[0].step_times_s.size(), 5u) << k;
+    EXPECT_LE(r.ranks[0].step_times_s.size(), 20u) << k;
+    r.step_time_spread_s = 0;
+    r.ranks[0].step_times_s.clear();
+  }
+  EXPECT_GT(steps, 5 * ok);  // 3% jitter and outliers: some trials measure past the minimum
+  const replay::Outcome noisy = replay::Replay(surface->spec, table);
+  const replay::Outcome plain = replay::Replay(surface->spec, exact);
+  for (const auto& [k, r] : table) met += r.status == TrialStatus::kOk && r.ranks[0].step_times_s.size() < 20;
+  EXPECT_GT(met, 0u);
+  EXPECT_LE(noisy.guided_trials, plain.guided_trials);
+  EXPECT_NE(noisy.notes.find("memory predictions"), std::string::npos) << noisy.notes;
+}
+
+}  // namespace
+}  // namespace remat::search

@@ -169,3 +169,34 @@ TEST(Remeasure, AFailedSecondRunKeepsTheFirst) {
 
 }  // namespace
 }  // namespace remat::search
+
+namespace remat::search {
+namespace {
+
+// A backend that reports the median's interval but not the steps (step_time_spread_s unset):
+// the tie band is the 1% floor, yet two candidates whose intervals overlap are measured again.
+TEST(Remeasure, CandidatesWhoseIntervalsOverlapTheBestAreMeasuredAgain) {
+  SearchSpec spec = Spec();
+  auto with_interval = [&](const std::string& policy, double gib, double step, double half) {
+    TrialResult r = Measure(spec, policy, gib, {step});
+    r.ranks[0].step_times_s.clear();
+    r.step_time_spread_s = 0;
+    r.step_time_low_s = step - half;
+    r.step_time_high_s = step + half;
+    return r;
+  };
+  const std::vector<TrialResult> results = {
+      with_interval("selective:[]", 70, 0.500, 0.020),           // the best
+      with_interval("selective:[core_attn]", 50, 0.515, 0.010),  // 2.9% slower, overlapping
+      with_interval("full:uniform:1", 30, 0.600, 0.010),         // far below
+  };
+  const auto rec = RecommendPolicy(spec, results);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(rec->tied.size(), 1u);  // the band alone ties nothing
+  const auto again = NearTiesToRemeasure(spec, results);
+  EXPECT_EQ(Policies(again), (std::vector<std::string>{"selective:[core_attn]", "selective:[]"}));
+  EXPECT_NE(again[0].reason.find("interval overlaps"), std::string::npos) << again[0].reason;
+}
+
+}  // namespace
+}  // namespace remat::search

@@ -7,6 +7,7 @@
 
 #include "search/equivalence.h"
 #include "search/memory_model.h"
+#include "search/noise.h"
 #include "search/planner.h"
 #include "search/remeasure.h"
 #include "search/rules.h"
@@ -159,11 +160,18 @@ Table SyntheticTable(const SearchSpec& spec, double step_time_s, const Noise& no
       const double t = step_time_s * (1 + cost);
       std::normal_distribution<double> jitter(0, noise.step_jitter);
       std::uniform_real_distribution<double> unit(0, 1);
-      for (int i = 0; i < noise.measure_steps; ++i) {
+      // At least noise.measure_steps, then as the adaptive rule measures (search/noise.h): the
+      // first steps are the same draws whatever the rule, so tables with and without it differ
+      // only in the steps measured beyond them.
+      SearchOptions rule = spec.search;
+      rule.measure_steps = noise.measure_steps;
+      std::vector<double> steps;
+      for (int i = 0; i < MeasureStepCap(rule); ++i) {
         double step = t * (1 + jitter(prng));
         if (unit(prng) < noise.outlier_step) step *= 1.3;
-        rank.step_times_s.push_back(step);
+        steps.push_back(step);
       }
+      rank.step_times_s = AdaptiveMeasuredSteps(steps, 0, rule);
       std::vector<double> sorted = rank.step_times_s;
       std::sort(sorted.begin(), sorted.end());
       rank.step_time_s = sorted[sorted.size() / 2];
@@ -211,6 +219,7 @@ Outcome Replay(const SearchSpec& spec, const Table& table) {
       TrialResult r = it->second;
       r.policy = p;
       r.tokens_per_s = TokensPerSecond(spec, r.step_time_s);
+      FillStepTimeInterval(spec.search, &r);  // as the replay backend does
       return r;
     }
     TrialResult r;
@@ -230,6 +239,18 @@ Outcome Replay(const SearchSpec& spec, const Table& table) {
       o.order.push_back(c.policy.ToString());
       strategy->Observe(guided.back());
     }
+  }
+  o.notes = strategy->Notes();
+  for (const TrialResult& r : guided) {
+    if (r.status != TrialStatus::kOk) continue;
+    o.measured_steps += r.measured_steps;
+    o.ok_trials += 1;
+    if (r.PeakBytes(spec.search.memory_metric) > spec.search.MemoryBudgetBytes()) {
+      ++o.over_budget_trials;
+    }
+  }
+  for (const TrialResult& r : guided) {
+    if (r.status == TrialStatus::kOom) ++o.over_budget_trials;
   }
   std::vector<TrialResult> all;
   for (const auto& p : EnumerateValidPolicies(spec)) all.push_back(answer(p));
@@ -295,6 +316,11 @@ std::string Describe(const std::string& name, const Outcome& o, bool frontiers) 
                 o.exhaustive ? o.exhaustive->tied.size() : size_t{0},
                 o.recommendation_matches ? "within noise" : "MISSED");
   std::string out = buf;
+  std::snprintf(buf, sizeof(buf), "; %zu over the budget; %.1f measured steps per ok trial",
+                o.over_budget_trials,
+                o.ok_trials ? static_cast<double>(o.measured_steps) / o.ok_trials : 0.0);
+  out += buf;
+  if (!o.notes.empty()) out += "\n  " + o.notes;
   out += "\n  order:";
   for (const auto& p : o.order) out += " " + p;
   if (frontiers) {

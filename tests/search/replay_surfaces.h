@@ -76,6 +76,9 @@ struct Outcome {
   size_t exhaustive_classes = 0;
   double recommendation_throughput_ratio = 0;
   std::vector<std::string> order;  // the guided trials, in the order proposed
+  std::string notes;               // the strategy's Notes() at the end
+  size_t over_budget_trials = 0;   // guided trials that did not fit (oom or over the budget)
+  size_t ok_trials = 0, measured_steps = 0;  // guided ok trials and their measured steps
   std::vector<FrontierPoint> guided_frontier, exhaustive_frontier;
 };
 Outcome Replay(const SearchSpec& spec, const Table& table);

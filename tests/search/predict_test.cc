@@ -1,0 +1,92 @@
+// The plan's predictions learning from the trials (search/predict.h): the leave-one-out error of
+// the memory predictions and the fit test the planner derives from it.
+#include "search/predict.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "search/rules.h"
+#include "tests/search/test_specs.h"
+
+namespace remat::search {
+namespace {
+
+// Every valid selective single label and the control, "measured" at the model's peak times
+// `scale` (and times `odd` for `odd_policy`), at a throughput the model's step cost gives.
+std::map<std::string, TrialResult> Measured(const SearchSpec& spec, double scale,
+                                            const std::string& odd_policy = "",
+                                            double odd = 1) {
+  std::map<std::string, TrialResult> out;
+  std::vector<Policy> policies = {Policy::None()};
+  for (Label l : ValidLabels(spec)) policies.push_back(Policy::Selective({l}));
+  for (const Policy& p : policies) {
+    TrialResult r;
+    r.policy = p;
+    r.status = TrialStatus::kOk;
+    RankResult rank;
+    const double peak = EstimateMemory(spec, p).peak_bytes * scale *
+                        (p.ToString() == odd_policy ? odd : 1);
+    rank.peak_allocated_bytes = rank.peak_reserved_bytes = static_cast<uint64_t>(peak);
+    r.ranks = {rank};
+    r.step_time_s = 1;
+    r.tokens_per_s = 1000;
+    out[p.ToString()] = r;
+  }
+  return out;
+}
+
+TEST(Predict, MemoryErrorIsZeroWhereTheModelIsRightUpToAScale) {
+  const SearchSpec spec = testing::DenseSpec();
+  Predictor predictor(spec);
+  // A uniform 7% offset is absorbed by anchoring on a measured neighbour: no error.
+  const MemoryError e = predictor.MeasuredMemoryError(Measured(spec, 1.07));
+  EXPECT_GE(e.trials, 3);
+  EXPECT_NEAR(e.bias, 0, 1e-6);
+  EXPECT_NEAR(e.spread, 0, 1e-6);
+}
+
+TEST(Predict, MemoryErrorFindsAPolicyTheModelGotWrong) {
+  const SearchSpec spec = testing::DenseSpec();
+  Predictor predictor(spec);
+  const MemoryError e =
+      predictor.MeasuredMemoryError(Measured(spec, 1.0, "selective:[core_attn]", 1.05));
+  EXPECT_GE(e.trials, 3);
+  // The odd one predicted from the others is 5% low, and whatever anchors on it is high.
+  EXPECT_NEAR(e.spread, 0.05, 0.02);
+  EXPECT_GT(e.spread, 0.03);
+}
+
+TEST(Predict, FitTestUsesTheMeasuredErrorOnceThereAreEnoughTrials) {
+  MemoryError few;
+  few.trials = kMinErrorTrials - 1;
+  few.bias = 0.05;
+  few.spread = 0.001;
+  const FitTest untaught = FitTestFrom(few);
+  EXPECT_DOUBLE_EQ(untaught.bias, 0);
+  EXPECT_DOUBLE_EQ(untaught.margin, kModelMargin);
+  EXPECT_TRUE(untaught.MayFit(101.9, 100));
+  EXPECT_FALSE(untaught.MayFit(102.1, 100));
+
+  MemoryError steady = few;
+  steady.trials = kMinErrorTrials;
+  steady.bias = 0.0;
+  steady.spread = 0.001;  // predictions within 0.1%: the edge narrows to kMinMargin
+  const FitTest taught = FitTestFrom(steady);
+  EXPECT_DOUBLE_EQ(taught.margin, kMinMargin);
+  EXPECT_FALSE(taught.MayFit(101.0, 100));  // was tried before
+  EXPECT_TRUE(taught.MayFit(100.4, 100));
+
+  MemoryError low = steady;
+  low.bias = 0.03;  // predictions run 3% under what trials measure
+  low.spread = 0.5;
+  const FitTest shifted = FitTestFrom(low);
+  EXPECT_DOUBLE_EQ(shifted.margin, kModelMargin);  // never wider than the model's own margin
+  EXPECT_NEAR(shifted.Corrected(100), 103, 1e-9);
+  EXPECT_FALSE(shifted.MayFit(99.5, 100));  // 102.5 corrected: over the 2% margin
+  EXPECT_TRUE(shifted.MayFit(98.5, 100));
+}
+
+}  // namespace
+}  // namespace remat::search
