@@ -59,10 +59,14 @@ class Strategy {
 
 // The guided strategy (the decision guide) or the exhaustive one, per spec.search.strategy. The
 // guided one follows spec.search.objective: `frontier` maps the memory/throughput frontier and
-// stops when every untried policy together is predicted to add under 0.3% of its hypervolume;
+// stops when every untried policy together is predicted to add under 0.3% of its hypervolume
+// beyond the frontier's known noise (NoiseAwareFrontier, each point raised to its throughput
+// interval, at most search.noise_target; only intervals that met the target count);
 // `recommend` measures only what could change the recommendation (RecommendPolicy) and tries
 // full recompute only when no selective policy fits, as measured or predicted. Both walk the
-// initial plan first and predict every other policy from the measurements (search/predict.h).
+// initial plan first and predict every other policy from the measurements (search/predict.h);
+// whether a prediction may fit the budget is corrected by the error the predictions have had on
+// this search (Predictor::MeasuredMemoryError, FitTest), which Notes() reports.
 // Beyond the plan (under recommend: beyond the control) a proposal waits for the results of every
 // trial proposed before it, so the trials a guided search runs are a function of its results
 // alone, whatever the number of slots or the order results arrive in.

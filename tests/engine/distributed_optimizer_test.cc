@@ -43,6 +43,7 @@ std::string Yaml(bool distributed, const std::string& parallel, const std::strin
          "  warmup_max_steps: 2\n"
          "  steady_window: 1\n"
          "  measure_steps: 1\n"
+         "  noise_target: 0\n"
          "  device: cpu\n";
 }
 

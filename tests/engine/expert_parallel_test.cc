@@ -61,6 +61,7 @@ search:
   memory_budget_gib: 1
   warmup_steps: 1
   measure_steps: 1
+  noise_target: 0
   device: cpu
 )";
 }

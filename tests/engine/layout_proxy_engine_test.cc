@@ -45,6 +45,7 @@ std::string Yaml(const std::string& parallel, const std::string& model_extra,
          "  warmup_max_steps: 1\n"
          "  steady_window: 1\n"
          "  measure_steps: 1\n"
+         "  noise_target: 0\n"
          "  device: cpu\n";
 }
 

@@ -38,6 +38,7 @@ std::string Yaml(const std::string& train, const std::string& parallel, int laye
          "  memory_budget_gib: 1\n"
          "  warmup_steps: 1\n"
          "  measure_steps: 1\n"
+         "  noise_target: 0\n"
          "  device: cpu\n";
 }
 
@@ -251,6 +252,7 @@ search:
   memory_budget_gib: 4
   warmup_steps: 1
   measure_steps: 1
+  noise_target: 0
   device: cpu
 )";
   auto spec = spec::ParseSpecYaml(yaml);

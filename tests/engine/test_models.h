@@ -55,6 +55,7 @@ inline search::SearchSpec TinyBase() {
   s.search.warmup_max_steps = 1;  // a fixed warm-up (a window of one settles at once): fast
   s.search.steady_window = 1;
   s.search.measure_steps = 1;
+  s.search.noise_target = 0;  // exactly one measured step
   s.search.device = search::Device::kCpu;
   return s;
 }

@@ -57,6 +57,7 @@ search:
   warmup_max_steps: 1
   steady_window: 1
   measure_steps: 1
+  noise_target: 0
   device: cpu
 )";
 
@@ -292,6 +293,69 @@ TEST(TrialCliTest, WarmupLastsUntilTheStepsSettle) {
   ASSERT_EQ(ranks[1]["status"], "ok") << ranks[1].dump();
   EXPECT_EQ(ranks[0]["warmup_steps_taken"], ranks[1]["warmup_steps_taken"]);
   EXPECT_LE(ranks[0]["warmup_steps_taken"].get<int>(), 6);
+}
+
+// Adaptive measurement (search/noise.h) as the engine applies it: at least measure_steps, then
+// until the median's 90% interval is within search.noise_target or max_measure_steps; the
+// result carries the interval, and the ranks of a trial stop at the same step.
+TEST(TrialCliTest, MeasuresUntilTheMedianIsKnownOrTheCap) {
+  const fs::path dir = TempDir();
+  auto spec_with = [&](const std::string& name, const std::string& target,
+                       const std::string& parallel) {
+    std::string yaml = kDenseYaml;
+    const std::string fixed = "  measure_steps: 1\n  noise_target: 0\n";
+    yaml.replace(yaml.find(fixed), fixed.size(),
+                 "  measure_steps: 3\n  noise_target: " + target + "\n  max_measure_steps: 7\n");
+    yaml.replace(yaml.find("train:"), 0, parallel);
+    return testing::WriteSpec(dir, name, yaml);
+  };
+  // A loose target is met as soon as a 90% interval exists: five steps.
+  const nlohmann::json loose = RunOne(spec_with("loose.yaml", "0.9", ""), "selective:[]");
+  ASSERT_EQ(loose["status"], "ok") << loose.dump();
+  EXPECT_EQ(loose["ranks"][0]["step_times_s"].size(), 5u);
+  EXPECT_EQ(loose["measured_steps"], 5);
+  EXPECT_EQ(loose["noise_target_met"], true);
+  const double median = loose["step_time_s"], low = loose["step_time_low_s"],
+               high = loose["step_time_high_s"];
+  EXPECT_LE(low, median);
+  EXPECT_GE(high, median);
+  EXPECT_GT(high, 0);
+  // No CPU step is steady to a part in 10^9: the cap ends it, on both ranks at the same step.
+  const std::vector<nlohmann::json> ranks = RunRanks(
+      spec_with("tp2.yaml", "1e-9", "parallel:\n  tensor_model_parallel_size: 2\n"),
+      "selective:[]", 2);
+  for (const nlohmann::json& r : ranks) {
+    ASSERT_EQ(r["status"], "ok") << r.dump();
+    EXPECT_EQ(r["ranks"][0]["step_times_s"].size(), 7u);
+    EXPECT_EQ(r["noise_target_met"], false);
+  }
+}
+
+// model.moe_router_force_load_balancing: random router logits (Megatron's RandomSTE), recorded
+// in the result; the routing differs from the trained router's, so the loss does too, and a
+// recomputed MoE layer routes as its first forward did (full recompute runs and agrees).
+TEST(TrialCliTest, ForcedLoadBalancingRoutesAtRandomAndSaysSo) {
+  const fs::path dir = TempDir();
+  auto moe = [&](const std::string& name, bool forced) {
+    std::string yaml = kDenseYaml;
+    yaml.replace(yaml.find("train:"), 0,
+                 std::string("  num_moe_experts: 4\n  moe_router_topk: 2\n"
+                             "  moe_ffn_hidden_size: 64\n") +
+                     (forced ? "  moe_router_force_load_balancing: true\n" : ""));
+    return testing::WriteSpec(dir, name, yaml);
+  };
+  const nlohmann::json learned = RunOne(moe("learned.yaml", false), "selective:[]");
+  const nlohmann::json forced = RunOne(moe("forced.yaml", true), "selective:[]");
+  const nlohmann::json forced_moe = RunOne(moe("forced.yaml", true), "selective:[moe]");
+  ASSERT_EQ(learned["status"], "ok") << learned.dump();
+  ASSERT_EQ(forced["status"], "ok") << forced.dump();
+  ASSERT_EQ(forced_moe["status"], "ok") << forced_moe.dump();
+  EXPECT_EQ(learned["forced_load_balancing"], false);
+  EXPECT_EQ(forced["forced_load_balancing"], true);
+  EXPECT_NE(learned["loss"], forced["loss"]);
+  // Recompute replays the same random routing: the same loss and gradient as without it.
+  EXPECT_NEAR(forced["loss"].get<double>(), forced_moe["loss"].get<double>(), 1e-5);
+  EXPECT_NEAR(forced["grad_norm"].get<double>(), forced_moe["grad_norm"].get<double>(), 1e-4);
 }
 
 // What a trial ran with, recorded by the engine at run time; on the CPU the CUDA side is "none".
