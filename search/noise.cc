@@ -2,8 +2,24 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+
+#include "search/limits.h"
 
 namespace remat::search {
+
+Status ValidateNoiseOptions(const SearchOptions& o) {
+  if (!(o.noise_target >= 0 && o.noise_target < 1)) {
+    return InvalidArgument(
+        "search.noise_target: must be 0 (measure exactly measure_steps) or a fraction below 1 "
+        "(e.g. 0.02: the median step known to within 2%)");
+  }
+  if (o.max_measure_steps < 1 || o.max_measure_steps > limits::kMaxSteps) {
+    return InvalidArgument("search.max_measure_steps: must be a positive integer of at most " +
+                           std::to_string(limits::kMaxSteps));
+  }
+  return OkStatus();
+}
 
 double MedianInterval::RelativeHalfWidth() const {
   return median_s > 0 ? (high_s - low_s) / 2 / median_s : 0;

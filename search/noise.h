@@ -26,9 +26,14 @@
 #include <vector>
 
 #include "search/spec.h"
+#include "search/status.h"
 #include "search/trial.h"
 
 namespace remat::search {
+
+// search.noise_target is 0 or a fraction below 1; search.max_measure_steps is positive and
+// within limits::kMaxSteps. The first problem, naming the field.
+Status ValidateNoiseOptions(const SearchOptions& options);
 
 // The confidence of the reported interval and of the stop rule.
 inline constexpr double kMedianConfidence = 0.90;

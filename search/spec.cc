@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "search/limits.h"
+#include "search/noise.h"
 #include "search/pipeline.h"
 #include "search/rank_layout.h"
 #include "search/text.h"
@@ -268,12 +269,7 @@ Status ValidateSearch(const SearchOptions& s) {
         "steps within 5% of their median)");
   }
   REMAT_SEARCH_RETURN_IF_ERROR(Positive("search.measure_steps", s.measure_steps));
-  if (!(s.noise_target >= 0 && s.noise_target < 1)) {
-    return InvalidArgument(
-        "search.noise_target: must be 0 (measure exactly measure_steps) or a fraction below 1 "
-        "(e.g. 0.02: the median step known to within 2%)");
-  }
-  REMAT_SEARCH_RETURN_IF_ERROR(Positive("search.max_measure_steps", s.max_measure_steps));
+  REMAT_SEARCH_RETURN_IF_ERROR(ValidateNoiseOptions(s));
   if (s.backend == Backend::kReplay && s.replay_table.empty()) {
     return InvalidArgument("search.replay_table: required with backend replay");
   }
@@ -460,8 +456,6 @@ Status ValidateLimits(const SearchSpec& spec) {
   REMAT_SEARCH_RETURN_IF_ERROR(AtMost("search.max_trials", o.max_trials, l::kMaxTrials));
   REMAT_SEARCH_RETURN_IF_ERROR(AtMost("search.warmup_steps", o.warmup_steps, l::kMaxSteps));
   REMAT_SEARCH_RETURN_IF_ERROR(AtMost("search.measure_steps", o.measure_steps, l::kMaxSteps));
-  REMAT_SEARCH_RETURN_IF_ERROR(
-      AtMost("search.max_measure_steps", o.max_measure_steps, l::kMaxSteps));
   REMAT_SEARCH_RETURN_IF_ERROR(
       NumberAtMost("search.trial_timeout_s", o.trial_timeout_s, l::kMaxTrialTimeoutS));
   REMAT_SEARCH_RETURN_IF_ERROR(Text("search.replay_table", o.replay_table, l::kMaxPathBytes));
