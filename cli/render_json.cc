@@ -75,10 +75,9 @@ std::string ResultJson(const v1::Search& s) {
         measured && r.step_time_s() > 0 ? ordered_json(r.step_time_spread_s() / r.step_time_s())
                                         : ordered_json(nullptr);
     // The median's 90% distribution-free interval (search/noise.h); null when not known.
-    tj["step_time_low_s"] =
-        measured && r.step_time_high_s() > 0 ? ordered_json(r.step_time_low_s()) : ordered_json(nullptr);
-    tj["step_time_high_s"] =
-        measured && r.step_time_high_s() > 0 ? ordered_json(r.step_time_high_s()) : ordered_json(nullptr);
+    const bool interval = measured && r.step_time_high_s() > 0;
+    tj["step_time_low_s"] = interval ? ordered_json(r.step_time_low_s()) : ordered_json(nullptr);
+    tj["step_time_high_s"] = interval ? ordered_json(r.step_time_high_s()) : ordered_json(nullptr);
     tj["noise_target_met"] = measured ? ordered_json(r.noise_target_met()) : ordered_json(nullptr);
     tj["measured_steps"] = measured ? ordered_json(r.measured_steps()) : ordered_json(nullptr);
     tj["forced_load_balancing"] = r.forced_load_balancing();

@@ -114,7 +114,8 @@ std::optional<MedianInterval> TrialInterval(const TrialResult& result) {
     // (as the plots draw it). Coverage unknown.
     MedianInterval out;
     out.median_s = result.step_time_s;
-    out.low_s = std::max(result.step_time_s - result.step_time_spread_s / 2, 0.5 * result.step_time_s);
+    out.low_s =
+        std::max(result.step_time_s - result.step_time_spread_s / 2, 0.5 * result.step_time_s);
     out.high_s = result.step_time_s + result.step_time_spread_s / 2;
     return out;
   }

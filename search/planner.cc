@@ -98,6 +98,31 @@ std::vector<Candidate> FullRecomputePlan(const SearchSpec& spec) {
   return out;
 }
 
+// What the untried policies together must beat for the guided frontier search to go on: the
+// frontier within noise (NoiseAwareFrontier), each point at the top of its throughput interval,
+// taken at most search.noise_target over it (a trial's noise beyond the target is its failure to
+// settle, not its policy's figure). Policies predicted inside measured points' intervals would
+// only tell the noise again. Only intervals that reached the confidence within the target count:
+// a trial that stopped at its step cap, or one whose interval is not a 90% one (3 steps; the older
+// tables' ranges), is taken as exact, so the search goes on where the noise is not known (the
+// H200 MoE replays, whose ranges run to +-17%, lost 0.03-0.11 of their hypervolume otherwise).
+// Each policy is still ranked against the measured frontier itself: ranked against this one,
+// the H200 MoE replays lost 0.05-0.09 of their hypervolume.
+std::vector<FrontierPoint> RaisedFrontier(const SearchSpec& spec,
+                                          std::vector<TrialResult> results) {
+  for (TrialResult& r : results) {
+    if (r.noise_target_met) continue;
+    r.step_time_low_s = r.step_time_high_s = r.step_time_spread_s = 0;
+    for (RankResult& rank : r.ranks) rank.step_times_s.clear();
+  }
+  std::vector<double> upper;
+  std::vector<FrontierPoint> raised =
+      NoiseAwareFrontier(results, spec.search.memory_metric, spec.search.MemoryBudgetBytes(),
+                         &upper, spec.search.noise_target);
+  for (size_t i = 0; i < raised.size(); ++i) raised[i].tokens_per_s = upper[i];
+  return raised;
+}
+
 // The guided strategy. Both objectives walk the initial plan first (the contract's order); then
 // every untried valid policy is predicted from the measurements so far (search/predict.h) and only
 // one that is predicted to change the outcome is measured:
@@ -159,6 +184,20 @@ class GuidedStrategy : public Strategy {
     return std::min(total, spec_.search.max_trials);
   }
 
+  std::string Notes() const override {
+    const MemoryError e = predictor_.MeasuredMemoryError(results_);
+    if (e.trials == 0) return "";
+    const FitTest fit = FitTestFrom(e);
+    std::string out = "memory predictions, each measured trial predicted from the others: " +
+                      Fmt("median error %+.1f%%", 100 * e.bias) +
+                      Fmt(", spread %.1f%%", 100 * e.spread) + " over " +
+                      std::to_string(e.trials) + " trials; ";
+    out += e.trials < kMinErrorTrials ? std::string("too few to correct by")
+                                      : Fmt("predictions corrected by %+.1f%%", 100 * fit.bias);
+    return out + Fmt(": one predicted up to %.1f%% over the budget is still tried",
+                     100 * fit.margin);
+  }
+
   void Restore(const std::vector<Candidate>& proposed,
                const std::vector<TrialResult>& results) override {
     proposed_ = proposed;
@@ -187,24 +226,6 @@ class GuidedStrategy : public Strategy {
   FitTest CurrentFitTest() const {
     return FitTestFrom(predictor_.MeasuredMemoryError(results_));
   }
-
- public:
-  std::string Notes() const override {
-    const MemoryError e = predictor_.MeasuredMemoryError(results_);
-    const FitTest fit = FitTestFrom(e);
-    if (e.trials == 0) return "";
-    return "memory predictions, each measured trial predicted from the others: " +
-           Fmt("median error %+.1f%%", 100 * e.bias) + Fmt(", spread %.1f%%", 100 * e.spread) +
-           " over " + std::to_string(e.trials) + " trials; " +
-           (e.trials < kMinErrorTrials
-                ? Fmt("too few to correct by: a policy predicted up to %.1f%% over the budget "
-                      "is tried",
-                      100 * fit.margin)
-                : Fmt("predictions corrected by %+.1f%%", 100 * fit.bias) +
-                      Fmt(", and one up to %.1f%% over the budget is still tried", 100 * fit.margin));
-  }
-
- private:
 
   std::optional<Candidate> NextCandidate() const {
     if (spec_.search.objective == Objective::kRecommend) return NextForRecommendation();
@@ -250,26 +271,7 @@ class GuidedStrategy : public Strategy {
     for (const auto& f : frontier) t_min = std::min(t_min, f.tokens_per_s);
     const double t_ref = 0.9 * t_min;
     const double base = Hypervolume(frontier, budget, t_ref);
-    // What the untried policies together must beat for the search to go on: the frontier within
-    // noise (NoiseAwareFrontier), each point at the top of its throughput interval, taken at most
-    // search.noise_target over it (a trial's noise beyond the target is its failure to settle,
-    // not its policy's figure). Policies predicted inside measured points' intervals would only
-    // tell the noise again. (Each policy is still ranked against the measured frontier itself:
-    // ranked against the raised one, the H200 MoE replays lost 0.05-0.09 of their hypervolume.)
-    // Only intervals that reached the confidence within the target count: a trial that stopped
-    // at its step cap, or one whose interval is not a 90% one (3 steps; the older tables' ranges),
-    // is taken as exact, so the search goes on where the noise is not known (the H200 MoE
-    // replays, whose ranges run to +-17%, lost 0.03-0.11 of their hypervolume otherwise).
-    std::vector<TrialResult> known = results;
-    for (TrialResult& r : known) {
-      if (r.noise_target_met) continue;
-      r.step_time_low_s = r.step_time_high_s = r.step_time_spread_s = 0;
-      for (RankResult& rank : r.ranks) rank.step_times_s.clear();
-    }
-    std::vector<double> upper;
-    std::vector<FrontierPoint> raised = NoiseAwareFrontier(
-        known, spec_.search.memory_metric, budget, &upper, spec_.search.noise_target);
-    for (size_t i = 0; i < raised.size(); ++i) raised[i].tokens_per_s = upper[i];
+    const std::vector<FrontierPoint> raised = RaisedFrontier(spec_, results);
     const double raised_base = Hypervolume(raised, budget, t_ref);
     std::vector<FrontierPoint> predicted;
     std::optional<Candidate> best;

@@ -184,7 +184,8 @@ std::vector<Remeasure> NearTiesToRemeasure(const SearchSpec& spec,
       add(r.policy,
           "re-measure: its throughput interval overlaps the best's (" +
               rec->best.policy.ToString() + ", " +
-              Percent(rec->best.tokens_per_s / r.tokens_per_s - 1) + " apart) for the recommendation",
+              Percent(rec->best.tokens_per_s / r.tokens_per_s - 1) +
+              " apart) for the recommendation",
           1, (rec->best.tokens_per_s - r.tokens_per_s) / rec->best.tokens_per_s);
     }
     if (any_overlap) {

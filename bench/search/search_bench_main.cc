@@ -149,7 +149,8 @@ int main(int argc, char** argv) {
       auto spec = remat::spec::LoadSpecFile(source + "/examples/replay/h200-" + model + ".yaml");
       auto table = remat::spec::LoadReplayTableFile(source + "/docs/results/" + file);
       if (!spec.ok() || !table.ok()) {
-        std::fprintf(stderr, "error: --source: cannot read %s or examples/replay/h200-%s.yaml: %s\n",
+        std::fprintf(stderr,
+                     "error: --source: cannot read %s or examples/replay/h200-%s.yaml: %s\n",
                      file.c_str(), model.c_str(),
                      (!spec.ok() ? spec.status() : table.status()).message().c_str());
         return 2;

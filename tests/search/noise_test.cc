@@ -113,7 +113,8 @@ TEST(Noise, RecordedRunsTakeTheSameStepsTheEngineWould) {
   const SearchOptions o = Adaptive(3, 10, 0.02);
   // Two warm-up steps, then steady steps: the window ends at the fifth measured step.
   const std::vector<double> run = {3.0, 2.0, 1.0, 1.001, 0.999, 1.002, 0.998, 1.5, 1.5};
-  EXPECT_EQ(AdaptiveMeasuredSteps(run, 2, o), (std::vector<double>{1.0, 1.001, 0.999, 1.002, 0.998}));
+  EXPECT_EQ(AdaptiveMeasuredSteps(run, 2, o),
+            (std::vector<double>{1.0, 1.001, 0.999, 1.002, 0.998}));
   // A run that never settles gives every step up to the cap.
   std::vector<double> noisy(20);
   for (int i = 0; i < 20; ++i) noisy[i] = 1 + 0.3 * (i % 2);
