@@ -30,8 +30,9 @@ inline constexpr size_t kMinRemeasures = 2;
 // The policies to measure again, memory ascending: ok, measured (not predicted) trials
 // measured once so far that are (a) in the recommendation's tie set when it has more than one
 // member, or fit the budget less headroom with a throughput interval (search/noise.h) that
-// overlaps the best's (then the best too), or (b) on the frontier within the noise band of another frontier point (max of 1% and
-// the two trials' relative spreads, as the recommendation's band). At most a quarter of the
+// overlaps the best's (then the best too), or (b) on the frontier within the noise band of
+// another frontier point (max of 1% and the two trials' relative spreads, as the
+// recommendation's band). At most a quarter of the
 // policies measured (at least kMinRemeasures), chosen in this order: the recommendation's choice
 // and the best, the other tied policies closest to the best first, then the frontier near-ties
 // closest first. Empty with backend replay (a table holds one measurement per policy: a second

@@ -141,7 +141,9 @@ TEST(PlannerOnLargeSurfaces, KnownNoiseStopsNoLaterThanExactFigures) {
   EXPECT_GT(steps, 5 * ok);  // 3% jitter and outliers: some trials measure past the minimum
   const replay::Outcome noisy = replay::Replay(surface->spec, table);
   const replay::Outcome plain = replay::Replay(surface->spec, exact);
-  for (const auto& [k, r] : table) met += r.status == TrialStatus::kOk && r.ranks[0].step_times_s.size() < 20;
+  for (const auto& [k, r] : table) {
+    met += r.status == TrialStatus::kOk && r.ranks[0].step_times_s.size() < 20;
+  }
   EXPECT_GT(met, 0u);
   EXPECT_LE(noisy.guided_trials, plain.guided_trials);
   EXPECT_NE(noisy.notes.find("memory predictions"), std::string::npos) << noisy.notes;
