@@ -5,8 +5,9 @@
 // distribution-free order-statistic interval of the median: for n steps sorted x_(1) <= ... <=
 // x_(n), [x_(k), x_(n+1-k)] holds the true median with probability 1 - 2 P(Binomial(n, 1/2) < k)
 // whatever the distribution of the steps (continuous, independent steps). No normality is
-// assumed, which matters on MoE steps: the H200 tables show one step in a few 30-50% slow, a
-// tail a mean and a standard deviation would follow and a median does not.
+// assumed, which matters on MoE steps: within one H200 MoE trial the steps spread by 15-50% of
+// the step, in a few slow ones that a mean and a standard deviation would follow and a median
+// does not.
 //
 // The rule: a trial measures at least search.measure_steps; then, when search.noise_target is
 // above 0, it keeps measuring until the interval reaches kMedianConfidence and its half-width is
@@ -18,8 +19,9 @@
 // H200 frontiers' neighbours sit; a tighter target buys nothing the next run would reproduce.
 //
 // The trial engine applies the rule step by step (every rank judges the slowest rank's steps, so
-// all stop together); backends that read a finished run's step times apply it afterwards
-// (AdaptiveMeasuredSteps). Thread-safety: pure functions.
+// all stop together); a backend that reads a finished run's step times applies it afterwards
+// (AdaptiveMeasuredSteps; the command backend does not yet: docs/status.md). Thread-safety: pure
+// functions.
 #pragma once
 
 #include <optional>
