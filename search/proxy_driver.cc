@@ -18,8 +18,7 @@ SearchSpec DepthRunSpec(const SearchSpec& full, int layers, double timeout_s) {
   return cut;
 }
 
-TrialResult RunDepthProxies(const SearchSpec& full, const Policy& policy,
-                            const DepthRunner& run) {
+TrialResult RunDepthProxies(const SearchSpec& full, const Policy& policy, const DepthRunner& run) {
   const Status valid = ValidatePolicy(full, policy);
   if (!valid.ok()) {
     TrialResult r;

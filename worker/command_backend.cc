@@ -9,7 +9,6 @@
 namespace remat::worker {
 namespace {
 
-namespace fs = std::filesystem;
 using search::TrialStatus;
 
 class CommandBackend : public Backend {
@@ -35,7 +34,7 @@ class CommandBackend : public Backend {
     run.assignment = &a;
     run.spec = &spec;
     run.slots = context.slots;
-    run.metrics_path = MetricsPath(*plan);
+    run.metrics_path = MetricsFilePath(plan->run_dir);
     const std::map<std::string, std::string> values = CommandValues(run);
     auto command = ExpandCommand(templ.command, values);
     if (!command.ok()) return std::string(command.status().message());
@@ -68,7 +67,7 @@ class CommandBackend : public Backend {
       return t.empty() ? std::string() : ": " + t;
     };
     const bool oom_in_log = !exit.ok() && (LogMentionsOom(err) || LogMentionsOom(out));
-    auto metrics = ReadMetricsFiles(MetricsPath(plan));
+    auto metrics = ReadMetricsFiles(MetricsFilePath(plan.run_dir));
     if (metrics.ok()) {
       search::TrialResult result = MetricsToResult(a, *metrics);
       // A job that died after writing its figures (the callback rewrites them after every
@@ -95,9 +94,6 @@ class CommandBackend : public Backend {
   const CommandTemplate* Template(const Assignment& a) const {
     auto it = options_.templates.find(a.spec.search.command_template);
     return it == options_.templates.end() ? nullptr : &it->second;
-  }
-  static std::string MetricsPath(const LaunchPlan& plan) {
-    return (fs::path(plan.run_dir) / "metrics.json").string();
   }
 
   CommandBackendOptions options_;

@@ -61,7 +61,7 @@ class MegatronBackend : public Backend {
           "--policy",
           a.policy_name,
           "--metrics",
-          MetricsPath(*plan),
+          MetricsFilePath(plan->run_dir),
           "--rank",
           std::to_string(r),
           "--world-size",
@@ -89,7 +89,7 @@ class MegatronBackend : public Backend {
                            double peer_exit_grace_s) const override {
     const Assignment& a = *context.assignment;
     const int world = a.world_size;
-    auto metrics = ReadMetricsFiles(MetricsPath(plan));
+    auto metrics = ReadMetricsFiles(MetricsFilePath(plan.run_dir));
     std::vector<bool> have(world, false);
     bool any_oom = false;
     if (metrics.ok()) {
@@ -137,10 +137,6 @@ class MegatronBackend : public Backend {
   }
 
  private:
-  static std::string MetricsPath(const LaunchPlan& plan) {
-    return (fs::path(plan.run_dir) / "metrics.json").string();
-  }
-
   MegatronBackendOptions options_;
 };
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The Slurm executor (remat-worker --executor slurm, worker/slurm_executor.h) against a real
+# The Slurm launcher (remat-worker --executor slurm, worker/slurm_launcher.h) against a real
 # Slurm on this machine (slurm_cluster.sh): rematd on loopback, one worker that submits every
 # trial as a Slurm job, remat-trial (the CPU engine) as the ranks.
 #
