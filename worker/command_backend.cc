@@ -1,8 +1,6 @@
 // The command backend (worker/trial_pipeline.h): an operator-configured command template, run
 // once per run with /bin/sh -c; the job launches its own ranks (e.g. torchrun) and writes the
 // metrics file the worker reads afterwards (worker/metrics_file.h).
-#include <filesystem>
-
 #include "worker/metrics_file.h"
 #include "worker/trial_pipeline.h"
 

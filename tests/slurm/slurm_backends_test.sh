@@ -50,7 +50,7 @@ rc=$?
 grep -E '^\[ +(OK|FAILED|SKIPPED) +\]' "$T/contract.log"
 [ $rc -eq 0 ] || { tail -n 60 "$T/contract.log"; fail "the executor contract's Slurm variants"; }
 # Only the builtin proxy case may skip (remat-trial runs the depths itself).
-skipped=$(grep '^\[  SKIPPED \]' "$T/contract.log" | grep -v 'ProxyDepths.*/BuiltinSlurm' | grep -v 'tests, listed below')
+skipped=$(grep '^\[  SKIPPED \]' "$T/contract.log" | grep -v 'ProxyDepths.*/BuiltinSlurm' | grep -v 'listed below')
 [ -z "$skipped" ] || fail "skipped: $skipped"
 
 # Each backend's trials were Slurm jobs: names remat-t-<case>.1, per-rank ones of two tasks.

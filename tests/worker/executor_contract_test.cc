@@ -39,6 +39,7 @@ struct Variant {
   bool slurm;
   std::string name;
 };
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
 // The command backend's job: "ok" writes one metrics file per rank whose figures are affine in
 // the layer count it runs (peak = 1000 x layers + 100 x rank + 500 bytes, as the fake driver's);
@@ -98,7 +99,7 @@ class ExecutorContract : public ::testing::TestWithParam<Variant> {
     spec->mutable_train()->set_micro_batch_size(2);
     spec->mutable_parallel()->set_data_parallel_size(world);
     v1::SearchOptions* so = spec->mutable_search();
-    so->set_device("cpu");
+    // device auto: CPU slots here, CPU nodes under Slurm (the megatron driver refuses cpu).
     so->set_trial_timeout_s(timeout_s);
     so->set_warmup_steps(2);
     so->set_warmup_max_steps(2);
