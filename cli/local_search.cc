@@ -18,10 +18,9 @@
 #include "proto/convert.h"
 #include "search/layout_proxy.h"
 #include "server/coordinator.h"
-#include "worker/megatron_executor.h"
 #include "worker/slots.h"
-#include "worker/versions.h"
 #include "worker/worker_daemon.h"
+#include "worker/worker_setup.h"
 
 namespace remat::cli {
 namespace {
@@ -92,37 +91,23 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
     }
   }
 
-  std::string trial_binary = options.trial_binary;
-  if (trial_binary.empty()) {
-    trial_binary = (fs::path(common::SelfDir()) / "remat-trial").string();
-  }
-  trial_binary = fs::absolute(trial_binary).string();  // trials start in their own folders
-  const bool builtin = spec->search.backend == search::Backend::kBuiltin;
-  if (builtin && access(trial_binary.c_str(), X_OK) != 0) {
-    return fail(1, "remat-trial not found at " + trial_binary +
-                       " (build it: cmake --build build --target remat-trial)");
-  }
-  std::map<std::string, worker::CommandTemplate> templates;
-  if (!options.command_templates.empty()) {
-    auto loaded = worker::LoadCommandTemplatesFile(options.command_templates);
-    if (!loaded.ok()) return fail(2, std::string(loaded.status().message()));
-    templates = *loaded;
-  }
-
-  // Backend megatron: the driver beside remat (or installed) and the operator's Megatron Core.
-  std::string megatron_driver, megatron_path;
-  if (spec->search.backend == search::Backend::kMegatron) {
-    if (!options.megatron_path.empty()) {
-      if (!fs::is_directory(fs::path(options.megatron_path) / "megatron" / "core")) {
-        return fail(2, "--megatron-path: no megatron/core package in " + options.megatron_path);
-      }
-      megatron_path = fs::absolute(options.megatron_path).string();
-    }
-    megatron_driver = worker::FindMegatronDriver(common::SelfDir());
-    if (megatron_driver.empty()) {
-      return fail(1, "the megatron driver is neither beside remat (megatron_driver/) nor "
-                     "installed (../share/remat/megatron_driver/)");
-    }
+  // The backend the spec asks for (worker/worker_setup.h, shared with remat-worker).
+  worker::WorkerDaemonOptions wopts;
+  worker::BackendFlags backends;
+  backends.builtin = spec->search.backend == search::Backend::kBuiltin
+                         ? worker::BackendFlags::Builtin::kRequired
+                         : worker::BackendFlags::Builtin::kOff;
+  backends.trial_binary = options.trial_binary;
+  backends.command_templates = options.command_templates;
+  backends.megatron = spec->search.backend == search::Backend::kMegatron;
+  backends.megatron_path = options.megatron_path;
+  backends.python = options.python;
+  std::string warning;
+  if (absl::Status set_up =
+          worker::SetUpBackends(backends, common::SelfDir(), "remat", &wopts, &warning);
+      !set_up.ok()) {
+    return fail(set_up.code() == absl::StatusCode::kInvalidArgument ? 2 : 1,
+                std::string(set_up.message()));
   }
 
   ScratchDir scratch;
@@ -141,23 +126,12 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
   const std::string address = (*coordinator)->address();
 
   // The worker.
-  worker::WorkerDaemonOptions wopts;
   wopts.connection.target = address;
   wopts.slots = slots;
   wopts.work_dir = options.work_dir.empty() ? scratch.path() + "/worker" : options.work_dir;
-  wopts.trial_binary = builtin || access(trial_binary.c_str(), X_OK) == 0 ? trial_binary : "";
-  wopts.command_templates = templates;
-  wopts.versions = builtin ? worker::ProbeVersions(trial_binary)
-                           : std::map<std::string, std::string>{{"remat", common::kVersion}};
   wopts.lease_wait_s = 1;
   wopts.backoff_initial_s = 0.05;
   wopts.backoff_max_s = 1;
-  if (!megatron_driver.empty()) {
-    wopts.megatron_driver = megatron_driver;
-    wopts.megatron_python = options.python;
-    wopts.megatron_path = megatron_path;
-    wopts.versions["megatron_core"] = worker::MegatronCoreVersion(megatron_path);
-  }
   auto daemon = worker::WorkerDaemon::Create(wopts);
   if (!daemon.ok()) return fail(1, "worker: " + daemon.status().ToString());
   absl::Status worker_status;

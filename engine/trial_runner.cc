@@ -22,6 +22,7 @@
 #include <stdexcept>
 
 #include "search/depth_proxy.h"
+#include "search/proxy_driver.h"
 #include "search/layout_proxy.h"
 #include "search/pipeline.h"
 #include "search/rank_layout.h"
@@ -594,34 +595,21 @@ at::Tensor RunPipelineSchedule(const search::SearchSpec& spec, const Runtime& rt
 
 }  // namespace
 
-// Depth proxies: the same ranks run the model cut to the two proxy depths, one after the other
-// (each with its own rendezvous subfolder and no memory cap of its own), and predict the full
-// depth's figures from them.
+// Depth proxies (search/proxy_driver.h decides the depths, the cap, the failure handling and
+// the prediction): the same ranks run each cut depth one after the other, each with its own
+// rendezvous subfolder.
 search::TrialResult RunDepthProxies(const TrialOptions& o) {
-  const auto& depths = o.spec.search.proxy_layers;
-  const search::Status valid = search::ValidatePolicy(o.spec, o.policy);
-  if (!valid.ok()) {
-    search::TrialResult r;
-    r.policy = o.policy;
-    r.status = TrialStatus::kInvalid;
-    r.message = valid.message();
-    return r;
-  }
-  std::vector<search::TrialResult> measured;
-  for (int layers : depths) {
-    TrialOptions cut = o;
-    cut.spec = search::AtDepth(o.spec, layers);
-    cut.spec.search.memory_budget_gib = 1 << 20;  // measure: the prediction decides what fits
-    if (!o.rendezvous_dir.empty()) {
-      cut.rendezvous_dir = o.rendezvous_dir + "/proxy-" + std::to_string(layers);
-      std::error_code ec;  // every rank may create it; a failure shows at the rendezvous
-      std::filesystem::create_directories(cut.rendezvous_dir, ec);
-    }
-    measured.push_back(RunTrial(cut));
-    if (measured.back().status != TrialStatus::kOk) break;
-  }
-  if (measured.size() < 2) measured.push_back(measured.front());
-  search::TrialResult r = search::PredictFullDepth(o.spec, measured[0], measured[1]);
+  search::TrialResult r = search::RunDepthProxies(
+      o.spec, o.policy, [&](const search::SearchSpec& spec, int layers) {
+        TrialOptions cut = o;
+        cut.spec = spec;
+        if (!o.rendezvous_dir.empty()) {
+          cut.rendezvous_dir = o.rendezvous_dir + "/proxy-" + std::to_string(layers);
+          std::error_code ec;  // every rank may create it; a failure shows at the rendezvous
+          std::filesystem::create_directories(cut.rendezvous_dir, ec);
+        }
+        return RunTrial(cut);
+      });
   // A layout proxy's result already numbers every rank of the layout.
   if (!o.spec.search.layout_proxy) {
     for (auto& rank : r.ranks) rank.rank = o.rank;

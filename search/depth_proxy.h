@@ -27,8 +27,9 @@ namespace remat::search {
 // N < d1 (per stage); full:uniform:N needs d1 and d2 per stage to be multiples of N.
 std::string ProxyPolicyProblem(const SearchSpec& spec, const Policy& policy);
 
-// The spec cut to `layers` layers (num_layers and an explicit MoE pattern shortened); no proxy
-// and no memory cap of its own: a proxy trial measures, the prediction decides what fits.
+// The spec cut to `layers` layers (num_layers and an explicit MoE pattern shortened), with no
+// proxy depths of its own. A proxy run also lifts the memory cap: search::DepthRunSpec
+// (search/proxy_driver.h) is the spec it runs.
 SearchSpec AtDepth(const SearchSpec& spec, int layers);
 
 // The full-depth result predicted from the two proxy results (same policy, ranks in the same

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "common/read_file.h"
+#include "search/proxy_driver.h"
 
 namespace remat::worker {
 namespace {
@@ -177,7 +178,8 @@ std::map<std::string, std::string> CommandValues(const CommandRun& run) {
       smallest_gpu = smallest_gpu ? std::min(smallest_gpu, slot.memory_bytes) : slot.memory_bytes;
     }
   }
-  const uint64_t budget = run.capped ? so.MemoryBudgetBytes() : 0;
+  const bool capped = search::MemoryCapped(spec);
+  const uint64_t budget = capped ? so.MemoryBudgetBytes() : 0;
   // The fraction caps what each rank's allocator may hold; the smallest GPU bounds a trial whose
   // slots differ (a cap over the device's memory is no cap: 1).
   const double fraction =
@@ -213,7 +215,7 @@ std::map<std::string, std::string> CommandValues(const CommandRun& run) {
       {"global_batch_size", std::to_string(spec.EffectiveGlobalBatchSize())},
       {"seq_length", std::to_string(spec.model.seq_length)},
       {"memory_budget_bytes", std::to_string(budget)},
-      {"memory_budget_gib", run.capped ? ShortestDecimal(so.memory_budget_gib) : "0"},
+      {"memory_budget_gib", capped ? ShortestDecimal(so.memory_budget_gib) : "0"},
       {"memory_fraction", ShortestDecimal(fraction)},
       {"num_layers", std::to_string(layers)},
       {"num_layers_overrides", ShellQuoteWords(depth_overrides)},

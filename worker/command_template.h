@@ -75,9 +75,9 @@ absl::StatusOr<std::string> ExpandCommand(const std::string& command,
 // One run of a command trial's template: the whole trial, or one of its depth proxies.
 struct CommandRun {
   const Assignment* assignment = nullptr;
-  // The spec this run trains: the assignment's, or it cut to a proxy depth (search::AtDepth).
+  // The spec this run trains: the assignment's, or a proxy depth's (search::DepthRunSpec, which
+  // has no memory cap: its budget placeholders are 0 and its fraction 1, search::MemoryCapped).
   const search::SearchSpec* spec = nullptr;
-  bool capped = true;       // false at a proxy depth: it measures, the prediction decides what fits
   std::vector<Slot> slots;  // the trial's, rank r on slots[r]
   std::string metrics_path;
 };

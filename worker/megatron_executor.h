@@ -1,7 +1,9 @@
 // The megatron executor (`search.backend: megatron`): a trial run by Megatron Core itself.
 //
-// One driver process per rank (worker/megatron_driver/remat_megatron_driver.py, run with the
-// operator's Python), all in one process group, as the builtin executor runs remat-trial:
+// The megatron backend (worker/trial_pipeline.h, MakeMegatronBackend) under any launcher; this
+// header's MakeMegatronExecutor is it on the local launcher. One driver process per rank
+// (worker/megatron_driver/remat_megatron_driver.py, run with the operator's Python), as the
+// builtin backend runs remat-trial:
 //
 //   <trial dir>/[depth-<N>/]spec.json          the resolved spec (remat.v1.SearchSpec as JSON,
 //                                              proto field names), cut to N layers at a proxy depth
@@ -12,8 +14,9 @@
 //
 // The policy is checked with search::ValidatePolicy first (status invalid, not run). The driver
 // maps the spec to Megatron's settings; what it cannot map it refuses (status invalid, its
-// reason). Depth proxies: the ranks run the spec cut to each proxy depth (search::AtDepth, no
-// budget of its own) and search::PredictFullDepth gives the full depth's figures. Failures map to
+// reason). Depth proxies: the pipeline runs the ranks at each proxy depth through the one
+// depth-proxy driver (search/proxy_driver.h: the cut spec, no budget of its own, the full depth
+// predicted from the two). Failures map to
 // statuses: a rank out of device memory (its file, or its log) -> oom; a crash or a rank with no
 // file -> failed with the rank's stderr tail; the trial timeout -> timeout; cancel -> cancelled.
 // Thread-safety: Run may be called concurrently for different trials.

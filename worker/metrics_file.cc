@@ -274,4 +274,6 @@ bool LogMentionsOom(const std::string& path) {
   return false;
 }
 
+std::string MetricsFilePath(const std::string& run_dir) { return run_dir + "/metrics.json"; }
+
 }  // namespace remat::worker

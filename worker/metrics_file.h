@@ -39,6 +39,10 @@ struct JobMetrics {
 // InvalidArgument naming the key for a malformed document.
 absl::StatusOr<JobMetrics> ParseMetricsJson(const std::string& json_text);
 
+// Where the command and megatron backends have a run's processes write it: run_dir/metrics.json
+// (and its .rank<N> siblings).
+std::string MetricsFilePath(const std::string& run_dir);
+
 // Reads and merges `path` and every `path.rank<N>` beside it. NotFound when there is none.
 absl::StatusOr<JobMetrics> ReadMetricsFiles(const std::string& path);
 

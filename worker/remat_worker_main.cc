@@ -11,11 +11,10 @@
 #include "common/main_util.h"
 #include "common/version.h"
 #include "absl/strings/str_join.h"
-#include "worker/megatron_executor.h"
 #include "worker/slots.h"
-#include "worker/slurm_executor.h"
-#include "worker/versions.h"
+#include "worker/slurm_launcher.h"
 #include "worker/worker_daemon.h"
+#include "worker/worker_setup.h"
 
 namespace {
 
@@ -34,7 +33,7 @@ static int RealMain(int argc, char** argv) {
   bool tls = false, keep_trial_dirs = false;
   std::string executor = "local";
   std::string megatron_path, megatron_driver, python = "python3";
-  remat::worker::SlurmExecutorOptions slurm;
+  remat::worker::SlurmLauncherOptions slurm;
   app.add_option("--coordinator", coordinator, "the coordinator, HOST:PORT")->required();
   app.add_option("--gpus", gpus,
                  "GPUs to offer, e.g. 0,1 (default: all); without GPUs, names plain slots");
@@ -137,10 +136,6 @@ static int RealMain(int argc, char** argv) {
     // The worker holds no GPU: Slurm allocates them per trial. Its slots only bound how many
     // ranks it keeps submitted at once.
     if (!gpus.empty()) return Fail(2, "--gpus: not with --executor slurm (Slurm allocates GPUs)");
-    if (!templates_file.empty()) {
-      return Fail(2, "--command-templates: not with --executor slurm (command jobs would run "
-                     "outside Slurm)");
-    }
     options.slots = remat::worker::PlainSlots(plain_slots > 0 ? plain_slots : 16);
     if (!slurm_user_accounts.empty()) {
       auto accounts = remat::worker::ReadSlurmUserAccounts(slurm_user_accounts);
@@ -168,50 +163,24 @@ static int RealMain(int argc, char** argv) {
   }
   options.work_dir = work_dir;
 
-  if (trial_binary.empty()) {
-    trial_binary = (fs::path(remat::common::SelfDir()) / "remat-trial").string();
-    if (access(trial_binary.c_str(), X_OK) != 0) {
-      spdlog::warn("no remat-trial beside remat-worker ({}): builtin backend off", trial_binary);
-      trial_binary.clear();
-    }
-  } else if (access(trial_binary.c_str(), X_OK) != 0) {
-    return Fail(2, "--trial-binary: " + trial_binary + " is not an executable file");
-  } else {
-    trial_binary = fs::absolute(trial_binary).string();  // trials start in their own folders
-  }
-  options.trial_binary = trial_binary;
-  options.versions = remat::worker::ProbeVersions(trial_binary);
-
-  if (!templates_file.empty()) {
-    auto templates = remat::worker::LoadCommandTemplatesFile(templates_file);
-    if (!templates.ok()) return Fail(2, std::string(templates.status().message()));
-    options.command_templates = *templates;
-  }
-  if (!megatron_path.empty() || app.count("--megatron-installed") > 0) {
-    if (on_slurm) return Fail(2, "--megatron-path: not with --executor slurm");
-    if (!megatron_path.empty()) {
-      if (!fs::is_directory(fs::path(megatron_path) / "megatron" / "core")) {
-        return Fail(2, "--megatron-path: no megatron/core package in " + megatron_path);
-      }
-      megatron_path = fs::absolute(megatron_path).string();  // ranks start in trial folders
-    }
-    if (megatron_driver.empty()) {
-      megatron_driver = remat::worker::FindMegatronDriver(remat::common::SelfDir());
-      if (megatron_driver.empty()) {
-        return Fail(2, "--megatron-driver: none beside remat-worker (megatron_driver/) or in "
-                       "../share/remat/megatron_driver/; give its path");
-      }
-    }
-    if (access(megatron_driver.c_str(), R_OK) != 0) {
-      return Fail(2, "--megatron-driver: cannot read " + megatron_driver);
-    }
-    options.megatron_driver = fs::absolute(megatron_driver).string();
-    options.megatron_python = python;
-    options.megatron_path = megatron_path;
-    options.versions["megatron_core"] = remat::worker::MegatronCoreVersion(megatron_path);
-  } else if (!megatron_driver.empty() || app.count("--python") > 0) {
+  // The backends offered (worker/worker_setup.h, shared with `remat search`).
+  remat::worker::BackendFlags backends;
+  backends.trial_binary = trial_binary;
+  backends.command_templates = templates_file;
+  backends.megatron = !megatron_path.empty() || app.count("--megatron-installed") > 0;
+  if (!backends.megatron && (!megatron_driver.empty() || app.count("--python") > 0)) {
     return Fail(2, "--megatron-driver/--python: only with --megatron-path or --megatron-installed");
   }
+  backends.megatron_path = megatron_path;
+  backends.megatron_driver = megatron_driver;
+  backends.python = python;
+  std::string warning;
+  if (absl::Status set_up = remat::worker::SetUpBackends(
+          backends, remat::common::SelfDir(), "remat-worker", &options, &warning);
+      !set_up.ok()) {
+    return Fail(2, std::string(set_up.message()));
+  }
+  if (!warning.empty()) spdlog::warn("{}", warning);
   options.kill_grace_s = grace_s;
   options.keep_trial_dirs = keep_trial_dirs;
   remat::worker::WorkerMetrics metrics(remat::common::kVersion);
@@ -220,11 +189,8 @@ static int RealMain(int argc, char** argv) {
   // SIGINT/SIGTERM stop the daemon from one waiting thread; children get default handling.
   remat::common::StopSignals stop_signals;
 
-  remat::worker::WorkerDaemonSeams seams;
   if (on_slurm) {
-    if (trial_binary.empty()) return Fail(2, "--trial-binary: required with --executor slurm (none beside remat-worker)");
-    slurm.trial_binary = trial_binary;
-    slurm.collective_timeout_s = options.collective_timeout_s;
+    // Every backend's trials become Slurm jobs (worker/slurm_launcher.h).
     slurm.peer_exit_grace_s = options.peer_exit_grace_s;
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
@@ -238,9 +204,9 @@ static int RealMain(int argc, char** argv) {
       spdlog::info("cancelled {} Slurm job(s) a previous worker on this work dir left: {}",
                    orphans.size(), absl::StrJoin(orphans, " "));
     }
-    seams.executors["builtin"] = remat::worker::MakeSlurmExecutor(slurm);
+    options.launcher = remat::worker::MakeSlurmLauncher(slurm);
   }
-  auto daemon = remat::worker::WorkerDaemon::Create(options, std::move(seams));
+  auto daemon = remat::worker::WorkerDaemon::Create(options);
   if (!daemon.ok()) return Fail(2, std::string(daemon.status().message()));
   std::string slot_names;
   for (const auto& s : options.slots) {

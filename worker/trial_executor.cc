@@ -39,42 +39,12 @@ class ReplayExecutor : public TrialExecutor {
 
 std::unique_ptr<TrialExecutor> MakeReplayExecutor() { return std::make_unique<ReplayExecutor>(); }
 
-std::string RankStderrPath(const std::string& trial_dir, int rank) {
-  return (std::filesystem::path(trial_dir) / ("stderr-" + std::to_string(rank) + ".log")).string();
+std::string RankStdoutPath(const std::string& run_dir, int index) {
+  return (std::filesystem::path(run_dir) / ("stdout-" + std::to_string(index) + ".log")).string();
 }
 
-ChildSpec RankProcess(const TrialContext& context, int rank, std::vector<std::string> argv) {
-  const std::filesystem::path dir(context.trial_dir);
-  ChildSpec child;
-  child.argv = std::move(argv);
-  child.env.emplace_back("NCCL_NVLS_ENABLE", "0");
-  if (context.slots[rank].gpu) {
-    child.env.emplace_back("CUDA_VISIBLE_DEVICES", std::to_string(context.slots[rank].index));
-  }
-  child.stdout_path = (dir / ("stdout-" + std::to_string(rank) + ".log")).string();
-  child.stderr_path = RankStderrPath(context.trial_dir, rank);
-  child.cwd = dir.string();
-  return child;
-}
-
-GroupLimits TrialGroupLimits(const GroupLimits& base, double timeout_s,
-                             const std::string& trial_dir) {
-  GroupLimits limits = base;
-  limits.timeout_s = timeout_s;
-  limits.group_record_path = (std::filesystem::path(trial_dir) / kGroupRecordFile).string();
-  return limits;
-}
-
-std::optional<search::TrialResult> EndedEarly(const GroupOutcome& outcome, double timeout_s,
-                                              const std::string& trial_dir) {
-  if (outcome.cancelled) return StatusResult(search::TrialStatus::kCancelled, "cancelled");
-  if (!outcome.timed_out) return std::nullopt;
-  char seconds[32];
-  std::snprintf(seconds, sizeof(seconds), "%.4g s", timeout_s);
-  std::string msg = std::string("killed after search.trial_timeout_s = ") + seconds;
-  const std::string tail = FileTail(RankStderrPath(trial_dir, 0), 3, 600);
-  if (!tail.empty()) msg += "; rank 0 stderr: " + tail;
-  return StatusResult(search::TrialStatus::kTimeout, msg);
+std::string RankStderrPath(const std::string& run_dir, int index) {
+  return (std::filesystem::path(run_dir) / ("stderr-" + std::to_string(index) + ".log")).string();
 }
 
 }  // namespace remat::worker

@@ -1,10 +1,8 @@
 // Trial executors: how a worker turns one leased trial (the domain Assignment the daemon converted
 // once, worker/assignment.h) into a search::TrialResult.
 //
-//   builtin  one remat-trial process per rank (TrialRequest file in, TrialResult file out)
+//   builtin, megatron, command  a backend composed with a launcher (worker/trial_pipeline.h)
 //   replay   the assignment's replay-table entry, after its wall_s (cancel ends the wait)
-//   command  an operator-configured command template (worker/command_template.h), which
-//            writes a metrics file (worker/README.md) that the worker reads
 //
 // Every failure of a trial is a result (status failed / timeout / oom / cancelled with a
 // message), never an exception or an error of the worker. Executors neither set nor read the
@@ -34,23 +32,9 @@ struct TrialContext {
   const CancelToken* cancel = nullptr;
 };
 
-// One rank's process of a trial started per rank (builtin, megatron): `argv`, NCCL_NVLS_ENABLE=0
-// (NVLink multicast can take a shared host's GPUs out of service), the rank's GPU as
-// CUDA_VISIBLE_DEVICES when its slot has one, stdout-R.log / RankStderrPath in the trial folder,
-// which is also its working directory.
-ChildSpec RankProcess(const TrialContext& context, int rank, std::vector<std::string> argv);
-std::string RankStderrPath(const std::string& trial_dir, int rank);
-
-// The limits of a trial's process group: `base` with the trial's timeout and the group record
-// in the trial folder (kGroupRecordFile) by which a restarted worker finds the processes a
-// killed predecessor left.
-GroupLimits TrialGroupLimits(const GroupLimits& base, double timeout_s,
-                             const std::string& trial_dir);
-
-// A per-rank trial's group that ended early: cancelled, or killed at `timeout_s` (with rank 0's
-// last stderr lines); nullopt when it ran to its end and the ranks' outputs are to be read.
-std::optional<search::TrialResult> EndedEarly(const GroupOutcome& outcome, double timeout_s,
-                                              const std::string& trial_dir);
+// The logs of process `index` (the rank, for per-rank runs) of a run in `run_dir`.
+std::string RankStdoutPath(const std::string& run_dir, int index);
+std::string RankStderrPath(const std::string& run_dir, int index);
 
 class TrialExecutor {
  public:
@@ -58,6 +42,8 @@ class TrialExecutor {
   virtual search::TrialResult Run(const TrialContext& context) = 0;
 };
 
+// Compositions with the local launcher (worker/trial_pipeline.h), as tests and the daemon use
+// them: the backend's options and the process group's limits (timeout_s from each trial's spec).
 struct BuiltinExecutorOptions {
   std::string trial_binary;           // path of remat-trial
   double collective_timeout_s = 300;  // handed to each rank; capped at the trial timeout

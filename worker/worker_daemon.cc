@@ -17,7 +17,7 @@
 #include "search/limits.h"
 #include "search/text.h"
 #include "worker/assignment.h"
-#include "worker/megatron_executor.h"
+#include "worker/trial_pipeline.h"
 #include "worker/process_runner.h"
 #include "worker/result_spool.h"
 
@@ -75,28 +75,25 @@ class WorkerDaemon::Impl {
     limits.kill_grace_s = options_.kill_grace_s;
     limits.peer_failure_grace_s = options_.peer_failure_grace_s;
     limits.peer_exit_grace_s = options_.peer_exit_grace_s;
+    // Every backend this worker offers, composed with the one launcher (worker/trial_pipeline.h).
+    std::shared_ptr<Launcher> launcher =
+        options_.launcher ? options_.launcher : std::shared_ptr<Launcher>(MakeLocalLauncher(limits));
     if (!executors_.count("builtin") && !options_.trial_binary.empty()) {
-      BuiltinExecutorOptions b;
-      b.trial_binary = options_.trial_binary;
-      b.collective_timeout_s = options_.collective_timeout_s;
-      b.limits = limits;
-      executors_["builtin"] = MakeBuiltinExecutor(b);
+      executors_["builtin"] = MakeTrialExecutor(
+          MakeBuiltinBackend({options_.trial_binary, options_.collective_timeout_s}), launcher);
     }
     if (!executors_.count("replay")) executors_["replay"] = MakeReplayExecutor();
     if (!executors_.count("command") && !options_.command_templates.empty()) {
-      CommandExecutorOptions c;
-      c.templates = options_.command_templates;
-      c.limits = limits;
-      executors_["command"] = MakeCommandExecutor(c);
+      executors_["command"] =
+          MakeTrialExecutor(MakeCommandBackend({options_.command_templates}), launcher);
     }
     if (!executors_.count("megatron") && !options_.megatron_driver.empty()) {
-      MegatronExecutorOptions m;
+      MegatronBackendOptions m;
       m.driver = options_.megatron_driver;
       m.python = options_.megatron_python;
       m.megatron_path = options_.megatron_path;
       m.collective_timeout_s = options_.collective_timeout_s;
-      m.limits = limits;
-      executors_["megatron"] = MakeMegatronExecutor(m);
+      executors_["megatron"] = MakeTrialExecutor(MakeMegatronBackend(m), launcher);
     }
   }
 

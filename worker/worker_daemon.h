@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "worker/command_template.h"
 #include "worker/coordinator_client.h"
+#include "worker/launcher.h"
 #include "worker/slots.h"
 #include "worker/trial_executor.h"
 #include "worker/worker_metrics.h"
@@ -44,6 +45,9 @@ struct WorkerDaemonOptions {
   std::string megatron_driver;           // remat_megatron_driver.py
   std::string megatron_python = "python3";
   std::string megatron_path;             // "" : an installed megatron-core
+  // Where every backend's trials run (worker/launcher.h): null runs them on this machine's slots
+  // (MakeLocalLauncher with the limits below); remat-worker --executor slurm sets the Slurm one.
+  std::shared_ptr<Launcher> launcher;
   double kill_grace_s = 10;           // a timed-out trial's group: SIGTERM, then SIGKILL after this
   double peer_failure_grace_s = 30;   // one rank died: the others get this long, then are killed
   double peer_exit_grace_s = 60;      // one rank finished: the others get this long, then are killed

@@ -4,6 +4,7 @@
 # Slurm tests; it installs nothing (run.sh installs slurmctld, slurmd, slurm-client and munge).
 #
 #   . tests/slurm/slurm_cluster.sh
+#   slurm_cluster_require [TOOLS...]           # exit 77 (skipped) without Slurm, munge or root
 #   slurm_cluster_start DIR PROLOG_SLURMCTLD   # returns once sinfo shows the node idle
 #   sbatch ...; squeue ...                     # SLURM_CONF is exported
 #   slurm_cluster_stop                         # also on EXIT: the caller traps it
@@ -12,6 +13,22 @@
 # container); select/cons_tres with CR_CPU lets jobs share the node CPU by CPU; SlurmUser=root
 # because the test runs as root and must not depend on a "slurm" account; munged gets its own
 # key and socket so a munged of the host (if any) is neither used nor disturbed.
+
+# slurm_cluster_require [MORE_TOOLS...]: exits 77 (ctest: skipped, with the reason) when a tool
+# the cluster needs is missing or this does not run as root.
+slurm_cluster_require() {
+  local tool
+  for tool in slurmctld slurmd munged sbatch scontrol sinfo "$@"; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+      echo "SKIP: $tool is not installed (run.sh installs slurmctld, slurmd, slurm-client, munge)"
+      exit 77
+    fi
+  done
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "SKIP: starting slurmctld/slurmd needs root"
+    exit 77
+  fi
+}
 
 slurm_free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The Slurm executor (remat-worker --executor slurm, worker/slurm_executor.h) against a real
+# The Slurm launcher (remat-worker --executor slurm, worker/slurm_launcher.h) against a real
 # Slurm on this machine (slurm_cluster.sh): rematd on loopback, one worker that submits every
 # trial as a Slurm job, remat-trial (the CPU engine) as the ranks.
 #
@@ -16,19 +16,10 @@
 set -u
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
-for tool in slurmctld slurmd munged sbatch scontrol sinfo; do
-  if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "SKIP: $tool is not installed (run.sh installs slurmctld, slurmd, slurm-client, munge)"
-    exit 77
-  fi
-done
-if [ "$(id -u)" -ne 0 ]; then
-  echo "SKIP: starting slurmctld/slurmd needs root"
-  exit 77
-fi
+. "$src/tests/slurm/slurm_cluster.sh"
+slurm_cluster_require
 [ -x "$build/bin/remat-trial" ] || { echo "SKIP: no remat-trial (engine not built)"; exit 77; }
 
-. "$src/tests/slurm/slurm_cluster.sh"
 T=$(mktemp -d /tmp/remat-slurm-exec.XXXXXX)
 rematd_pid="" worker_pid=""
 failed=0

@@ -16,18 +16,9 @@
 set -u
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
-for tool in slurmctld slurmd munged sbatch scontrol sinfo setpriv; do
-  if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "SKIP: $tool is not installed (run.sh installs slurmctld, slurmd, slurm-client, munge)"
-    exit 77
-  fi
-done
-if [ "$(id -u)" -ne 0 ]; then
-  echo "SKIP: starting slurmctld/slurmd needs root"
-  exit 77
-fi
-
 . "$src/tests/slurm/slurm_cluster.sh"
+slurm_cluster_require setpriv
+
 T=$(mktemp -d /tmp/remat-slurm-prolog.XXXXXX)
 chmod 0755 "$T"
 rematd_pid=""

@@ -20,8 +20,6 @@ expect() {  # expect "STDERR PREFIX" ARGS...
 }
 expect "error: --slurm-*: only with --executor slurm" --slurm-qos high
 expect "error: --gpus: not with --executor slurm" --executor slurm --gpus 0
-expect "error: --command-templates: not with --executor slurm" --executor slurm \
-  --command-templates /dev/null
 expect "error: --executor: " --executor pbs
 expect "error: --trial-binary: /nonexistent is not an executable file" --executor slurm \
   --trial-binary /nonexistent

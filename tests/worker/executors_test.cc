@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "search/depth_proxy.h"
+#include "search/proxy_driver.h"
 #include "search/limits.h"
 #include "search/text.h"
 #include "specfile/spec_file.h"
@@ -530,12 +531,14 @@ TEST(CommandTemplate, BudgetAndDepthValues) {
 
   run.slots[1].memory_bytes = 40ull << 30;  // a budget over the device's memory is no cap
   EXPECT_EQ(CommandValues(run).at("memory_fraction"), "1");
-  run.capped = false;  // a proxy depth measures: no cap
+  // A proxy depth measures: no cap (search::DepthRunSpec, the one memory-cap rule).
+  const search::SearchSpec cut = search::DepthRunSpec(a.spec, 2, 30);
+  run.spec = &cut;
   v = CommandValues(run);
   EXPECT_EQ(v.at("memory_budget_bytes"), "0");
   EXPECT_EQ(v.at("memory_budget_gib"), "0");
   EXPECT_EQ(v.at("memory_fraction"), "1");
-  run.capped = true;
+  run.spec = &a.spec;
   run.slots = Slots(2);  // plain slots: nothing to take a fraction of
   EXPECT_EQ(CommandValues(run).at("memory_fraction"), "1");
 
@@ -563,11 +566,11 @@ TEST(CommandTemplate, ShippedMegatronBridgeTemplateExpandsForTheExampleSpec) {
   a.trial_id = "t-1";
   a.policy_name = "selective:[core_attn,mlp]";
   a.policy = *search::ParsePolicy(a.policy_name);
-  const search::SearchSpec cut = search::AtDepth(a.spec, a.spec.search.proxy_layers[0]);
+  const search::SearchSpec cut =
+      search::DepthRunSpec(a.spec, a.spec.search.proxy_layers[0], a.spec.search.trial_timeout_s);
   CommandRun run;
   run.assignment = &a;
   run.spec = &cut;
-  run.capped = false;
   run.slots = Slots(8, /*gpu=*/true);
   run.metrics_path = "/w/t-1.1/depth-2/metrics.json";
   ASSERT_EQ(templates->count(a.spec.search.command_template), 1u);

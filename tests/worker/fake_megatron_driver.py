@@ -18,7 +18,10 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.environ["REMAT_SOURCE_DIR"], "worker"))
+# REMAT_SOURCE_DIR, or this file's checkout (a Slurm job passes no such variable on).
+SOURCE_DIR = os.environ.get("REMAT_SOURCE_DIR") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(SOURCE_DIR, "worker"))
 from megatron_driver import mapping, metrics  # noqa: E402
 
 

@@ -1,7 +1,7 @@
-// The Slurm executor's pure parts (layout, sbatch flags, parsing Slurm's answers, job states ->
-// results) and its control flow against fake sbatch/scontrol/scancel scripts. The real Slurm
-// run is tests/slurm/slurm_executor_test.sh.
-#include "worker/slurm_executor.h"
+// The Slurm launcher's pure parts (layout, sbatch flags, parsing Slurm's answers, job states ->
+// results) and its control flow, with the builtin backend, against fake sbatch/scontrol/scancel
+// scripts. The real Slurm runs are tests/slurm/slurm_executor_test.sh (every backend).
+#include "worker/slurm_launcher.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "tests/worker/test_util.h"
+#include "worker/trial_pipeline.h"
 
 namespace remat::worker {
 namespace {
@@ -57,7 +58,7 @@ TEST(SlurmArgs, TimeLimitIsTheTrialTimeoutRoundedUpPlusAMinute) {
 }
 
 TEST(SlurmArgs, OperatorsSettingsAndGres) {
-  SlurmExecutorOptions o;
+  SlurmLauncherOptions o;
   o.partition = "gpu";
   o.account = "proj";
   o.qos = "high";
@@ -155,7 +156,6 @@ class FakeSlurmTest : public ::testing::Test {
     Script("sacct", "exit 1\n");
     WriteText(fake_ / "state", "RUNNING\n");
     WriteText(fake_ / "reason", "None\n");
-    options_.trial_binary = "/opt/remat/bin/remat-trial";
     options_.sbatch = fake_ / "sbatch";
     options_.squeue = fake_ / "squeue";
     options_.scontrol = fake_ / "scontrol";
@@ -173,8 +173,12 @@ class FakeSlurmTest : public ::testing::Test {
     WriteText(fake_ / name, "#!/bin/sh\n" + body);
     chmod((fake_ / name).c_str(), 0755);
   }
+  std::unique_ptr<TrialExecutor> MakeExecutor() {
+    return MakeTrialExecutor(MakeBuiltinBackend({"/opt/remat/bin/remat-trial"}),
+                             MakeSlurmLauncher(options_));
+  }
   search::TrialResult Run(const CancelToken* cancel = nullptr) {
-    auto executor = MakeSlurmExecutor(options_);
+    auto executor = MakeExecutor();
     TrialContext context;
     context.assignment = &a_;
     context.trial_dir = trial_.path();
@@ -182,7 +186,7 @@ class FakeSlurmTest : public ::testing::Test {
     return executor->Run(context);
   }
   TempDir fake_, trial_;
-  SlurmExecutorOptions options_;
+  SlurmLauncherOptions options_;
   Assignment a_;
 };
 
@@ -214,7 +218,8 @@ TEST_F(FakeSlurmTest, WritesTheJobAndMapsOutOfMemory) {
   const std::string rank = ReadText(trial_ / "rank.sh");
   EXPECT_NE(rank.find("SLURM_PROCID"), std::string::npos);
   EXPECT_NE(rank.find("export CUDA_VISIBLE_DEVICES="), std::string::npos);
-  EXPECT_NE(rank.find("'/opt/remat/bin/remat-trial' --request \"request-$r.pb\""),
+  EXPECT_NE(rank.find("1) (cd '" + trial_.path() + "' && exec '/opt/remat/bin/remat-trial' "
+                      "'--request' '" + trial_.path() + "/request-1.pb'"),
             std::string::npos)
       << rank;
   EXPECT_NE(ReadText(trial_ / "job.sh").find("srun --kill-on-bad-exit=1 --wait=60"),
@@ -291,7 +296,7 @@ TEST_F(FakeSlurmTest, ARequeuedJobGetsTheWholeTimeoutAgain) {
   EXPECT_NE(r.status, search::TrialStatus::kTimeout) << r.message;
   EXPECT_EQ(ReadText(fake_ / "scancel.args"), "");
   // The job starts each run clean.
-  EXPECT_NE(ReadText(trial_ / "job.sh").find("rm -rf rendezvous exit-* result-*.pb"),
+  EXPECT_NE(ReadText(trial_ / "job.sh").find("rm -rf exit-* result-*.pb rendezvous && mkdir -p 'rendezvous'"),
             std::string::npos);
 }
 
@@ -300,7 +305,7 @@ TEST_F(FakeSlurmTest, ARequeuedJobGetsTheWholeTimeoutAgain) {
 // each trial ran its own scontrol every interval).
 TEST_F(FakeSlurmTest, ConcurrentTrialsShareOneBatchedPollPerInterval) {
   options_.poll_interval_s = 0.2;
-  auto executor = MakeSlurmExecutor(options_);
+  auto executor = MakeExecutor();
   constexpr int kTrials = 4;
   std::vector<Assignment> assignments(kTrials, a_);
   std::vector<TempDir> dirs(kTrials);
@@ -359,7 +364,7 @@ TEST(SlurmAccounts, TheOwnersMappedAccountOrTheDefault) {
   WriteText(dir / "accounts", "# user account\nalice ml-alice\nbob   physics  # lab\n");
   auto accounts = ReadSlurmUserAccounts(dir / "accounts");
   ASSERT_TRUE(accounts.ok()) << accounts.status();
-  SlurmExecutorOptions o;
+  SlurmLauncherOptions o;
   o.account = "remat";
   o.user_accounts = *accounts;
   EXPECT_EQ(SlurmAccountFor(o, "alice"), "ml-alice");

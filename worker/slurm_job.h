@@ -1,52 +1,21 @@
-// The Slurm executor: every leased trial becomes a Slurm batch job, so nothing that holds a GPU
-// runs outside Slurm (remat-worker --executor slurm; worker/README.md, "Slurm").
-//
-// A trial of world size W is one job:
-//   sbatch --parsable --job-name=remat-<trial>.<attempt> --comment=remat:trial=<trial>.<attempt>
-//          --nodes=N --ntasks=W --ntasks-per-node=P [--gres=gpu:P] [--partition/--account/--qos]
-//          --time=T --export=PATH,LD_LIBRARY_PATH,TMPDIR --requeue [operator's flags] job.sh
-//   job.sh:  clears what a previous run of the job left (results, rendezvous), then
-//            srun --kill-on-bad-exit=1 --wait=60 -o stdout-%t.log -e stderr-%t.log rank.sh
-//   rank.sh: rank = SLURM_PROCID (checked against SLURM_NTASKS = W); one GPU per rank (the
-//            SLURM_LOCALID-th of the node's CUDA_VISIBLE_DEVICES; none at all on CPU trials);
-//            runs remat-trial --request request-<rank>.pb --result result-<rank>.pb and leaves
-//            its exit status in exit-<rank>.
-// GPU trials: P = min(W, gpus_per_node) ranks per node, N = ceil(W / P) nodes, one GPU each; the
-// ranks meet through the rendezvous folder in the trial's folder (NCCL's id travels there), so
-// across nodes the work dir must be on a file system every node mounts at the same path. CPU
-// trials run on one node (the engine's TCP collectives are loopback-only), with no GRES.
-//
-// While the job lives, the executor follows it with one batched query per poll interval for
-// all of its jobs together (`squeue -t all --jobs=ID,ID,...`, and one `sacct -j ID,...` for the
-// jobs the controller has already forgotten; SlurmExecutorOptions::poll_interval_s, flag
-// --slurm-poll-interval), so the controller sees one request per interval however many trials
-// run. Jobs are charged to --slurm-account, or to the account the operator maps the search's
-// owner to (--slurm-user-accounts). Cancellation, and a job that has RUNNING longer than
-// search.trial_timeout_s, are ended with `scancel` (status cancelled / timeout); Slurm's own
-// --time is a backstop one minute past that. How the job ended becomes the trial's result:
-// the ranks' result files, combined as for builtin (worker/result_combiner.h), and for
-// what the files cannot say, the job's state: TIMEOUT/DEADLINE -> timeout; OUT_OF_MEMORY ->
-// failed (host memory in the job's cgroup, not the policy's GPU memory: the engine reports a
-// GPU OOM itself, as oom); NODE_FAIL, BOOT_FAIL, CANCELLED by someone else -> failed, with the
-// state and reason in the message. Time queued does not count against the trial's timeout, and
-// a job Slurm requeues (node failure, preemption) starts its clock again.
-//
-// Thread-safety: Run may be called concurrently for different trials (each job is its own).
+// The pure parts of running trials as Slurm jobs (worker/slurm_launcher.h): the launcher's
+// options, how a trial is laid out over nodes, sbatch's arguments, and reading what sbatch,
+// squeue, scontrol and sacct answer. Thread-safety: pure functions (ReadSlurmUserAccounts reads
+// a file).
 #pragma once
 
 #include <map>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/trial_executor.h"
+#include "search/spec.h"
+#include "search/trial.h"
 
 namespace remat::worker {
 
-struct SlurmExecutorOptions {
-  std::string trial_binary;  // remat-trial, at a path every compute node sees
+struct SlurmLauncherOptions {
   std::string partition;     // "" = the cluster's default
   std::string account;  // "" = the submitting user's default account
   // The search owner's Slurm account, where the operator maps it (user -> account): a trial is
@@ -58,7 +27,6 @@ struct SlurmExecutorOptions {
   std::string time_limit;  // Slurm --time as given; "" = trial_timeout_s + 1 minute
   int gpus_per_node = 0;   // 0: CPU-only nodes: no GRES; trials with device cuda are refused
   std::vector<std::string> extra_sbatch_args;  // the operator's own flags, after ours
-  double collective_timeout_s = 300;           // handed to each rank; capped at the trial timeout
   double peer_exit_grace_s = 60;               // srun --wait: ranks left after one ended
   // Seconds between the executor's batched queries of its jobs' states (one squeue for all).
   double poll_interval_s = 1;
@@ -71,20 +39,8 @@ struct SlurmExecutorOptions {
               squeue = "squeue";
 };
 
-std::unique_ptr<TrialExecutor> MakeSlurmExecutor(SlurmExecutorOptions options);
-
 // A short stable tag (16 hex digits) for a worker's host and work dir.
 std::string SlurmWorkerTag(const std::string& hostname, const std::string& work_dir);
-
-// Cancels this user's queued or running jobs whose comment carries options.worker_tag: trials of
-// a previous worker on the same host and work dir that died without ending them (its leases
-// expire and the coordinator runs those trials again). Returns the job ids cancelled, or an
-// error message in *error when squeue could not be asked. Call before the daemon starts.
-std::vector<std::string> CancelOrphanedSlurmJobs(const SlurmExecutorOptions& options,
-                                                 const std::string& scratch_dir,
-                                                 std::string* error);
-
-// ---- The pure parts, exposed for tests.
 
 struct SlurmLayout {
   int nodes = 1;
@@ -101,7 +57,7 @@ struct SlurmLayoutOrError {
 SlurmLayoutOrError PlanSlurmLayout(int world, search::Device device, int gpus_per_node);
 
 // sbatch's arguments (without the program name) for one trial's job.
-std::vector<std::string> SbatchArguments(const SlurmExecutorOptions& options,
+std::vector<std::string> SbatchArguments(const SlurmLauncherOptions& options,
                                          const SlurmLayout& layout, const std::string& job_name,
                                          const std::string& comment,
                                          const std::string& trial_dir, double trial_timeout_s);
@@ -128,10 +84,13 @@ std::map<std::string, SlurmJobInfo> ParseSacctJobs(const std::string& output);
 
 // The account a trial of `owner`'s search is charged to (options.user_accounts, else
 // options.account).
-std::string SlurmAccountFor(const SlurmExecutorOptions& options, const std::string& owner);
+std::string SlurmAccountFor(const SlurmLauncherOptions& options, const std::string& owner);
 // Reads --slurm-user-accounts: "USER ACCOUNT" lines, '#' comments. InvalidArgument naming the
 // file and line for anything else (a user named twice included).
 absl::StatusOr<std::map<std::string, std::string>> ReadSlurmUserAccounts(const std::string& path);
+
+// The last line of a command's output, trailing newlines and spaces dropped.
+std::string LastLine(const std::string& text);
 
 // The job id in `sbatch --parsable` output ("123" or "123;cluster"); "" when there is none.
 std::string ParseSbatchJobId(const std::string& output);
