@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -157,7 +158,7 @@ TEST(PipelineEngineTest, LayoutStringStagesMatchOneRank) {
                                "  pipeline_model_parallel_size: 2\n"
                                "  virtual_pipeline_model_parallel_size: 2\n"
                                "  pipeline_model_parallel_layout: \"E|tt|tt|L\"\n",
-                               2, 2, {"selective:[]", "selective:[core_attn]", "full:block:1"},
+                               2, 2, {"selective:[core_attn]", "full:block:1"},
                                /*tied=*/true);
 }
 
@@ -307,7 +308,7 @@ TEST(PipelineEngineTest, LayoutStringStagePeaksFollowTheMemoryModel) {
   ASSERT_TRUE(search::ValidateSpec(*spec).ok()) << search::ValidateSpec(*spec).message();
   const fs::path file =
       testing::WriteSpec(testing::TempDir("remat-pipeline"), "pp2-vpp2-layout.yaml", yaml);
-  for (const std::string policy : {"selective:[]", "selective:[core_attn]", "full:uniform:1"}) {
+  for (const std::string policy : {"selective:[core_attn]", "full:uniform:1"}) {
     auto parsed = search::ParsePolicy(policy);
     ASSERT_TRUE(parsed.ok());
     const search::MemoryEstimate estimate = search::EstimateMemory(*spec, *parsed);
@@ -318,6 +319,8 @@ TEST(PipelineEngineTest, LayoutStringStagePeaksFollowTheMemoryModel) {
     for (int r = 0; r < 2; ++r) {
       ASSERT_EQ(ranks[r]["status"], "ok") << ranks[r].dump();
       const double measured = ranks[r]["ranks"][0]["peak_allocated_bytes"].get<double>();
+      std::printf("%s stage %d: predicted %.0f, measured %.0f bytes\n", policy.c_str(), r,
+                  estimate.stages[r].peak_bytes, measured);
       EXPECT_LT(RelDiff(estimate.stages[r].peak_bytes, measured), 0.05)
           << policy << " stage " << r << ": predicted " << estimate.stages[r].peak_bytes
           << ", measured " << measured;
