@@ -1,7 +1,5 @@
 #include "search/pipeline.h"
 
-#include "search/pipeline_layout.h"
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +10,8 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include "search/pipeline_layout.h"
 
 namespace remat::search {
 namespace {

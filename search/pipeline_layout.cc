@@ -235,8 +235,10 @@ std::shared_ptr<const PipelineLayout> LayoutOf(const SearchSpec& spec) {
       offset += layout->stages.back().decoder;
     }
   }
+  // Specs in one process use a handful of layouts; an outsized one is kept only while used.
+  if (text.size() > 4096 || (layout && layout->stages.size() > 4096)) return layout;
   std::lock_guard<std::mutex> lock(mu);
-  if (cache->size() > 64) cache->clear();  // specs in one process use a handful of layouts
+  if (cache->size() > 64) cache->clear();
   cache->emplace(key, layout);
   return layout;
 }
