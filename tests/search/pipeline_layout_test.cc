@@ -237,5 +237,27 @@ TEST(MtpFlops, FollowsMegatronLmsFormula) {
   EXPECT_NEAR(with - base, layers + logits + tokens * 6 * (3 * h + 2 * h * h), 1e-6 * base);
 }
 
+TEST(MtpEngine, TheBuiltinBackendRefusesMtpWithItsReason) {
+  SearchSpec s = testing::DenseSpec();
+  EXPECT_EQ(BuiltinBackendProblem(s), "");
+  s.model.mtp_num_layers = 1;
+  ASSERT_TRUE(ValidateSpec(s).ok()) << ValidateSpec(s).message();
+  EXPECT_EQ(BuiltinBackendProblem(s).rfind("model.mtp_num_layers: ", 0), 0u)
+      << BuiltinBackendProblem(s);
+  s.model.mtp_num_layers = 0;  // Megatron's None and 0 alike: no MTP
+  EXPECT_EQ(BuiltinBackendProblem(s), "");
+}
+
+TEST(LayoutRules, DepthProxiesRefuseALayout) {
+  SearchSpec s = testing::DenseSpec();
+  s.model.num_layers = 8;
+  s.parallel.pipeline_model_parallel_size = 2;
+  s.parallel.pipeline_model_parallel_layout = "Ettt|tttttL";
+  s.search.proxy_layers = {2, 4};
+  const Status st = ValidateSpec(s);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.message().rfind("search.proxy_layers: ", 0), 0u) << st.message();
+}
+
 }  // namespace
 }  // namespace remat::search
