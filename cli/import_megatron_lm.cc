@@ -5,6 +5,7 @@
 
 #include "cli/import_spec.h"
 #include "cli/import_yaml_util.h"
+#include "search/pipeline_layout.h"
 #include "search/spec_fields.h"
 
 namespace remat::cli {
@@ -210,6 +211,25 @@ search::StatusOr<std::string> ImportMegatronLm(const std::vector<std::string>& a
     }
     out.Set("parallel", "virtual_pipeline_model_parallel_size",
             std::to_string(layers / (pp * per)));
+  }
+  // With --pipeline-model-parallel-layout Megatron-LM takes the virtual pipeline size from the
+  // layout's stage count / PP (arguments.py at d98e8a6); remat's spec says it explicitly.
+  for (const Flag& f : flags) {
+    if (f.name != "pipeline_model_parallel_layout" || f.values.empty() ||
+        out.Has("parallel", "virtual_pipeline_model_parallel_size")) {
+      continue;
+    }
+    int pp = 1;
+    for (const Flag& g : flags) {
+      if (g.name == "pipeline_model_parallel_size" && !g.values.empty() && IsInt(g.values[0])) {
+        pp = std::stoi(g.values[0]);
+      }
+    }
+    const auto stages = search::LayoutStageCount(f.values[0]);
+    if (!stages.ok()) return stages.status();
+    if (pp > 0 && *stages % pp == 0 && *stages / pp > 1) {
+      out.Set("parallel", "virtual_pipeline_model_parallel_size", std::to_string(*stages / pp));
+    }
   }
   // Megatron-LM, like Bridge, turns sequence parallelism off at TP 1; remat refuses SP there.
   {

@@ -142,6 +142,12 @@ int RunPlan(const std::string& spec_path, bool json, std::ostream& out, std::ost
   if (par.context_parallel_size > 1) out << " CP " << par.context_parallel_size;
   out << " PP " << par.pipeline_model_parallel_size;
   if (par.VirtualChunks() > 1) out << " (VPP " << par.VirtualChunks() << ")";
+  if (!par.pipeline_model_parallel_layout.empty()) {
+    out << " layout \"" << par.pipeline_model_parallel_layout << "\"";
+  }
+  if (spec->model.mtp_num_layers.value_or(0) > 0) {
+    out << " MTP " << *spec->model.mtp_num_layers;
+  }
   if (par.expert_model_parallel_size > 1) out << " EP " << par.expert_model_parallel_size;
   out << " DP " << par.data_parallel_size << ", " << spec->NumMicrobatches()
       << (spec->NumMicrobatches() == 1 ? " micro-batch" : " micro-batches") << " per step\n";

@@ -204,6 +204,10 @@ std::string BuiltinBackendProblem(const SearchSpec& spec) {
                                 "backend";
     }
   }
+  if (m.mtp_num_layers.value_or(0) > 0) {
+    return "model.mtp_num_layers: the builtin engine has no multi-token prediction layer; MTP "
+           "models are validated and planned only (or run with the megatron or command backend)";
+  }
   if (!m.fp8.empty()) {
     return "model.fp8: the builtin engine cannot run FP8 (it has no Transformer Engine); use the "
            "megatron or command backend, or plan and validate only";

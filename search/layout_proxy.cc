@@ -26,7 +26,10 @@ bool MiddleStagesAlike(const SearchSpec& spec) {
   const int pp = spec.parallel.pipeline_model_parallel_size;
   auto shape = [&](int stage) {
     std::vector<int> layers;
-    for (const StageChunk& c : ChunksOf(spec, stage)) layers.push_back(c.num_layers);
+    for (const StageChunk& c : ChunksOf(spec, stage)) {
+      layers.push_back(c.num_layers);
+      layers.push_back(c.mtp_layers);  // an explicit layout may put MTP on a middle stage
+    }
     return layers;
   };
   const std::vector<int> first_middle = shape(1);

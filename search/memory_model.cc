@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "search/mtp_model.h"
 #include "search/pipeline.h"
+#include "search/pipeline_layout.h"
 
 namespace remat::search {
 namespace {
@@ -347,11 +349,15 @@ ParamCount CountParams(const SearchSpec& spec, int pp_rank) {
 
   ParamCount p;
   std::vector<int> layers;
-  bool first_stage = false, last_stage = false;
+  bool first_stage = false, last_stage = false, mtp_stage = false;
   for (const StageChunk& c : ChunksOf(spec, pp_rank)) {
     for (int i = 0; i < c.num_layers; ++i) layers.push_back(c.first_layer + i);
+    // An MTP layer's transformer layer is the decoder's last layer's (search/mtp_model.h).
+    for (int i = 0; i < c.mtp_layers; ++i) layers.push_back(MtpInnerLayer(spec));
+    p.dense += c.mtp_layers * MtpExtraParams(spec);
     first_stage = first_stage || c.has_embedding;
     last_stage = last_stage || c.has_loss;
+    mtp_stage = mtp_stage || c.mtp_layers > 0;
   }
   for (int i : layers) {
     p.dense += 2 * norm(h);
@@ -389,7 +395,7 @@ ParamCount CountParams(const SearchSpec& spec, int pp_rank) {
   // tied weights and PP > 1 the last stage keeps its own copy of the word embedding for the
   // output layer (Megatron all-reduces the two copies' gradients).
   const double vocab = PaddedVocab(spec);
-  if (first_stage) {
+  if (first_stage || mtp_stage) {  // an MTP rank embeds the shifted tokens itself
     p.dense += vocab * h / t;
     if (m.position_embedding_type == PositionEmbedding::kLearnedAbsolute) {
       p.dense += 1.0 * m.seq_length * h;
@@ -660,19 +666,47 @@ ChunkEstimate EstimateChunk(const SearchSpec& spec, const Policy& policy, const 
     }
     est.layer_activation += kept[i];
   }
-
+  // MTP layers: their transformer layer (the last decoder layer's kind) under the policy, where
+  // Megatron Core's MTP block checkpoints it under full:uniform and skips recompute under
+  // full:block; then their own norms, eh_proj input and head (search/mtp_model.h).
   const OuterActivations outer = EstimateOuter(spec);
+  double mtp_inner = 0, mtp_outer = 0, mtp_replay = 0, mtp_layer_work = 0;
+  for (int k = 0; k < chunk.mtp_layers; ++k) {
+    const int inner = MtpInnerLayer(spec);
+    const LayerActivations a = EstimateLayerActivations(spec, inner);
+    const LayerWork w = EstimateLayerWork(spec, inner);
+    double kept_inner = a.Total();
+    if (uniform) {
+      kept_inner = a.input / (distribute ? t : 1);
+      est.recompute_flops += EstimateLayerFlops(spec, inner).Forward();
+    } else if (!full) {
+      kept_inner -= SelectiveDiscard(spec, policy, a, inner).Total();
+      est.recompute_flops += SelectiveFlops(spec, policy, EstimateLayerFlops(spec, inner), inner);
+    }
+    est.layer_activation += kept_inner;
+    est.logits += outer.logits;
+    mtp_inner += kept_inner;
+    mtp_outer += MtpHeldBytes(spec, outer.final_norm, outer.logits);
+    mtp_replay = std::max(mtp_replay, a.Total() - kept_inner);
+    mtp_layer_work = std::max(mtp_layer_work, std::max(w.mlp, w.attn - MlpSide(a)));
+  }
+
   const double embedding = chunk.has_embedding ? outer.embedding : 0;
   const double final_norm = chunk.has_loss ? outer.final_norm : 0;
-  est.logits = chunk.has_loss ? outer.logits : 0;
-  est.activation = embedding + est.layer_activation + final_norm + est.logits;
+  if (chunk.has_loss) est.logits += outer.logits;
+  est.activation = embedding + est.layer_activation + final_norm +
+                   (chunk.has_loss ? outer.logits : 0) + mtp_outer;
 
   // Walk the backward pass: the loss, then the layers from last to first, each freeing what it
   // held once done. A recomputed region is live again while its layer's backward runs.
   double held = est.activation;
   double peak = held;
-  if (chunk.has_loss) peak = std::max(peak, held + outer.logits_work);
-  held -= est.logits + final_norm;
+  if (chunk.has_loss || chunk.mtp_layers > 0) peak = std::max(peak, held + outer.logits_work);
+  held -= (chunk.has_loss ? outer.logits : 0) + final_norm;
+  if (chunk.mtp_layers > 0) {  // the MTP layers' backward runs first: their head, then the layer
+    peak = std::max(peak, held + mtp_replay + mtp_layer_work);
+    held -= mtp_inner + mtp_outer;
+  }
   // A checkpointed layer re-runs its whole forward at once; its MLP half is freed before the
   // attention half's backward.
   auto layer_work = [&](int i) {
@@ -798,8 +832,12 @@ double ModelFlopsPerStep(const SearchSpec& spec) {
   const double h = m.hidden_size, a = m.num_attention_heads, s = m.seq_length;
   const double tokens = s * spec.train.micro_batch_size * spec.NumMicrobatches();
   const double s2 = s * tokens;  // b * s^2
-  const double layers = m.num_layers;
-  const double moe_layers = m.NumMoeLayers();
+  // MTP layers count as layers of the decoder's last layer's kind, and each adds its norms,
+  // eh_proj and a second pass through the output layer (training.py at d98e8a6).
+  const double mtp = MtpLayerCount(spec);
+  const bool last_moe = m.IsMoe() && m.IsMoeLayer(MtpInnerLayer(spec));
+  const double layers = m.num_layers + mtp;
+  const double moe_layers = m.NumMoeLayers() + (last_moe ? mtp : 0);
   const double dense_layers = layers - moe_layers;
   const double ffn_exp = m.gated_linear_unit ? 3 : 2;
   const double fwd_bwd = 3, fma = 2;
@@ -826,7 +864,8 @@ double ModelFlopsPerStep(const SearchSpec& spec) {
     }
   }
   const double total = tokens * (fwd_bwd * fma * h * ffn_term + attn_token * layers +
-                                 fwd_bwd * fma * h * PaddedVocab(spec)) +
+                                 fwd_bwd * fma * h * PaddedVocab(spec) * (1 + mtp) +
+                                 MtpFlopsPerToken(spec)) +
                        s2 * core * layers;
   const double ranks = std::max(1, spec.parallel.tensor_model_parallel_size) *
                        std::max(1, spec.parallel.context_parallel_size) *

@@ -7,7 +7,8 @@
 // with fusions off, which the builtin engine mirrors: GQA, RoPE, SwiGLU, RMSNorm, fp32 softmax,
 // biases, dropout masks, flash attention, MLA and MoE. Each pipeline stage is estimated on its
 // most loaded rank, with its own layers (search/pipeline.h), the embedding on the first stage,
-// the output layer and loss on the last, and every micro-batch its schedule (1F1B or
+// the output layer and loss on the last, multi-token-prediction layers where the layout puts them
+// (search/mtp_model.h), and every micro-batch its schedule (1F1B or
 // interleaved) keeps in flight; the stage with the highest peak decides the fit. Context
 // parallelism divides the sequence. FLOPs follow Megatron's model-FLOP formula.
 // The derivation, and every assumption it makes, is written out in docs/memory-model.md.

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "search/pipeline_layout.h"
+
 namespace remat::search {
 namespace {
 
@@ -37,10 +39,21 @@ int RankShare(const SearchSpec& spec, int pp_rank) {
   return counted / pp;
 }
 
+// The spec's explicit layout when it has one that matches its PP and VPP (ValidateSpec refuses
+// the others), else nullptr.
+std::shared_ptr<const PipelineLayout> MatchingLayout(const SearchSpec& spec) {
+  std::shared_ptr<const PipelineLayout> layout = LayoutOf(spec);
+  if (layout && layout->pp == Pp(spec) && layout->vpp == spec.parallel.VirtualChunks()) {
+    return layout;
+  }
+  return nullptr;
+}
+
 // Layers of (pp_rank, chunk) alone, without the offset.
 int ChunkCount(const SearchSpec& spec, int pp_rank, int chunk) {
   const ParallelSpec& p = spec.parallel;
   const int pp = Pp(spec), vpp = p.VirtualChunks();
+  if (const auto layout = MatchingLayout(spec)) return layout->At(pp_rank, chunk).decoder;
   int n = RankShare(spec, pp_rank) / vpp;
   const bool uneven = p.num_layers_in_first_pipeline_stage || p.num_layers_in_last_pipeline_stage;
   if (!uneven) {
@@ -216,14 +229,20 @@ StageChunk ChunkOf(const SearchSpec& spec, int pp_rank, int chunk) {
   c.pp_rank = pp_rank;
   c.chunk = chunk;
   c.num_layers = ChunkCount(spec, pp_rank, chunk);
+  c.has_embedding = pp_rank == 0 && chunk == 0;
+  c.has_loss = pp_rank == pp - 1 && chunk == vpp - 1;
+  if (const auto layout = MatchingLayout(spec)) {
+    c.first_layer = layout->FirstLayer(pp_rank, chunk);
+    c.mtp_layers = layout->At(pp_rank, chunk).mtp;
+    return c;
+  }
+  c.mtp_layers = c.has_loss ? MtpLayerCount(spec) : 0;
   // Chunks sit on the model chunk-major: every rank's chunk 0, then every rank's chunk 1, ...
   // Chunks 1 .. VPP-2 hold the same layers (only the first and last chunk differ).
   long long before = RanksLayers(spec, chunk, pp_rank);
   if (chunk >= 1) before += RanksLayers(spec, 0, pp);
   if (chunk >= 2) before += (chunk - 1LL) * RanksLayers(spec, 1, pp);
   c.first_layer = static_cast<int>(before);
-  c.has_embedding = pp_rank == 0 && chunk == 0;
-  c.has_loss = pp_rank == pp - 1 && chunk == vpp - 1;
   return c;
 }
 
@@ -452,6 +471,10 @@ Status ValidatePipelineLayout(const SearchSpec& spec) {
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateGlobalBatch(spec));
   REMAT_SEARCH_RETURN_IF_ERROR(ValidateInterleaving(spec));
   const ParallelSpec& p = spec.parallel;
+  if (spec.model.mtp_num_layers && *spec.model.mtp_num_layers < 0) {
+    return InvalidArgument("model.mtp_num_layers: must be 0 or more");
+  }
+  if (!p.pipeline_model_parallel_layout.empty()) return ValidateLayoutField(spec);
   if (p.num_layers_in_first_pipeline_stage || p.num_layers_in_last_pipeline_stage) {
     return ValidateUnevenSplit(spec);
   }

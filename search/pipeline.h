@@ -7,7 +7,10 @@
 // embedding/loss counted as one layer of the first/last stage (account_for_*_in_pipeline_split);
 // with virtual pipelining each rank's layers are cut into VPP equal chunks and the chunks are
 // laid out chunk-major over the model: (chunk 0, rank 0), (chunk 0, rank 1), ..., (chunk 1,
-// rank 0), ... The order follows schedules.py: plain 1F1B (warm-up min(PP - p - 1, M) forwards,
+// rank 0), ... An explicit layout (parallel.pipeline_model_parallel_layout, search/
+// pipeline_layout.h) replaces the split: each (rank, chunk) builds what its stage of the layout
+// lists, MTP layers included; without one, the MTP layers (model.mtp_num_layers) sit on the last
+// chunk of the last rank, as Megatron Core's mtp_on_this_rank places them. The order follows schedules.py: plain 1F1B (warm-up min(PP - p - 1, M) forwards,
 // then one forward and one backward at a time, then the cool-down backwards) and interleaved
 // 1F1B (warm-up (PP - p - 1) x 2 + (VPP - 1) x group chunk-forwards, capped at M x VPP, with
 // micro-batches taken in groups of `group` = PP per chunk; backwards walk the chunks in reverse).
@@ -36,6 +39,7 @@ struct StageChunk {
   int num_layers = 0;          // may be 0 (e.g. a first chunk that holds only the embedding)
   bool has_embedding = false;  // the first chunk of the first rank: word (+ position) embedding
   bool has_loss = false;       // the last chunk of the last rank: final norm, output layer, loss
+  int mtp_layers = 0;          // multi-token-prediction layers it builds (search/mtp_model.h)
 };
 
 // The layers of `chunk` on `pp_rank`.
@@ -113,8 +117,8 @@ int InFlightMicrobatches(const SearchSpec& spec, int pp_rank);
 // min(PP - p, M) under 1F1B; warm-up + 1, at most M x VPP, under interleaving.
 int MaxInFlight(const SearchSpec& spec, int pp_rank);
 
-// Megatron Core's rules for the global batch, the layer split, virtual pipelining and the
-// interleaved schedule's micro-batch count. Ok, or InvalidArgument whose message starts with the
+// Megatron Core's rules for the global batch, the layer split (or the explicit layout), virtual
+// pipelining and the interleaved schedule's micro-batch count. Ok, or InvalidArgument whose message starts with the
 // offending field ("parallel.num_layers_in_first_pipeline_stage: ...").
 Status ValidatePipelineLayout(const SearchSpec& spec);
 

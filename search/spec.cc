@@ -314,10 +314,12 @@ Status ValidateProxyDepths(const SearchSpec& spec) {
       std::max(1, spec.parallel.pipeline_model_parallel_size) * spec.parallel.VirtualChunks();
   const ParallelSpec& par = spec.parallel;
   if (par.num_layers_in_first_pipeline_stage || par.num_layers_in_last_pipeline_stage ||
-      par.account_for_embedding_in_pipeline_split || par.account_for_loss_in_pipeline_split) {
+      par.account_for_embedding_in_pipeline_split || par.account_for_loss_in_pipeline_split ||
+      !par.pipeline_model_parallel_layout.empty()) {
     return InvalidArgument(
         "search.proxy_layers: not supported with uneven pipeline stages (num_layers_in_*_"
-        "pipeline_stage, account_for_*_in_pipeline_split): a cut model would split differently");
+        "pipeline_stage, account_for_*_in_pipeline_split, pipeline_model_parallel_layout): a cut "
+        "model would split differently");
   }
   if (d[0] < 1 || d[1] <= d[0]) {
     return InvalidArgument("search.proxy_layers: must be two increasing positive depths, got [" +

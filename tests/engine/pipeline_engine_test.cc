@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 
 #include "search/memory_model.h"
 #include "search/policy.h"
+#include "search/spec.h"
 #include "specfile/spec_file.h"
 #include "tests/engine/test_models.h"
 #include "tests/engine/test_process.h"
@@ -145,6 +147,22 @@ TEST(PipelineEngineTest, UnevenStagesMatchOneRank) {
       2, 2, {"selective:[]", "full:block:2"});
 }
 
+// Megatron's explicit layouts (parallel.pipeline_model_parallel_layout): PP 2 with the embedding
+// and one layer on the first rank; PP 2 x VPP 2 with the embedding and the loss each alone on
+// their own stage (chunks of no transformer layer).
+TEST(PipelineEngineTest, LayoutStringStagesMatchOneRank) {
+  ExpectPipelineMatchesOneRank(
+      "pp2-layout",
+      "  pipeline_model_parallel_size: 2\n  pipeline_model_parallel_layout: \"Et|tttL\"\n", 2, 2,
+      {"selective:[]", "full:uniform:1"});
+  ExpectPipelineMatchesOneRank("pp2-vpp2-layout",
+                               "  pipeline_model_parallel_size: 2\n"
+                               "  virtual_pipeline_model_parallel_size: 2\n"
+                               "  pipeline_model_parallel_layout: \"E|tt|tt|L\"\n",
+                               2, 2, {"selective:[core_attn]", "full:block:1"},
+                               /*tied=*/true);
+}
+
 // The interleaved schedule: each rank runs two chunks (PP 2: layers {0, 2} and {1, 3}; PP 4 of
 // an 8-layer model: {p, p + 4}); activations wrap from the last rank to the first between chunks.
 TEST(PipelineEngineTest, InterleavedScheduleMatchesOneRank) {
@@ -225,8 +243,7 @@ TEST(PipelineEngineTest, SchedulesAreSafeUnderNcclPointToPointSemantics) {
 // micro-batches): 1F1B keeps 4 - p micro-batches in flight on stage p, so the peaks fall from the
 // first stage on, and the model follows within 5% (bench/engine/pipeline_peaks.py prints the
 // table; docs/memory-model.md, "Engine pipeline").
-TEST(PipelineEngineTest, StagePeaksFollowTheMemoryModel) {
-  const std::string yaml = R"(name: pipeline-cpu
+const char* kStagePeakModel = R"(name: pipeline-cpu
 model:
   num_layers: 8
   hidden_size: 128
@@ -246,15 +263,17 @@ train:
   micro_batch_size: 1
   global_batch_size: 8
   precision: bf16
-parallel:
-  pipeline_model_parallel_size: 4
 search:
   memory_budget_gib: 4
   warmup_steps: 1
   measure_steps: 1
   noise_target: 0
   device: cpu
+parallel:
 )";
+
+TEST(PipelineEngineTest, StagePeaksFollowTheMemoryModel) {
+  const std::string yaml = std::string(kStagePeakModel) + "  pipeline_model_parallel_size: 4\n";
   auto spec = spec::ParseSpecYaml(yaml);
   ASSERT_TRUE(spec.ok()) << spec.status().message();
   const fs::path file = testing::WriteSpec(testing::TempDir("remat-pipeline"), "pp4.yaml", yaml);
@@ -276,6 +295,38 @@ search:
       EXPECT_LT(measured, previous) << "stage " << r;  // fewer in flight
     }
     previous = measured;
+  }
+}
+
+// An uneven interleaved layout (the embedding alone on rank 0's first chunk, 4, 3 and 1 layers
+// after it): every rank's measured peak within 5% of the plan's for its stage.
+TEST(PipelineEngineTest, LayoutStringStagePeaksFollowTheMemoryModel) {
+  const std::string yaml = std::string(kStagePeakModel) +
+                           "  pipeline_model_parallel_size: 2\n"
+                           "  virtual_pipeline_model_parallel_size: 2\n"
+                           "  pipeline_model_parallel_layout: \"E|tttt|ttt|tL\"\n";
+  auto spec = spec::ParseSpecYaml(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  ASSERT_TRUE(search::ValidateSpec(*spec).ok()) << search::ValidateSpec(*spec).message();
+  const fs::path file =
+      testing::WriteSpec(testing::TempDir("remat-pipeline"), "pp2-vpp2-layout.yaml", yaml);
+  for (const std::string policy : {"selective:[core_attn]", "full:uniform:1"}) {
+    auto parsed = search::ParsePolicy(policy);
+    ASSERT_TRUE(parsed.ok());
+    const search::MemoryEstimate estimate = search::EstimateMemory(*spec, *parsed);
+    ASSERT_EQ(estimate.stages.size(), 2u);
+    EXPECT_EQ(estimate.stages[0].layers, 3);
+    EXPECT_EQ(estimate.stages[1].layers, 5);
+    const std::vector<nlohmann::json> ranks = RunRanks(file, policy, 2);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(ranks[r]["status"], "ok") << ranks[r].dump();
+      const double measured = ranks[r]["ranks"][0]["peak_allocated_bytes"].get<double>();
+      std::printf("%s stage %d: predicted %.0f, measured %.0f bytes\n", policy.c_str(), r,
+                  estimate.stages[r].peak_bytes, measured);
+      EXPECT_LT(RelDiff(estimate.stages[r].peak_bytes, measured), 0.05)
+          << policy << " stage " << r << ": predicted " << estimate.stages[r].peak_bytes
+          << ", measured " << measured;
+    }
   }
 }
 
