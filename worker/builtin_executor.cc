@@ -46,6 +46,10 @@ class BuiltinExecutor : public TrialExecutor {
           RankProcess(context, r,
                       {options_.trial_binary, "--request", RequestPath(dir.string(), r), "--result",
                        ResultPath(dir, r)}));
+      // The job's allocator settings (search.allocator_conf), read by LibTorch at its first use.
+      if (!a.spec.search.allocator_conf.empty()) {
+        children.back().env.emplace_back("PYTORCH_CUDA_ALLOC_CONF", a.spec.search.allocator_conf);
+      }
     }
 
     const GroupLimits limits = TrialGroupLimits(options_.limits, timeout, dir.string());

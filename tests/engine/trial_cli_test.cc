@@ -304,6 +304,8 @@ TEST(TrialCliTest, ResultRecordsTheVersionsItRanWith) {
   EXPECT_FALSE(v["torch"].get<std::string>().empty()) << v.dump();
   for (const char* key : {"cuda", "nccl", "driver", "gpu"}) EXPECT_EQ(v[key], "none") << key;
   EXPECT_EQ(v["device"], "cpu");
+  // search.allocator_conf's default, set by remat-trial before LibTorch's allocator reads it.
+  EXPECT_EQ(v["allocator_conf"], "expandable_segments:True") << v.dump();
 }
 
 }  // namespace
