@@ -9,7 +9,7 @@ prints per policy: activation bytes per layer measured ((peak - static) at 4 lay
 halved) against the memory model (search::EstimateMemory, same difference), the static bytes
 measured against the model's, and the loss.
 
-Usage: python3 te_layer.py --build BUILD_DIR --out OUT_DIR
+Usage: python3 te_layer.py --build BUILD_DIR --out OUT_DIR [--tiny]
 """
 
 import argparse
@@ -33,12 +33,20 @@ VARIANTS = {
 }
 
 
-def spec_of(variant, layers):
+# --tiny: a CPU smoke run of this script (hidden 64, seq 128), not a measurement.
+TINY = {"hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2, "ffn_hidden_size": 128,
+        "seq_length": 128, "vocab_size": 512}
+
+
+def spec_of(variant, layers, tiny):
     model_extra, train_extra = VARIANTS[variant]
     spec = bench.make_spec("dense", layers)
     spec["name"] = f"te-{variant}-{layers}"
     spec["model"].update(model_extra)
     spec["train"].update(train_extra)
+    if tiny:
+        spec["model"].update(TINY)
+        spec["search"].update({"device": "cpu", "memory_budget_gib": 1})
     return spec
 
 
@@ -46,14 +54,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke run with a tiny model")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     engine = os.path.join(args.build, "bin", "remat-bench-engine")
     estimate = os.path.join(args.build, "bin", "remat-bench-estimate")
     rows = []
     for variant in VARIANTS:
-        deep, _ = bench.write_spec(args.out, spec_of(variant, 4))
-        shallow, _ = bench.write_spec(args.out, spec_of(variant, 2))
+        deep, _ = bench.write_spec(args.out, spec_of(variant, 4, args.tiny))
+        shallow, _ = bench.write_spec(args.out, spec_of(variant, 2, args.tiny))
         valid = json.loads(subprocess.check_output([estimate, "--spec", deep]))["valid_policies"]
         singles = [p for p in valid if p in ("selective:[]", "full:uniform:1") or
                    (p.startswith("selective:[") and "," not in p)]
