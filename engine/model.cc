@@ -1,5 +1,7 @@
 #include "engine/model.h"
 
+#include "engine/te_layers.h"
+
 #include <torch/version.h>
 
 #include <cmath>
@@ -68,13 +70,8 @@ std::string UnsupportedReason(const search::SearchSpec& spec, const search::Poli
   if (policy.Has(Label::kGdnNormOut)) {
     return "the builtin engine has no Gated DeltaNet model: gdn_norm_out cannot be measured here";
   }
-  // What only the worker knows: the LibTorch it was built against.
-  if (spec.model.attention_backend == search::AttentionBackend::kFlash) {
-#if TORCH_VERSION_MAJOR < 2
-    return "attention_backend flash needs scaled_dot_product_attention (LibTorch >= 2.0); this "
-           "engine is built against LibTorch " TORCH_VERSION;
-#endif
-  }
+  // flash runs everywhere: scaled_dot_product_attention on a GPU with LibTorch >= 2.5, else the
+  // memory-equivalent reference kernel (engine/te_layers.h).
   return "";
 }
 
@@ -311,7 +308,9 @@ struct GptModel::Impl {
   }
 
   // Megatron's apply_rotary_pos_emb (bshd, not interleaved): t [s, b, n, d], freqs [s, 1, 1, d].
-  static at::Tensor Rope(const at::Tensor& t, const at::Tensor& freqs) {
+  // Fused (apply_rope_fusion): Transformer Engine's kernel, no cos/sin tables kept.
+  at::Tensor Rope(const at::Tensor& t, const at::Tensor& freqs) const {
+    if (m.apply_rope_fusion) return FusedRope(t, freqs);
     const int64_t rot = freqs.size(-1);
     at::Tensor pass = t.narrow(-1, rot, t.size(-1) - rot);
     at::Tensor x = t.narrow(-1, 0, rot);
@@ -346,7 +345,16 @@ struct GptModel::Impl {
   // k [s, b, g, dq], v [s, b, g, dv] -> [s, b, n * dv].
   at::Tensor CoreAttention(at::Tensor q, at::Tensor k, at::Tensor v, double scale) {
     const int64_t n = q.size(2), g = k.size(2);
-    if (m.attention_backend == search::AttentionBackend::kFlash) return FlashAttention(q, k, v, scale);
+    if (m.attention_backend == search::AttentionBackend::kFlash) {
+      if (m.transformer_impl == search::TransformerImpl::kTransformerEngine) {
+        TeAttentionInputs(q, k, v);
+      }
+      if (SdpaRuns()) return FlashAttention(q, k, v, scale);
+      // A fused kernel's memory (q, k, v, output, log-sum-exp) where LibTorch has no SDPA.
+      const int64_t s = q.size(0), b = q.size(1);
+      at::Tensor out = engine::FusedAttention(q, k, v, scale, m.attention_dropout);
+      return out.view({s, b, -1});
+    }
     if (n / g > 1) {
       k = k.repeat_interleave(n / g, 2);
       v = v.repeat_interleave(n / g, 2);
@@ -368,6 +376,15 @@ struct GptModel::Impl {
     const int64_t dv = context.size(-1);
     context = context.view({b, n, sq, dv}).permute({2, 0, 1, 3}).contiguous();
     return context.view({sq, b, n * dv});
+  }
+
+  // PyTorch's scaled_dot_product_attention with GQA (LibTorch >= 2.5) on a GPU.
+  bool SdpaRuns() const {
+#if TORCH_VERSION_MAJOR >= 3 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+    return rt.device.is_cuda();
+#else
+    return false;
+#endif
   }
 
   at::Tensor FlashAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -470,6 +487,10 @@ struct GptModel::Impl {
   // but the add still makes a new F-wide tensor, and the product keeps it for backward: 5 F-wide
   // tensors per token in a dense MLP, not 4 (NVIDIA/Megatron-LM
   // megatron/core/transformer/mlp.py@d98e8a6, the unfused GLU path).
+  // bias_activation_fusion with SwiGLU: Megatron's fused bias_swiglu (keeps fc1's output only).
+  // A fused GELU keeps what the unfused one keeps (docs/transformer-engine.md section 3): unfused.
+  bool FusedSwigluOn() const { return m.bias_activation_fusion && m.gated_linear_unit; }
+
   at::Tensor Activation(const at::Tensor& x) const {
     if (m.gated_linear_unit) {
       std::vector<at::Tensor> c = x.chunk(2, -1);
@@ -483,16 +504,23 @@ struct GptModel::Impl {
   at::Tensor MlpCore(const at::Tensor& x, int fc1_w, int fc1_b, int fc2_w, LinearMode fc1_mode,
                      LinearMode fc2_mode, const at::Tensor& probs = at::Tensor()) {
     at::Tensor inter = Linear(rt, x, P(fc1_w), at::Tensor(), fc1_mode);
+    if (FusedSwigluOn()) {
+      return Linear(rt, FusedSwiglu(inter, PO(fc1_b), probs), P(fc2_w), at::Tensor(), fc2_mode);
+    }
     if (fc1_b >= 0) inter = inter + P(fc1_b);
     inter = Activation(inter);
     if (probs.defined()) inter = (inter * probs).to(x.scalar_type());
     return Linear(rt, inter, P(fc2_w), at::Tensor(), fc2_mode);
   }
 
-  at::Tensor DenseMlp(const LayerParams& lp, const at::Tensor& x) {
-    auto region = [this, &lp = lp](const std::vector<at::Tensor>& in) {
+  // `x` is the norm's output, or with `norm_inside` the residual whose pre-MLP norm runs inside
+  // the region (Transformer Engine's fc1 holds the norm: Megatron's mlp checkpoint then starts
+  // from the residual, megatron/core/transformer/transformer_layer.py at d98e8a6).
+  at::Tensor DenseMlp(const LayerParams& lp, const at::Tensor& x, bool norm_inside = false) {
+    auto region = [this, &lp = lp, norm_inside](const std::vector<at::Tensor>& in) {
+      const at::Tensor input = norm_inside ? Norm(in[0], lp.ln2_w, lp.ln2_b) : in[0];
       return std::vector<at::Tensor>{
-          MlpCore(in[0], lp.fc1_w, lp.fc1_b, lp.fc2_w, LinearMode::kColumn, LinearMode::kRow)};
+          MlpCore(input, lp.fc1_w, lp.fc1_b, lp.fc2_w, LinearMode::kColumn, LinearMode::kRow)};
     };
     return rc.mlp ? One(Checkpoint(rt, region, {x})) : One(region({x}));
   }
@@ -516,6 +544,7 @@ struct GptModel::Impl {
       at::Tensor w2 = P(lp.w2).view({experts, -1, hidden});
       at::Tensor fc1 = GroupedGemm(tokens, w1, counts);
       Region act = [this](const std::vector<at::Tensor>& in) {
+        if (FusedSwigluOn()) return std::vector<at::Tensor>{FusedSwiglu(in[0], at::Tensor(), in[1])};
         return std::vector<at::Tensor>{(Activation(in[0]) * in[1]).to(in[0].scalar_type())};
       };
       if (rc.moe_act) {
@@ -628,6 +657,7 @@ struct GptModel::Impl {
 
   // Megatron's bias-dropout-add (unfused, training): residual + dropout(x + bias).
   at::Tensor BiasDropoutAdd(const at::Tensor& x, int bias, const at::Tensor& residual) const {
+    if (m.bias_dropout_fusion) return FusedBiasDropoutAdd(x, PO(bias), residual, m.hidden_dropout);
     at::Tensor y = bias >= 0 ? x + P(bias) : x;
     return residual + Dropout(y, m.hidden_dropout);
   }
@@ -638,20 +668,27 @@ struct GptModel::Impl {
     auto norm1 = [this, &lp = lp](const std::vector<at::Tensor>& in) {
       return std::vector<at::Tensor>{Norm(in[0], lp.ln1_w, lp.ln1_b)};
     };
+    // A norm fused into the linear after it (Transformer Engine) keeps its output in the
+    // linear's state: the same tensors as a separate norm, but `layernorm` cannot discard them.
+    const bool discard_ln1 = rc.layernorm && !m.InputNormFused();
+    const bool discard_ln2 = rc.layernorm && !m.PreMlpNormFused(index);
     OutputDiscardingCheckpoint ln1_checkpoint;
-    at::Tensor ln1 = rc.layernorm ? One(ln1_checkpoint.Run(rt, norm1, {x})) : One(norm1({x}));
+    at::Tensor ln1 = discard_ln1 ? One(ln1_checkpoint.Run(rt, norm1, {x})) : One(norm1({x}));
     at::Tensor attn = m.multi_latent_attention ? MlaAttention(lp, ln1, freqs)
                                                : SelfAttention(lp, ln1, freqs);
-    if (rc.layernorm) ln1_checkpoint.DiscardOutputs(attn);
+    if (discard_ln1) ln1_checkpoint.DiscardOutputs(attn);
     at::Tensor h = BiasDropoutAdd(attn, lp.proj_b, x);
 
     auto norm2 = [this, &lp = lp](const std::vector<at::Tensor>& in) {
       return std::vector<at::Tensor>{Norm(in[0], lp.ln2_w, lp.ln2_b)};
     };
+    const bool mlp_from_residual = rc.mlp && !lp.moe && m.PreMlpNormFused(index);
     OutputDiscardingCheckpoint ln2_checkpoint;
-    at::Tensor ln2 = rc.layernorm ? One(ln2_checkpoint.Run(rt, norm2, {h})) : One(norm2({h}));
-    at::Tensor mlp = lp.moe ? Moe(lp, ln2) : DenseMlp(lp, ln2);
-    if (rc.layernorm) ln2_checkpoint.DiscardOutputs(mlp);
+    at::Tensor ln2 = mlp_from_residual ? h
+                     : discard_ln2     ? One(ln2_checkpoint.Run(rt, norm2, {h}))
+                                       : One(norm2({h}));
+    at::Tensor mlp = lp.moe ? Moe(lp, ln2) : DenseMlp(lp, ln2, mlp_from_residual);
+    if (discard_ln2) ln2_checkpoint.DiscardOutputs(mlp);
     return BiasDropoutAdd(mlp, lp.moe ? -1 : lp.fc2_b, h);
   }
 

@@ -204,6 +204,11 @@ static int RealMain(int argc, char** argv) {
                          std::to_string(options.spec.parallel.WorldSize()) + " ranks");
     }
   }
+  // The spec's allocator settings, before LibTorch's CUDA allocator reads them at its first use;
+  // a value the launcher put in the environment stands (the worker sets the same one).
+  if (!options.spec.search.allocator_conf.empty() && std::getenv("PYTORCH_CUDA_ALLOC_CONF") == nullptr) {
+    setenv("PYTORCH_CUDA_ALLOC_CONF", options.spec.search.allocator_conf.c_str(), 1);
+  }
   const double before_trial_s = std::chrono::duration<double>(Clock::now() - process_start).count();
   remat::search::RoleMeasurement role;
   if (stand_in) role = remat::engine::RunStandInRank(options);

@@ -13,6 +13,7 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -35,6 +36,7 @@
 #include "engine/model.h"
 #include "common/version.h"
 #include "engine/ops.h"
+#include "engine/te_optimizer.h"
 
 #ifdef REMAT_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -121,12 +123,15 @@ double ModelFlopsPerStep(const search::SearchSpec& spec, int64_t vocab_padded) {
 // only: after the backward each bucket's gradients are reduce-scattered over its group (dense:
 // DP, expert: expert-DP), each rank clips and updates its shard, and the parameters are
 // all-gathered back. Static bytes are then 2 + 4 + 12/DP per parameter (fp32: 4 + 4 + 8/DP), as
-// search/memory_model.cc's BytesPerParameter counts them.
+// search/memory_model.cc's BytesPerParameter counts them. The gradient buffer, master weights
+// and moments take the dtypes of `types` (engine/te_optimizer.h: bf16 gradients, the
+// precision-aware optimizer).
 class Optimizer {
  public:
-  Optimizer(const Runtime& rt, std::vector<ParamInfo>& params, at::ScalarType dtype,
+  Optimizer(const Runtime& rt, std::vector<ParamInfo>& params, const OptimizerDTypes& types,
             uint64_t seed, bool distributed)
-      : rt_(rt), params_(params), dtype_(dtype), distributed_(distributed) {
+      : rt_(rt), params_(params), types_(types), dtype_(types.param), distributed_(distributed) {
+    const at::ScalarType dtype = dtype_;
     // TP-split parameters first, then TP-duplicated ones (the gradient norm counts those on TP
     // rank 0 only), then shared copies (the last stage's tied embedding: not in the norm), then
     // expert weights (reduced over the expert-data-parallel group). Another EP rank's experts and
@@ -220,8 +225,8 @@ class Optimizer {
       p.value.set_data(param_buffer_.narrow(0, offset[i], Numel(p)).view(p.shape));
       p.value.requires_grad_(true);
     }
-    // DDP: the fp32 main-gradient buffer and its hooks.
-    grad_buffer_ = at::zeros({numel_}, opts.dtype(at::kFloat));
+    // DDP: the main-gradient buffer (fp32, or bf16 without grad_reduce_in_fp32) and its hooks.
+    grad_buffer_ = at::zeros({numel_}, opts.dtype(types_.grad));
     for (size_t i = 0; i < params.size(); ++i) {
       ParamInfo& p = params[i];
       if (p.absent) continue;
@@ -232,12 +237,13 @@ class Optimizer {
       if (p.sequence_parallel_grad) sp_grads_.push_back(main_grad);
       if (p.pipeline_tied) tied_grads_.push_back(main_grad);
     }
-    // Float16Optimizer: fp32 master weights of this rank's shards (fp32 runs update the
-    // parameters directly).
-    if (dtype != at::kFloat) {
-      master_ = at::empty({state_numel_}, opts.dtype(at::kFloat));
+    // Float16Optimizer: master weights of this rank's shards (fp32 runs update the parameters
+    // directly; FusedAdam keeps int16 remainders or fp16).
+    if (types_.master != MasterWeights::kNone) {
+      master_ = at::empty({state_numel_}, opts.dtype(types_.MasterStorage()));
       for (const Bucket& b : buckets_) {
-        MasterOf(b).copy_(param_buffer_.narrow(0, b.shard_begin, b.shard_len));
+        at::Tensor master = master_.narrow(0, b.state_offset, b.shard_len);
+        InitMasterWeights(types_, param_buffer_.narrow(0, b.shard_begin, b.shard_len), master);
       }
     }
   }
@@ -250,12 +256,7 @@ class Optimizer {
   int64_t numel() const { return numel_; }
 
   // Bytes of weights, main gradients, master weights and Adam states once all exist.
-  uint64_t StaticBytes() const {
-    const uint64_t elem = dtype_ == at::kFloat ? 4 : 2;
-    const uint64_t master = dtype_ == at::kFloat ? 0 : 4;
-    return static_cast<uint64_t>(numel_) * (elem + 4) +
-           static_cast<uint64_t>(state_numel_) * (master + 8);
-  }
+  uint64_t StaticBytes() const { return types_.StaticBytes(numel_, state_numel_); }
 
   void ZeroGrad() { grad_buffer_.zero_(); }  // also clears Step()'s scratch use of it
 
@@ -281,9 +282,11 @@ class Optimizer {
     for (const Bucket& b : buckets_) {
       if (b.group->size() == 1) continue;
       if (distributed_) {
-        rt_.comm->ReduceScatter(*b.group, grad_buffer_.data_ptr<float>() + b.begin,
-                                grad_buffer_.data_ptr<float>() + b.shard_begin,
-                                static_cast<size_t>(b.shard_len), DataType::kFloat32);
+        char* base = static_cast<char*>(grad_buffer_.data_ptr());
+        const size_t elem = grad_buffer_.element_size();
+        rt_.comm->ReduceScatter(*b.group, base + b.begin * elem, base + b.shard_begin * elem,
+                                static_cast<size_t>(b.shard_len),
+                                types_.grad == at::kFloat ? DataType::kFloat32 : DataType::kBFloat16);
       } else {
         at::Tensor all = grad_buffer_.narrow(0, b.begin, b.end - b.begin);
         AllReduceTensor(rt_, *b.group, all, ReduceOp::kSum);
@@ -295,6 +298,16 @@ class Optimizer {
     // reduced shards line up).
     if (rt_.embedding.size() > 1) {
       for (at::Tensor& g : tied_grads_) AllReduceTensor(rt_, rt_.embedding, g, ReduceOp::kSum);
+    }
+    // Megatron's optimizer without the precision-aware FusedAdam reads fp32 gradients: 16-bit
+    // shards are copied to fp32 first (held until the step ends).
+    at::Tensor main_grads;
+    if (types_.UpcastsGrads()) {
+      main_grads = at::empty({state_numel_}, grad_buffer_.options().dtype(at::kFloat));
+      for (const Bucket& b : buckets_) {
+        main_grads.narrow(0, b.state_offset, b.shard_len)
+            .copy_(grad_buffer_.narrow(0, b.shard_begin, b.shard_len));
+      }
     }
     // The norm over this rank's shards: TP-split gradients, TP-duplicated ones on TP rank 0 only,
     // never the shared copy; summed over DP (the shards) and TP, expert ones over expert-DP and EP.
@@ -332,25 +345,19 @@ class Optimizer {
 
     ++step_;
     if (!exp_avg_.defined()) {  // optimizer state, created at the first step as Adam does
-      exp_avg_ = at::zeros({state_numel_}, grad_buffer_.options());
-      exp_avg_sq_ = at::zeros({state_numel_}, grad_buffer_.options());
+      exp_avg_ = at::zeros({state_numel_}, grad_buffer_.options().dtype(types_.exp_avg));
+      exp_avg_sq_ = at::zeros({state_numel_}, grad_buffer_.options().dtype(types_.exp_avg_sq));
     }
-    const double bc1 = 1.0 - std::pow(kBeta1, step_);
-    const double bc2 = 1.0 - std::pow(kBeta2, step_);
+    AdamHyper hyper{kLr, kBeta1, kBeta2, kEps, kWeightDecay, step_};
     for (const Bucket& b : buckets_) {
       // AdamW without temporaries (as a fused Adam): once the moments are updated the gradient
       // is spent, so its buffer holds the denominator.
-      at::Tensor g = grad_buffer_.narrow(0, b.shard_begin, b.shard_len);
-      at::Tensor master = MasterOf(b);
-      at::Tensor m = exp_avg_.narrow(0, b.state_offset, b.shard_len);
-      at::Tensor v = exp_avg_sq_.narrow(0, b.state_offset, b.shard_len);
-      g.mul_(coef);
-      master.mul_(1.0 - kLr * kWeightDecay);
-      m.mul_(kBeta1).add_(g, 1.0 - kBeta1);
-      v.mul_(kBeta2).addcmul_(g, g, 1.0 - kBeta2);
-      g.copy_(v).sqrt_().div_(std::sqrt(bc2)).add_(kEps);
-      master.addcdiv_(m, g, -kLr / bc1);
-      if (dtype_ != at::kFloat) param_buffer_.narrow(0, b.shard_begin, b.shard_len).copy_(master);
+      at::Tensor g = main_grads.defined() ? main_grads.narrow(0, b.state_offset, b.shard_len)
+                                          : grad_buffer_.narrow(0, b.shard_begin, b.shard_len);
+      AdamUpdate(types_, hyper, g, coef, param_buffer_.narrow(0, b.shard_begin, b.shard_len),
+                 master_.defined() ? master_.narrow(0, b.state_offset, b.shard_len) : at::Tensor(),
+                 exp_avg_.narrow(0, b.state_offset, b.shard_len),
+                 exp_avg_sq_.narrow(0, b.state_offset, b.shard_len));
       // The distributed optimizer's parameter all-gather: every rank's updated shard, in place.
       if (distributed_ && b.group->size() > 1) {
         char* base = static_cast<char*>(param_buffer_.data_ptr());
@@ -386,18 +393,19 @@ class Optimizer {
 
   static int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
-  // The master weights of bucket `b`'s shard: the parameters themselves in fp32 runs.
-  at::Tensor MasterOf(const Bucket& b) {
-    if (dtype_ == at::kFloat) return param_buffer_.narrow(0, b.shard_begin, b.shard_len);
-    return master_.narrow(0, b.state_offset, b.shard_len);
-  }
-
   // The sum of squares of a flat gradient range as a [1] fp64 tensor: fp32 norms of blocks of
   // 4096 elements (as a fused multi-tensor norm works block by block), added in fp64. One fp32
   // norm over millions of elements is off by ~1e-5 relative, and by a different amount once the
   // range is split over pipeline stages; this keeps the figure independent of the split.
   static at::Tensor SquaredNorm(const at::Tensor& flat) {
     constexpr int64_t kBlock = 4096;
+    if (flat.scalar_type() != at::kFloat) {  // bf16 gradients: fp32 norms, 64 blocks at a time
+      at::Tensor sq = at::zeros({1}, flat.options().dtype(at::kDouble));
+      for (int64_t lo = 0; lo < flat.numel(); lo += 64 * kBlock) {
+        sq += SquaredNorm(flat.narrow(0, lo, std::min(64 * kBlock, flat.numel() - lo)).to(at::kFloat));
+      }
+      return sq;
+    }
     const int64_t n = flat.numel(), rows = n / kBlock;
     at::Tensor sq = at::zeros({1}, flat.options().dtype(at::kDouble));
     if (rows > 0) {
@@ -433,6 +441,7 @@ class Optimizer {
 
   const Runtime& rt_;
   std::vector<ParamInfo>& params_;
+  OptimizerDTypes types_;
   at::ScalarType dtype_;
   bool distributed_ = false;
   int64_t numel_ = 0;        // the buffers' elements, padding included
@@ -745,7 +754,7 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
       cpu_gen.set_current_seed(spec.train.seed);
     }
     GptModel model(spec, o.policy, rt, dtype);
-    Optimizer optimizer(rt, model.params(), dtype, spec.train.seed,
+    Optimizer optimizer(rt, model.params(), OptimizerDTypesOf(spec), spec.train.seed,
                         spec.train.use_distributed_optimizer);
     // Tokens: the same stream on every TP rank and pipeline stage, one per DP rank.
     at::Generator data_gen = at::make_generator<at::CPUGeneratorImpl>(spec.train.seed + 1 + rt.dp.rank);
@@ -1042,6 +1051,8 @@ std::vector<std::pair<std::string, std::string>> VersionsOn(int cuda_device) {
 std::map<std::string, std::string> TrialVersions(bool on_cuda, int device_index) {
   std::map<std::string, std::string> out;
   for (auto& [key, value] : VersionsOn(on_cuda ? device_index : -1)) out[key] = value;
+  const char* alloc_conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+  out["allocator_conf"] = alloc_conf != nullptr && *alloc_conf != '\0' ? alloc_conf : "none";
   return out;
 }
 

@@ -2,8 +2,9 @@
 // and reports what the allocator saw.
 //
 // One process runs one rank (LibTorch's RNG, allocator statistics and the CPU counting allocator
-// are process-wide). RunTrial builds the model (bf16 parameters with fp32 main gradients and an
-// Adam with fp32 master weights and states, or fp32 throughout), runs warmup_steps + measure_steps
+// are process-wide). RunTrial builds the model (bf16 parameters with fp32 or bf16 main gradients
+// and an Adam with fp32 master weights and states or the precision-aware optimizer's dtypes,
+// engine/te_optimizer.h; or fp32 throughout), runs warmup_steps + measure_steps
 // training steps on random tokens and measures peaks over the whole trial: build, optimizer-state
 // initialisation and every step. The memory budget is enforced (CPU: a counting allocator; CUDA:
 // the caching allocator's memory fraction). Ranks of a multi-rank trial meet through files in

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "search/mtp_model.h"
+#include "search/fp8_memory.h"
 #include "search/pipeline.h"
 #include "search/pipeline_layout.h"
 
@@ -285,19 +286,35 @@ struct Discard {
   double Total() const { return attn + mlp; }
 };
 
+// Under Transformer Engine's fused attention the core_attn checkpoint saves q, k, v as Megatron
+// passes them, before TE's contiguity copy: v's view pins the whole fused QKV output beside the
+// rotated q and k (docs/transformer-engine.md section 10). What it holds beyond the kernel's own
+// q, k, v (a negative saving in the default case).
+double TeCoreAttnPinned(const SearchSpec& spec) {
+  const ModelSpec& m = spec.model;
+  if (m.transformer_impl != TransformerImpl::kTransformerEngine ||
+      m.attention_backend == AttentionBackend::kUnfused || m.multi_latent_attention) {
+    return 0;
+  }
+  const Dims x = MakeDims(spec);
+  const bool gqa = m.EffectiveQueryGroups() < m.num_attention_heads;
+  const bool rope = m.position_embedding_type == PositionEmbedding::kRope;
+  const double q = x.heads * x.d, kv = x.groups * x.d;
+  return x.e * x.tokens * ((!gqa && !rope ? 0 : q) + (rope ? kv : 0));
+}
+
 Discard SelectiveDiscard(const SearchSpec& spec, const Policy& policy, const LayerActivations& a,
                          int layer) {
   Discard d;
   if (policy.IsFull()) return d;
-  if (policy.Has(Label::kCoreAttn)) d.attn += a.core_attn;
+  if (policy.Has(Label::kCoreAttn)) d.attn += a.core_attn - TeCoreAttnPinned(spec);
   if (policy.Has(Label::kMlaUpProj)) d.attn += a.mla_up_proj;
   if (policy.Has(Label::kLayernorm)) {
     // Under Transformer Engine a dense layer's norms are fused into the linears after them
     // (IdentityOp in the layer spec): only a separate norm is discarded, the input norm of MLA
     // and the pre-MLP norm of an MoE layer (megatron/core/models/gpt/gpt_layer_specs.py@d98e8a6).
-    const bool te = spec.model.transformer_impl == TransformerImpl::kTransformerEngine;
-    if (!te || spec.model.multi_latent_attention) d.attn += a.layernorm / 2;
-    if (!te || spec.model.IsMoeLayer(layer)) d.mlp += a.layernorm / 2;
+    if (!spec.model.InputNormFused()) d.attn += a.layernorm / 2;
+    if (!spec.model.PreMlpNormFused(layer)) d.mlp += a.layernorm / 2;
   }
   if (spec.model.IsMoeLayer(layer)) {
     if (policy.Has(Label::kMoe)) {
@@ -308,6 +325,11 @@ Discard SelectiveDiscard(const SearchSpec& spec, const Policy& policy, const Lay
     }
   } else if (policy.Has(Label::kMlp)) {
     d.mlp += a.mlp;
+    // A norm fused into fc1 runs inside the mlp checkpoint, which starts from the residual: its
+    // output and statistics go too (megatron/core/transformer/transformer_layer.py@d98e8a6).
+    if (spec.model.PreMlpNormFused(layer)) {
+      d.mlp += a.layernorm / 2 + NormStatsBytes(spec.model) * MakeDims(spec).seq_tokens;
+    }
   }
   return d;
 }
@@ -334,6 +356,7 @@ double SelectiveFlops(const SearchSpec& spec, const Policy& policy, const LayerF
 struct ParamCount {
   double dense = 0;   // TP-sharded and replicated parameters on this rank
   double expert = 0;  // routed-expert parameters on this rank
+  double linear = 0;  // the dense part's TE-linear weights (attention, MLP, shared experts)
 };
 
 // Parameters on the most loaded rank of pipeline stage `pp_rank`.
@@ -346,6 +369,7 @@ ParamCount CountParams(const SearchSpec& spec, int pp_rank) {
   const double gl = m.gated_linear_unit ? 2 : 1;
   // Column-parallel weights and biases are split over TP; row-parallel biases are replicated.
   auto mlp = [&](double ffn) { return (h * ffn * gl + bias * ffn * gl + ffn * h) / t + bias * h; };
+  auto mlp_weights = [&](double ffn) { return (h * ffn * gl + ffn * h) / t; };
 
   ParamCount p;
   std::vector<int> layers;
@@ -368,16 +392,20 @@ ParamCount CountParams(const SearchSpec& spec, int pp_rank) {
       if (m.q_lora_rank) {
         const double ql = *m.q_lora_rank;
         p.dense += (h * ql + ql * a * (qk + pe)) / t + norm(ql);
+        p.linear += (h * ql + ql * a * (qk + pe)) / t;
       } else {
         p.dense += h * a * (qk + pe) / t;
+        p.linear += h * a * (qk + pe) / t;
       }
       p.dense += (h * (kvl + pe) + kvl * a * (qk + vd)) / t + norm(kvl);
       p.dense += a * vd * h / t + bias * h;
+      p.linear += (h * (kvl + pe) + kvl * a * (qk + vd)) / t + a * vd * h / t;
     } else {
       const double qkv = (m.num_attention_heads + 2.0 * m.EffectiveQueryGroups()) *
                          m.EffectiveKvChannels();
       p.dense += (h * qkv + bias * qkv) / t;
       p.dense += 1.0 * m.num_attention_heads * m.EffectiveKvChannels() * h / t + bias * h;
+      p.linear += (h * qkv + 1.0 * m.num_attention_heads * m.EffectiveKvChannels() * h) / t;
     }
     if (m.IsMoeLayer(i)) {
       const double experts = *m.num_moe_experts;
@@ -386,9 +414,13 @@ ParamCount CountParams(const SearchSpec& spec, int pp_rank) {
       const double f = m.EffectiveMoeFfnHiddenSize();
       p.dense += experts * h;  // router, replicated
       p.expert += local * ((h * f * gl + bias * f * gl + f * h) / etp + bias * h);
-      if (m.HasSharedExperts()) p.dense += mlp(*m.moe_shared_expert_intermediate_size);
+      if (m.HasSharedExperts()) {
+        p.dense += mlp(*m.moe_shared_expert_intermediate_size);
+        p.linear += mlp_weights(*m.moe_shared_expert_intermediate_size);
+      }
     } else {
       p.dense += mlp(m.EffectiveFfnHiddenSize());
+      p.linear += mlp_weights(m.EffectiveFfnHiddenSize());
     }
   }
   // The first stage holds the embedding; the last the final norm and the output layer. With
@@ -462,7 +494,11 @@ double StaticParameterBytes(const SearchSpec& spec, const ParamCount& p) {
   // distributed optimizer shards over that group; expert parameters over the expert-DP group,
   // TP x CP x DP / (ETP x EP) ranks.
   const double expert_dp = t * cp * dp / (ExpertTensorParallel(spec) * ep);
-  return p.dense * BytesPerParameter(spec, dp * cp) + p.expert * BytesPerParameter(spec, expert_dp);
+  // FP8: Transformer Engine's weight workspaces, or FP8 weights (search/fp8_memory.h); the
+  // routed experts' parameters count as linear weights (their biases, if any, too).
+  const double fp8 = (p.linear + p.expert) * Fp8ExtraBytesPerLinearWeight(spec);
+  return p.dense * BytesPerParameter(spec, dp * cp) + p.expert * BytesPerParameter(spec, expert_dp) +
+         fp8;
 }
 
 // Activations outside the layers, and the backward working sets around them.
@@ -500,6 +536,34 @@ OuterActivations EstimateOuter(const SearchSpec& spec) {
     o.logits_work = output_grads;
   }
   return o;
+}
+
+// What Transformer Engine's FP8 linears keep instead of bf16 tensors (docs/transformer-engine.md
+// section 7): each saves its input quantized, f8 = Fp8SavedBytesPerElement bytes per element,
+// and the bf16 tensor goes unless something else keeps it. The fused norm outputs (the norm
+// kernel writes FP8 directly), fc2's input (expert fc2's too), the permuted tokens the expert
+// fc1 keeps, shared-expert fc1's own copy of the (bf16, router-kept) norm output, and with
+// delayed scaling an FP8 copy of the context beside the bf16 one linear_proj keeps otherwise.
+// Not modelled: MLA's FP8 projections, the recompute switches to save_original_input.
+void ApplyFp8(const SearchSpec& spec, int layer, const Dims& x, LayerActivations* a) {
+  const ModelSpec& m = spec.model;
+  if (m.multi_latent_attention) return;
+  const double f8 = Fp8SavedBytesPerElement(m);
+  const double cheaper = x.e - f8;  // per element now saved in FP8
+  const double norm_out = x.seq_tokens * x.h;
+  if (m.InputNormFused()) a->layernorm -= cheaper * norm_out;
+  if (m.PreMlpNormFused(layer)) a->layernorm -= cheaper * norm_out;
+  if (m.fp8_recipe == "delayed") a->attn_other += f8 * x.tokens * x.heads * x.d;
+  if (m.IsMoeLayer(layer)) {
+    const MoeDims moe = MakeMoeDims(spec, x);
+    a->moe_router -= cheaper * moe.expert_tokens * x.h;
+    a->moe_act -= cheaper * moe.expert_tokens * moe.ffn;
+    if (moe.shared_ffn > 0) {
+      a->shared_experts += f8 * x.seq_tokens * x.h - cheaper * x.tokens * moe.shared_ffn;
+    }
+  } else {
+    a->mlp -= cheaper * x.tokens * x.ffn;
+  }
 }
 
 double PersistentBufferBytes(const SearchSpec& spec, int pp_rank) {
@@ -612,6 +676,7 @@ LayerActivations EstimateLayerActivations(const SearchSpec& spec, int layer) {
   } else {
     a.mlp = full * x.ffn * MlpWidths(m, x.glu);
   }
+  if (Fp8On(m)) ApplyFp8(spec, layer, x, &a);
   return a;
 }
 

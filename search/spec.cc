@@ -518,6 +518,11 @@ const char* Name(ShardingStrategy v) { return kShardingStrategy[static_cast<int>
 std::optional<Normalization> ParseNormalization(const std::string& s) {
   return ParseByName<Normalization>(s, kNormalization);
 }
+AttentionBackend AutoAttentionBackend(TransformerImpl impl) {
+  return impl == TransformerImpl::kTransformerEngine ? AttentionBackend::kFlash
+                                                     : AttentionBackend::kUnfused;
+}
+
 std::optional<AttentionBackend> ParseAttentionBackend(const std::string& s) {
   // Megatron Core's AttnBackend names, by what the kernel holds for backward: Transformer
   // Engine's auto picks a fused kernel and cuDNN's fused attention keeps no score matrix, as

@@ -86,6 +86,17 @@ struct ModelSpec {
   }
   // Whether layer `i` (0-based, global) has an MoE MLP, following Megatron's moe_layer_freq.
   bool IsMoeLayer(int i) const;
+  // Under Transformer Engine a norm followed by a linear is fused into it (TE LayerNormLinear;
+  // the layer spec's norm is IdentityOp): the input norm of standard attention and the pre-MLP
+  // norm of a dense layer. A fused norm's output lives in the linear's saved state, which
+  // `layernorm` recompute cannot discard; MLA's input norm and an MoE layer's pre-MLP norm stay
+  // separate (megatron/core/models/gpt/gpt_layer_specs.py at d98e8a6).
+  bool InputNormFused() const {
+    return transformer_impl == TransformerImpl::kTransformerEngine && !multi_latent_attention;
+  }
+  bool PreMlpNormFused(int layer) const {
+    return transformer_impl == TransformerImpl::kTransformerEngine && !IsMoeLayer(layer);
+  }
   int NumMoeLayers() const;
 };
 
@@ -202,6 +213,11 @@ std::optional<E> ParseEnum(const std::string& s);
 // Megatron Core's AttnBackend names: auto and fused as kFlash, local as kUnfused.
 std::optional<Normalization> ParseNormalization(const std::string& s);
 std::optional<AttentionBackend> ParseAttentionBackend(const std::string& s);
+// Megatron's attention_backend auto for a layer implementation: the local layer's
+// DotProductAttention is unfused; Transformer Engine picks a fused kernel (FusedAttention on
+// sm90+, FlashAttention elsewhere: flash here). The spec reader applies it when
+// model.attention_backend is absent, null or auto.
+AttentionBackend AutoAttentionBackend(TransformerImpl impl);
 std::optional<PositionEmbedding> ParsePositionEmbedding(const std::string& s);
 std::optional<Precision> ParsePrecision(const std::string& s);
 std::optional<MemoryMetric> ParseMemoryMetric(const std::string& s);

@@ -500,6 +500,14 @@ StatusOr<search::SearchSpec> ReadSpec(const YAML::Node& root) {
     Section s(top.Get(section), section);
     REMAT_SEARCH_RETURN_IF_ERROR(ReadSection(s, section, &spec));
   }
+  {
+    // Megatron's attention_backend auto (also when absent) depends on the layer implementation.
+    const YAML::Node& model_map = model;
+    const YAML::Node backend = model_map["attention_backend"];
+    if (!backend || backend.IsNull() || (backend.IsScalar() && backend.Scalar() == "auto")) {
+      spec.model.attention_backend = search::AutoAttentionBackend(spec.model.transformer_impl);
+    }
+  }
   REMAT_SEARCH_RETURN_IF_ERROR(top.RejectUnknown());
   REMAT_SEARCH_RETURN_IF_ERROR(search::ValidateSpec(spec));
   return spec;

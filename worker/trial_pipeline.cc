@@ -77,10 +77,14 @@ std::unique_ptr<TrialExecutor> MakeTrialExecutor(std::shared_ptr<const Backend> 
   return std::make_unique<PipelineExecutor>(std::move(backend), std::move(launcher));
 }
 
-std::vector<std::pair<std::string, std::string>> TrialEnvironment(const search::SearchSpec&) {
-  // Spec settings that reach the trial's processes as environment variables go here (and only
-  // here), e.g. an allocator setting as PYTORCH_CUDA_ALLOC_CONF: every backend, every launcher.
-  return {};
+std::vector<std::pair<std::string, std::string>> TrialEnvironment(const search::SearchSpec& spec) {
+  std::vector<std::pair<std::string, std::string>> env;
+  // search.allocator_conf: read by PyTorch's CUDA caching allocator at its first use, in
+  // remat-trial, the Megatron driver and a command's own torch alike.
+  if (!spec.search.allocator_conf.empty()) {
+    env.emplace_back("PYTORCH_CUDA_ALLOC_CONF", spec.search.allocator_conf);
+  }
+  return env;
 }
 
 std::unique_ptr<TrialExecutor> MakeBuiltinExecutor(BuiltinExecutorOptions options) {

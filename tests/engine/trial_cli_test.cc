@@ -109,6 +109,28 @@ TEST(TrialCliTest, TensorParallelMatchesOneRank) {
   }
 }
 
+// The Transformer Engine layer with Megatron's fusions under TP 2 + SP (the fused norm's mlp
+// checkpoint replays the norm and the sequence gather) trains as the unfused local layer on one
+// rank.
+TEST(TrialCliTest, TransformerEngineLayerUnderSequenceParallelMatchesOneRank) {
+  const fs::path dir = TempDir();
+  const fs::path one = WriteSpec(dir, "one.yaml", "");
+  const fs::path te = WriteSpec(
+      dir, "te-sp2.yaml",
+      "  transformer_impl: transformer_engine\n  bias_activation_fusion: true\n"
+      "  apply_rope_fusion: true\n  bias_dropout_fusion: true\n"
+      "parallel:\n  tensor_model_parallel_size: 2\n  sequence_parallel: true\n");
+  for (const std::string policy : {"selective:[]", "selective:[core_attn,mlp]", "full:uniform:1"}) {
+    const nlohmann::json base = RunOne(one, policy);
+    ASSERT_EQ(base["status"], "ok") << base.dump();
+    for (const nlohmann::json& r : RunRanks(te, policy, 2)) {
+      ASSERT_EQ(r["status"], "ok") << r.dump();
+      EXPECT_LT(RelDiff(r["loss"], base["loss"]), 1e-5) << policy;
+      EXPECT_LT(RelDiff(r["grad_norm"], base["grad_norm"]), 1e-5) << policy;
+    }
+  }
+}
+
 TEST(TrialCliTest, DataParallelRanksAgree) {
   const fs::path dir = TempDir();
   const fs::path dp2 = WriteSpec(dir, "dp2.yaml", "parallel:\n  data_parallel_size: 2\n");
@@ -368,6 +390,8 @@ TEST(TrialCliTest, ResultRecordsTheVersionsItRanWith) {
   EXPECT_FALSE(v["torch"].get<std::string>().empty()) << v.dump();
   for (const char* key : {"cuda", "nccl", "driver", "gpu"}) EXPECT_EQ(v[key], "none") << key;
   EXPECT_EQ(v["device"], "cpu");
+  // search.allocator_conf's default, set by remat-trial before LibTorch's allocator reads it.
+  EXPECT_EQ(v["allocator_conf"], "expandable_segments:True") << v.dump();
 }
 
 }  // namespace

@@ -96,13 +96,26 @@ TEST(SpecFileTest, QLoraRankDefaultsTo512AndNullMeansNone) {
 TEST(SpecFileTest, AttentionBackendTakesMegatronNames) {
   const std::pair<const char*, search::AttentionBackend> cases[] = {
       {"unfused", search::AttentionBackend::kUnfused}, {"local", search::AttentionBackend::kUnfused},
-      {"flash", search::AttentionBackend::kFlash},     {"fused", search::AttentionBackend::kFlash},
-      {"auto", search::AttentionBackend::kFlash}};
+      {"flash", search::AttentionBackend::kFlash},     {"fused", search::AttentionBackend::kFlash}};
   for (const auto& [name, want] : cases) {
     auto s = ParseSpecYaml(std::string(kMinimal) + "  attention_backend: " + name + "\n");
     ASSERT_TRUE(s.ok()) << name << ": " << s.status().message();
     EXPECT_EQ(s->model.attention_backend, want) << name;
   }
+  // Megatron's auto, also when the field is absent or null, follows the layer implementation:
+  // the local layer's own attention is unfused, Transformer Engine picks a fused kernel.
+  for (const char* line : {"", "  attention_backend: auto\n", "  attention_backend: null\n"}) {
+    auto local = ParseSpecYaml(std::string(kMinimal) + line);
+    ASSERT_TRUE(local.ok()) << line << local.status().message();
+    EXPECT_EQ(local->model.attention_backend, search::AttentionBackend::kUnfused) << line;
+    auto te = ParseSpecYaml(std::string(kMinimal) + line + "  transformer_impl: transformer_engine\n");
+    ASSERT_TRUE(te.ok()) << line << te.status().message();
+    EXPECT_EQ(te->model.attention_backend, search::AttentionBackend::kFlash) << line;
+  }
+  auto explicit_unfused = ParseSpecYaml(std::string(kMinimal) +
+                                        "  attention_backend: unfused\n  transformer_impl: transformer_engine\n");
+  ASSERT_TRUE(explicit_unfused.ok());
+  EXPECT_EQ(explicit_unfused->model.attention_backend, search::AttentionBackend::kUnfused);
   auto bad = ParseSpecYaml(std::string(kMinimal) + "  attention_backend: sdpa\n");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().message().rfind("model.attention_backend: must be one of", 0), 0u);
