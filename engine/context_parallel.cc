@@ -411,7 +411,7 @@ at::Tensor UlyssesAttention(const Runtime& rt, const at::Tensor& q, const at::Te
   auto to_heads = [&](const at::Tensor& x) { return SequenceToHeadsFunction::apply(x, address, true); };
   at::Tensor out = LocalAttentionFunction::apply(to_heads(q), to_heads(k), to_heads(v), scale);
   out = SequenceToHeadsFunction::apply(out, address, false);  // [s/CP, b, n, dv]
-  return out.view({out.size(0), out.size(1), -1});
+  return out.reshape({out.size(0), out.size(1), -1});
 }
 
 }  // namespace

@@ -146,7 +146,7 @@ TEST(ContextParallelTest, WithTensorAndPipelineParallelMatchesOneRank) {
   ExpectMatches("tp2-cp2-pp2", "", 1,
                 "  tensor_model_parallel_size: 2\n  sequence_parallel: true\n"
                 "  context_parallel_size: 2\n  pipeline_model_parallel_size: 2\n",
-                8, {"selective:[]", "selective:[core_attn]", "full:uniform:1"},
+                8, {"selective:[core_attn]", "full:uniform:1"},
                 "  micro_batch_size: 2\n  global_batch_size: 8\n");
 }
 
