@@ -1,5 +1,6 @@
 #include "engine/model.h"
 
+#include "engine/context_parallel.h"
 #include "engine/te_layers.h"
 
 #include <torch/version.h>
@@ -326,9 +327,9 @@ struct GptModel::Impl {
     auto opts = at::TensorOptions().dtype(at::kFloat).device(rt.device);
     at::Tensor inv =
         at::pow(10000.0, at::arange(0, dim, 2, opts) / static_cast<double>(dim)).reciprocal();
-    at::Tensor pos = at::arange(seq, opts);
+    at::Tensor pos = LocalPositions(rt, seq, opts);  // this CP rank's positions
     at::Tensor freqs = at::outer(pos, inv);
-    return at::cat({freqs, freqs}, -1).view({seq, 1, 1, dim});
+    return at::cat({freqs, freqs}, -1).view({pos.size(0), 1, 1, dim});
   }
 
   // Megatron's FusedScaleMaskSoftmax.forward_torch_softmax (scale folded into baddbmm).
@@ -345,6 +346,7 @@ struct GptModel::Impl {
   // k [s, b, g, dq], v [s, b, g, dv] -> [s, b, n * dv].
   at::Tensor CoreAttention(at::Tensor q, at::Tensor k, at::Tensor v, double scale) {
     const int64_t n = q.size(2), g = k.size(2);
+    if (rt.cp_size() > 1) return ContextParallelAttention(rt, q, k, v, scale);
     if (m.attention_backend == search::AttentionBackend::kFlash) {
       if (m.transformer_impl == search::TransformerImpl::kTransformerEngine) {
         TeAttentionInputs(q, k, v);
@@ -720,7 +722,8 @@ struct GptModel::Impl {
   }
 
   std::vector<int64_t> ActivationShape() const {
-    return {sp ? seq / tp : seq, spec.train.micro_batch_size, hidden};
+    const int local = seq / rt.cp_size();
+    return {sp ? local / tp : local, spec.train.micro_batch_size, hidden};
   }
 
   at::Tensor Forward(int chunk_index, const at::Tensor& input, const at::Tensor& tokens,
@@ -733,9 +736,11 @@ struct GptModel::Impl {
     const int64_t vocab_start = static_cast<int64_t>(vocab_padded / tp) * tp_rank;
     at::Tensor emb = input;
     if (chunk.has_embedding) {
-      emb = VocabParallelEmbedding(rt, tokens, P(word_emb), vocab_start);
+      const at::Tensor local_tokens = LocalSequence(rt, tokens, 1);  // this CP rank's chunks
+      emb = VocabParallelEmbedding(rt, local_tokens, P(word_emb), vocab_start);
       if (pos_emb >= 0) {
-        at::Tensor positions = at::arange(seq, tokens.options()).unsqueeze(0).expand_as(tokens);
+        at::Tensor positions =
+            LocalPositions(rt, seq, tokens.options()).unsqueeze(0).expand_as(local_tokens);
         emb = emb + at::embedding(P(pos_emb), positions);
       }
       emb = emb.transpose(0, 1).contiguous();  // [s, b, h]
@@ -757,7 +762,7 @@ struct GptModel::Impl {
     hidden_states = Norm(hidden_states, final_w, final_b);
     const at::Tensor& out_w = output_w >= 0 ? P(output_w) : P(word_emb);
     at::Tensor logits = Linear(rt, hidden_states, out_w, at::Tensor(), LinearMode::kColumn);
-    at::Tensor target = labels.transpose(0, 1).contiguous();
+    at::Tensor target = LocalSequence(rt, labels, 1).transpose(0, 1).contiguous();
     at::Tensor losses = VocabParallelCrossEntropy(rt, logits, target, vocab_start);
     return losses.mean();
   }

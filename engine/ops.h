@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine/collectives.h"
+#include "search/spec.h"  // CpCommType
 
 namespace remat::engine {
 
@@ -39,6 +40,11 @@ struct Runtime {
   // embedding group; a group of one elsewhere). Empty groups without pipeline parallelism.
   Group pp;
   Group embedding;
+  // Context parallel (engine/context_parallel.h): the ranks that split one sequence, and
+  // Megatron's dp-cp group, over which non-expert gradients are reduced (the DP group when CP = 1).
+  Group cp;
+  Group dp_cp;
+  search::CpCommType cp_comm_type = search::CpCommType::kP2p;
   bool sequence_parallel = false;
   at::Device device = at::kCPU;
 
@@ -48,6 +54,8 @@ struct Runtime {
   int ep_rank() const { return ep.size() > 0 ? ep.rank : 0; }
   int pp_size() const { return pp.size() > 0 ? pp.size() : 1; }
   int pp_rank() const { return pp.size() > 0 ? pp.rank : 0; }
+  int cp_size() const { return cp.size() > 0 ? cp.size() : 1; }
+  int cp_rank() const { return cp.size() > 0 ? cp.rank : 0; }
 };
 
 // ---- RNG: Megatron restores the forward's RNG state when it replays a region.

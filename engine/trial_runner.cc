@@ -147,7 +147,7 @@ class Optimizer {
     // alike and its all-reduce over the embedding group can follow the reduce-scatter; it pads
     // each parameter's start to 64 elements and each bucket's end to a multiple of
     // lcm(group size, 128), so every rank's shard has the same size.
-    const Group& edp = rt.expert_dp.size() > 0 ? rt.expert_dp : rt.dp;
+    const Group& edp = rt.expert_dp.size() > 0 ? rt.expert_dp : rt.dp_cp;
     std::vector<std::vector<size_t>> members(3);  // dense, tied, expert
     for (int r = kSplit; r <= kExpert; ++r) {
       for (size_t i = 0; i < params.size(); ++i) {
@@ -165,7 +165,7 @@ class Optimizer {
     for (int k = 0; k < 3; ++k) {
       if (members[k].empty()) continue;
       Bucket b;
-      b.group = k == 2 ? &edp : &rt.dp;
+      b.group = k == 2 ? &edp : &rt.dp_cp;  // Megatron's dp-cp group (the DP group at CP 1)
       b.begin = numel_;
       for (size_t i : members[k]) {
         if (distributed) numel_ = RoundUp(numel_, 64);
@@ -275,10 +275,11 @@ class Optimizer {
         off += g.numel();
       }
     }
-    // Megatron's DDP: every gradient is scaled by 1 / DP; dense ones are summed over DP, expert
-    // ones over the expert-data-parallel group (their tokens came from every EP rank already).
-    // The distributed optimizer reduce-scatters instead: only this rank's shard is summed.
-    if (rt_.dp.size() > 1) grad_buffer_.mul_(1.0 / rt_.dp.size());
+    // Megatron's DDP: every gradient is scaled by 1 / (DP x CP); dense ones are summed over the
+    // dp-cp group, expert ones over the expert-data-parallel group (their tokens came from every
+    // EP rank already). The distributed optimizer reduce-scatters instead: only this rank's shard
+    // is summed.
+    if (rt_.dp_cp.size() > 1) grad_buffer_.mul_(1.0 / rt_.dp_cp.size());
     for (const Bucket& b : buckets_) {
       if (b.group->size() == 1) continue;
       if (distributed_) {
@@ -329,10 +330,10 @@ class Optimizer {
         }
       }
     }
-    if (distributed_) AllReduceTensor(rt_, rt_.dp, sq, ReduceOp::kSum);
+    if (distributed_) AllReduceTensor(rt_, rt_.dp_cp, sq, ReduceOp::kSum);
     AllReduceTensor(rt_, rt_.tp, sq, ReduceOp::kSum);
     if (experts) {  // each EP rank holds a share of the experts: sum the shares
-      const Group& edp = rt_.expert_dp.size() > 0 ? rt_.expert_dp : rt_.dp;
+      const Group& edp = rt_.expert_dp.size() > 0 ? rt_.expert_dp : rt_.dp_cp;
       if (distributed_) AllReduceTensor(rt_, edp, esq, ReduceOp::kSum);
       if (rt_.ep.size() > 1) AllReduceTensor(rt_, rt_.ep, esq, ReduceOp::kSum);
       sq = sq + esq;
@@ -384,7 +385,7 @@ class Optimizer {
   // One bucket of the buffers and this rank's shard of it (the whole bucket without the
   // distributed optimizer); its master weights and Adam moments sit at state_offset.
   struct Bucket {
-    const Group* group = nullptr;  // reduced over (rt_.dp or the expert-DP group)
+    const Group* group = nullptr;  // reduced over (rt_.dp_cp or the expert-DP group)
     int64_t begin = 0, end = 0;
     int64_t shard_begin = 0, shard_len = 0;
     int64_t state_offset = 0;
@@ -707,7 +708,7 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
     Runtime rt;
     rt.comm = comm.get();
     rt.device = device;
-    // Megatron Core's rank order (search/rank_layout.h; CP is 1 here).
+    // Megatron Core's rank order (search/rank_layout.h).
     const int pp = spec.parallel.pipeline_model_parallel_size;
     const search::ParallelGroups groups = search::GroupsOf(spec.parallel);
     // Stand-ins record every call under its group's name (search::CommRecord::group).
@@ -718,6 +719,14 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
     name(rt.tp, "tp");
     rt.dp = comm->CreateGroup(groups.dp);
     name(rt.dp, "dp");
+    rt.dp_cp = rt.dp;
+    if (spec.parallel.context_parallel_size > 1) {  // engine/context_parallel.h
+      rt.cp = comm->CreateGroup(groups.cp);
+      name(rt.cp, "cp");
+      rt.dp_cp = comm->CreateGroup(groups.dp_cp);
+      name(rt.dp_cp, "dp_cp");
+      rt.cp_comm_type = spec.parallel.cp_comm_type;
+    }
     if (pp > 1) {
       rt.pp = comm->CreateGroup(groups.pp);
       name(rt.pp, "pp");
@@ -742,7 +751,7 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
       rt.ep.id = -1;  // a group of one: never reaches the transport
       rt.ep.ranks = {o.rank};
       rt.ep.rank = 0;
-      rt.expert_dp = rt.dp;
+      rt.expert_dp = rt.dp_cp;
     }
     rt.sequence_parallel =
         spec.parallel.sequence_parallel && spec.parallel.tensor_model_parallel_size > 1;
@@ -833,9 +842,10 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
         at::Tensor mean_loss = loss.defined() ? loss.to(at::kFloat).reshape({1}).clone()
                                               : at::zeros({1}, at::TensorOptions().device(device));
         if (rt.pp.size() > 1) AllReduceTensor(rt, rt.pp, mean_loss, ReduceOp::kSum);
-        AllReduceTensor(rt, rt.dp, mean_loss, ReduceOp::kSum);
+        // Under CP each rank's loss is the mean over its tokens (equal counts): the dp-cp mean.
+        AllReduceTensor(rt, rt.dp_cp, mean_loss, ReduceOp::kSum);
         comm->Synchronize();
-        result.loss = mean_loss.item<double>() / spec.parallel.data_parallel_size;
+        result.loss = mean_loss.item<double>() / rt.dp_cp.size();
         result.grad_norm = norm.item<double>();
       }
       const double seconds = Seconds(t0, t1);

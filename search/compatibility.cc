@@ -223,10 +223,20 @@ std::string BuiltinBackendProblem(const SearchSpec& spec) {
            "pools would not be measured); use the megatron or command backend, or plan and "
            "validate only";
   }
-  // Modelled and planned (search/memory_model.h), not run: the engine has no ring attention.
+  // Context parallelism runs as Transformer Engine runs it (engine/context_parallel.h), except:
   if (par.context_parallel_size > 1) {
-    return "parallel.context_parallel_size: > 1 is not supported by the builtin engine (no ring "
-           "attention; planned, not run)";
+    if (par.cp_comm_type == CpCommType::kA2aP2p) {
+      return "parallel.cp_comm_type: a2a+p2p (hierarchical context parallelism) is not supported "
+             "by the builtin engine (p2p, a2a and allgather are); planned, not run";
+    }
+    if (m.attention_dropout != 0) {
+      return "model.attention_dropout: must be 0 with context_parallel_size > 1 in the builtin "
+             "engine (its context-parallel attention has no dropout)";
+    }
+    if (par.expert_model_parallel_size > 1) {
+      return "parallel.expert_model_parallel_size: > 1 with context_parallel_size > 1 is not "
+             "supported by the builtin engine (not checked against Megatron yet)";
+    }
   }
   const int ep = par.expert_model_parallel_size;
   if (ep > 1 && tp > 1) {

@@ -75,7 +75,8 @@ void SplitComm(const SearchSpec& spec, const std::vector<CommRecord>& comm,
                std::vector<CommRecord>* in_schedule, std::vector<CommRecord>* after) {
   for (const CommRecord& c : comm) {
     if (c.group == "world") continue;  // warm-up bookkeeping, not part of a step
-    if (c.group == "dp" || c.group == "expert_dp") {
+    // dp_cp: Megatron's dp-cp group, which reduces the gradients under context parallelism.
+    if (c.group == "dp" || c.group == "dp_cp" || c.group == "expert_dp") {
       const bool gather = c.kind == CollectiveKind::kAllGather;
       const bool hidden = gather ? spec.parallel.overlap_param_gather
                                  : spec.parallel.overlap_grad_reduce;

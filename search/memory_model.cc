@@ -4,6 +4,7 @@
 
 #include "search/mtp_model.h"
 #include "search/fp8_memory.h"
+#include "search/context_parallel_memory.h"
 #include "search/pipeline.h"
 #include "search/pipeline_layout.h"
 
@@ -623,6 +624,10 @@ LayerActivations EstimateLayerActivations(const SearchSpec& spec, int layer) {
     // the RoPE applied inside the up-projection region (replayed with it).
     a.mla_up_proj = full * x.heads * (2 * (qk + pe) + vd) + RopeTableBytes(m, x, pe);
     a.core_attn = unfused ? scores * chain.held : lse;
+    if (!unfused) {  // context parallel: what TE's attention keeps instead of its inputs
+      const double qw = x.heads * (qk + pe), vw = x.heads * vd;
+      a.core_attn += full * ContextParallelAttentionExtraWidth(spec, qw, qw, vw, vw, 2 * qw + vw);
+    }
     a.attn_other += full * x.heads * vd;  // output projection's input
   } else {
     const double q = x.heads * x.d, kv = x.groups * x.d;
@@ -652,6 +657,8 @@ LayerActivations EstimateLayerActivations(const SearchSpec& spec, int layer) {
       a.core_attn = scores * chain.held + full * (plain - given);
     } else {
       a.core_attn = lse;  // the kernel's output is the context, counted below
+      // Context parallel: what TE's attention keeps instead of its inputs (may be less).
+      a.core_attn += full * ContextParallelAttentionExtraWidth(spec, q, kv, kv, q, given);
     }
     a.attn_other += full * q;  // output projection's input (the context)
   }

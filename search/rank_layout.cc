@@ -35,6 +35,7 @@ ParallelGroups GroupsOf(const ParallelSpec& p) {
   g.cp.resize(world / cp);
   g.dp.resize(world / dp);
   g.pp.resize(world / pp);
+  g.dp_cp.resize(world / (dp * cp));
   if (ep > 1) {
     g.ep.resize(world / ep);
     g.expert_dp.resize(ep * pp);
@@ -45,6 +46,7 @@ ParallelGroups GroupsOf(const ParallelSpec& p) {
     g.cp[at.tp + tp * (at.dp + dp * at.pp)].push_back(r);
     g.dp[at.tp + tp * (at.cp + cp * at.pp)].push_back(r);
     g.pp[at.tp + tp * (at.cp + cp * at.dp)].push_back(r);
+    g.dp_cp[at.tp + tp * at.pp].push_back(r);
     if (ep > 1) {
       g.ep[r / ep].push_back(r);  // blocks never cross a stage: EP divides its ranks
       g.expert_dp[r % (tp * cp * dp) % ep + ep * at.pp].push_back(r);

@@ -28,14 +28,15 @@ int RanksPerStage(const ParallelSpec& p);
 RankPlace PlaceOf(const ParallelSpec& p, int rank);
 
 // Every group of each kind, each group's ranks ascending; every rank of the world is in exactly
-// one group of each kind. The data-parallel groups hold one CP rank (Megatron's dp group, not
-// its dp-cp group). Expert groups (EP > 1 only; empty otherwise) follow Megatron's expert grid
+// one group of each kind. The data-parallel groups hold one CP rank (Megatron's dp group);
+// `dp_cp` is Megatron's dp-cp group (data_parallel_group with context parallel: the ranks of one
+// stage with the same TP rank), over which non-expert gradients are reduced. Expert groups (EP > 1 only; empty otherwise) follow Megatron's expert grid
 // etp-ep-edp-pp over a stage's TP x CP x DP ranks with expert tensor parallelism 1 (what the
 // spec's rules require: EP divides that product): `ep` holds blocks of EP consecutive ranks of
 // one stage, `expert_dp` the ranks of one stage that hold the same experts (the same position
 // modulo EP).
 struct ParallelGroups {
-  std::vector<std::vector<int>> tp, cp, dp, pp, ep, expert_dp;
+  std::vector<std::vector<int>> tp, cp, dp, pp, ep, expert_dp, dp_cp;
 };
 ParallelGroups GroupsOf(const ParallelSpec& p);
 

@@ -38,6 +38,7 @@ constexpr const char* kCrossEntropyFusionImpl[] = {"native", "te"};
 constexpr const char* kDType[] = {"fp32", "bf16", "fp16", "fp8"};
 constexpr const char* kShardingStrategy[] = {"no_shard", "optim", "optim_grads",
                                              "optim_grads_params"};
+constexpr const char* kCpCommType[] = {"p2p", "a2a", "allgather", "a2a+p2p"};
 
 Status Positive(const char* field, long long v) {
   if (v <= 0) return InvalidArgument(std::string(field) + ": must be a positive integer");
@@ -197,6 +198,19 @@ Status ValidateParallel(const ModelSpec& m, const ParallelSpec& p) {
           "parallel.context_parallel_size: needs model.attention_backend flash (Megatron Core's "
           "unfused local attention refuses context parallelism; only TEDotProductAttention "
           "supports it)");
+    }
+    // Transformer Engine's Ulysses all-to-all scatters the heads over the CP group
+    // (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py at d0067d0,
+    // AttnFuncWithCPAndQKVOA2A): every TP rank's query and key/value heads must split evenly.
+    if (p.cp_comm_type == CpCommType::kA2a || p.cp_comm_type == CpCommType::kA2aP2p) {
+      const int kv_heads = m.multi_latent_attention ? m.num_attention_heads : m.EffectiveQueryGroups();
+      if ((m.num_attention_heads / tp) % cp != 0 || (kv_heads / tp) % cp != 0) {
+        return InvalidArgument(
+            "parallel.cp_comm_type: a2a needs the attention heads (" +
+            std::to_string(m.num_attention_heads) + ") and key/value heads (" +
+            std::to_string(kv_heads) + ") per tensor-parallel rank divisible by "
+            "context_parallel_size (" + std::to_string(cp) + ")");
+      }
     }
   }
   if (p.sequence_parallel) {
@@ -514,6 +528,7 @@ const char* Name(TransformerImpl v) { return kTransformerImpl[static_cast<int>(v
 const char* Name(CrossEntropyFusionImpl v) { return kCrossEntropyFusionImpl[static_cast<int>(v)]; }
 const char* Name(DType v) { return kDType[static_cast<int>(v)]; }
 const char* Name(ShardingStrategy v) { return kShardingStrategy[static_cast<int>(v)]; }
+const char* Name(CpCommType v) { return kCpCommType[static_cast<int>(v)]; }
 
 std::optional<Normalization> ParseNormalization(const std::string& s) {
   return ParseByName<Normalization>(s, kNormalization);
@@ -587,6 +602,11 @@ REMAT_SPEC_ENUM(DType, kDType, [](const std::string& v) -> std::optional<DType> 
 })
 REMAT_SPEC_ENUM(ShardingStrategy, kShardingStrategy, [](const std::string& v) {
   return ParseByName<ShardingStrategy>(v, kShardingStrategy);
+})
+REMAT_SPEC_ENUM(CpCommType, kCpCommType, [](const std::string& v) -> std::optional<CpCommType> {
+  // TransformerConfig's docstring spells it all_gather; Megatron-LM's --cp-comm-type allgather.
+  if (v == "all_gather") return CpCommType::kAllGather;
+  return ParseByName<CpCommType>(v, kCpCommType);
 })
 #undef REMAT_SPEC_ENUM
 

@@ -37,6 +37,9 @@ enum class CrossEntropyFusionImpl { kNative, kTe };
 enum class DType { kFp32, kBf16, kFp16, kFp8 };
 // Megatron-FSDP's data_parallel_sharding_strategy: what is sharded over the data-parallel group.
 enum class ShardingStrategy { kNoShard, kOptim, kOptimGrads, kOptimGradsParams };
+// Megatron's cp_comm_type: how context-parallel attention exchanges keys and values (Transformer
+// Engine's ring of KV chunks, Ulysses all-to-all, KV all-gather, or the hierarchical a2a+p2p).
+enum class CpCommType { kP2p, kA2a, kAllGather, kA2aP2p };
 
 // Megatron's moe_layer_freq: every `every`-th layer has an MoE MLP (1: all of them), or, when
 // `pattern` is not empty, layer i has one when pattern[i] is 1 (one 0/1 entry per layer).
@@ -200,6 +203,7 @@ const char* Name(TransformerImpl v);
 const char* Name(CrossEntropyFusionImpl v);
 const char* Name(DType v);
 const char* Name(ShardingStrategy v);
+const char* Name(CpCommType v);
 
 // The names of every value of a spec enum, in declaration order (the names Name() gives), and
 // ParseEnum<E>, which reads them back (with ParseAttentionBackend's aliases): the generic forms

@@ -125,6 +125,21 @@ std::string FormatValue(const MoeLayerFreq& v) {
   return v.pattern.empty() ? FormatValue(v.every) : FormatValue(v.pattern);
 }
 
+namespace {
+
+// A table cell's text: a '|' would end the cell, so it is escaped (GitHub's Markdown reads "\|"
+// as a bar, in code spans too).
+std::string EscapeCell(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '|') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string SpecFieldsMarkdown() {
   std::string out =
       "| field | default | values | Megatron | Megatron Bridge | Megatron-LM | notes |\n"
@@ -140,10 +155,11 @@ std::string SpecFieldsMarkdown() {
       lm += (lm.empty() ? "" : ", ") +
             (flag[0] == '!' ? code(flag.substr(1)) + " (sets false)" : code(flag));
     }
-    out += "| `" + f.Path() + "` | " + (f.required ? "required" : code(FormatValue(value))) +
-           " | " + TypeDescription<T>() + " | " +
+    out += "| `" + f.Path() + "` | " +
+           (f.required ? "required" : code(EscapeCell(FormatValue(value)))) + " | " +
+           EscapeCell(TypeDescription<T>()) + " | " +
            (f.home == MegatronHome::kRemat ? "" : Name(f.home)) + " | " + bridge + " | " + lm +
-           " | " + f.doc + " |\n";
+           " | " + EscapeCell(f.doc) + " |\n";
   });
   return out;
 }

@@ -68,14 +68,15 @@ def main(argv):
     tp = field(text, "parallel", "tensor_model_parallel_size", 1)
     dp = field(text, "parallel", "data_parallel_size", 1)
     pp = field(text, "parallel", "pipeline_model_parallel_size", 1)
-    world = tp * dp * pp
+    cp = field(text, "parallel", "context_parallel_size", 1)
+    world = tp * cp * dp * pp
     work = tempfile.mkdtemp(prefix="remat-pipeline-peaks-")
     spec = os.path.join(work, "spec.yaml")
     open(spec, "w").write(text)
     estimate = json.loads(subprocess.check_output(
         [os.path.join(bin_dir, "remat-bench-estimate"), "--spec", spec, "--policies",
          ";".join(policies)]))
-    print("spec %s %s: TP %d, DP %d, PP %d" % (spec_path, " ".join(sets), tp, dp, pp))
+    print("spec %s %s: TP %d, CP %d, DP %d, PP %d" % (spec_path, " ".join(sets), tp, cp, dp, pp))
     print("| policy | rank | stage | in flight | static MiB (measured / model) | peak MiB (measured / model) | model / measured | loss | grad norm |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for policy in policies:
@@ -90,7 +91,7 @@ def main(argv):
             if res["status"] != "ok":
                 print("| `%s` | %d | | | %s: %s | | |" % (policy, r, res["status"], res.get("message")))
                 continue
-            stage = r // (tp * dp)
+            stage = r // (tp * cp * dp)
             st = stages[stage]
             mine = res["ranks"][0]
             mib = 1 << 20

@@ -140,6 +140,27 @@ TEST(LayoutProxyEngineTest, TensorAndSequenceParallelWithTheDistributedOptimizer
                      {"selective:[]", "selective:[layernorm]"}, {"tp", "dp"});
 }
 
+// Context parallelism: the stand-in CP rank receives well-shaped stand-in keys and values (the
+// ring's point-to-point receives, the all-gather, the all-to-all) and holds what a real CP rank
+// holds; gradients go over the dp-cp group.
+TEST(LayoutProxyEngineTest, ContextParallelRingWithPipeline) {
+  ExpectProxiesMatch({"cp2-pp2",
+                      Yaml("  context_parallel_size: 2\n  pipeline_model_parallel_size: 2\n",
+                           "  attention_backend: flash\n", "", 4)},
+                     {"selective:[]", "selective:[core_attn]"}, {"cp", "pp", "dp_cp"});
+}
+
+TEST(LayoutProxyEngineTest, ContextParallelAllGatherAndUlyssesWithTensorParallel) {
+  for (const std::string type : {"allgather", "a2a"}) {
+    std::string yaml = Yaml("  tensor_model_parallel_size: 2\n  sequence_parallel: true\n"
+                            "  context_parallel_size: 2\n  cp_comm_type: " + type + "\n",
+                            "  attention_backend: flash\n", "", 2);
+    // a2a splits each TP rank's heads over CP: 4 query groups (MHA), one per rank.
+    yaml.replace(yaml.find("num_query_groups: 2"), 19, "num_query_groups: 4");
+    ExpectProxiesMatch({"tp2-cp2-" + type, yaml}, {"selective:[]"}, {"tp", "cp", "dp_cp"});
+  }
+}
+
 // The product path: RunTrial with search.layout_proxy runs the roles of search::ProxyRoles in
 // this process (one worker slot: world size 1, rank 0) and predicts every rank of the layout;
 // each rank's predicted peak is within 2% of the real trial's.

@@ -198,13 +198,14 @@ TEST(RecomputeTest, RefusesWhatItCannotRun) {
   EXPECT_EQ(r.status, TrialStatus::kInvalid);
   EXPECT_NE(r.message.find("Gated DeltaNet"), std::string::npos) << r.message;
 
-  // Context parallelism is modelled and planned, not run (no ring attention in the engine).
+  // Hierarchical context parallelism (a2a+p2p) is modelled and planned, not run.
   search::SearchSpec cp = testing::TinyDense();
   cp.model.attention_backend = search::AttentionBackend::kFlash;
   cp.parallel.context_parallel_size = 2;
+  cp.parallel.cp_comm_type = search::CpCommType::kA2aP2p;
   r = RunOne(cp, Policy::None());
   EXPECT_EQ(r.status, TrialStatus::kInvalid);
-  EXPECT_NE(r.message.find("context_parallel_size"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("cp_comm_type"), std::string::npos) << r.message;
 
   r = RunOne(testing::TinyDense(), P("selective:[moe_act]"));  // no experts: Megatron refuses
   EXPECT_EQ(r.status, TrialStatus::kInvalid);

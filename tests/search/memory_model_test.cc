@@ -599,6 +599,7 @@ TEST(ContextParallel, HalvesTheActivationsAndShardsTheOptimizerWithDp) {
   s.model.attention_backend = AttentionBackend::kFlash;
   const MemoryEstimate one = EstimateMemory(s, Policy::None());
   s.parallel.context_parallel_size = 2;
+  s.parallel.cp_comm_type = CpCommType::kAllGather;  // keeps the q, k, v it is given
   ASSERT_TRUE(ValidateSpec(s).ok()) << ValidateSpec(s).message();
   const MemoryEstimate two = EstimateMemory(s, Policy::None());
   // Every held tensor is per token (flash keeps no scores): half the tokens, half the bytes.
@@ -611,6 +612,29 @@ TEST(ContextParallel, HalvesTheActivationsAndShardsTheOptimizerWithDp) {
   EXPECT_DOUBLE_EQ(d.static_bytes, (6 + 12.0 / 4) * d.parameters);
   // Model FLOPs per rank: the step's work over TP x CP x PP ranks.
   EXPECT_DOUBLE_EQ(two.model_flops, one.model_flops / 2);
+}
+
+// What Transformer Engine's context-parallel attention keeps instead of the q, k, v it is given
+// (measured to the byte by the engine's CP attention on CPU ranks, engine/README.md): p2p its
+// packed copy of k and v with q, a2a the exchanged q, k, v and its output before the reverse
+// all-to-all; core_attn keeps the inputs instead.
+TEST(ContextParallel, AttentionKeepsWhatTransformerEngineSaves) {
+  SearchSpec s = DenseSpec();  // local layer spec, RoPE, GQA
+  s.model.attention_backend = AttentionBackend::kFlash;
+  s.parallel.context_parallel_size = 2;
+  s.parallel.cp_comm_type = CpCommType::kAllGather;
+  const LayerActivations gather = EstimateLayerActivations(s, 0);
+  const double tokens = static_cast<double>(s.model.seq_length) / 2 * s.train.micro_batch_size;
+  const double e = 2, d = s.model.EffectiveKvChannels();
+  const double q = s.model.num_attention_heads * d, kv = s.model.EffectiveQueryGroups() * d;
+  const double given = q + kv + (q + 2 * kv);  // rotated q and k, the fused output v views
+  s.parallel.cp_comm_type = CpCommType::kP2p;
+  const LayerActivations p2p = EstimateLayerActivations(s, 0);
+  EXPECT_DOUBLE_EQ(p2p.core_attn - gather.core_attn, e * tokens * (q + 2 * kv - given));
+  s.parallel.cp_comm_type = CpCommType::kA2a;
+  const LayerActivations a2a = EstimateLayerActivations(s, 0);
+  EXPECT_DOUBLE_EQ(a2a.core_attn - gather.core_attn, e * tokens * (2 * q + 2 * kv - given));
+  EXPECT_DOUBLE_EQ(a2a.attn_inputs, gather.attn_inputs);  // what core_attn keeps
 }
 
 TEST(ContextParallel, ExpertOptimizerShardsOverTheExpertDataParallelGroup) {

@@ -61,6 +61,8 @@ TEST(RankLayoutTest, ContextParallelSitsBetweenTpAndDp) {
   const ParallelGroups g = GroupsOf(p);
   EXPECT_EQ(g.cp, (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
   EXPECT_EQ(g.dp, (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  // Megatron's dp-cp group: the ranks of a stage with the same TP rank (gradients go over it).
+  EXPECT_EQ(g.dp_cp, (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
   ExpectPartition(g.tp, 8, 2);
 }
 
@@ -78,6 +80,7 @@ TEST(RankLayoutTest, EveryKindPartitionsABigWorld) {
   ExpectPartition(g.tp, world, 8);
   ExpectPartition(g.cp, world, 2);
   ExpectPartition(g.dp, world, 8);
+  ExpectPartition(g.dp_cp, world, 16);
   ExpectPartition(g.pp, world, 16);
   ExpectPartition(g.ep, world, 8);
   ExpectPartition(g.expert_dp, world, world / 16 / 8);

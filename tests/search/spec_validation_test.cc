@@ -203,12 +203,27 @@ TEST(SpecValidationTest, BuiltinBackendProblemNamesTheField) {
   pipeline.parallel.pipeline_model_parallel_size = 2;
   pipeline.train.global_batch_size = 4;
   EXPECT_EQ(BuiltinBackendProblem(pipeline), "");
+  SearchSpec cp = DenseSpec();  // and context parallelism: p2p, a2a, allgather
+  cp.model.attention_backend = AttentionBackend::kFlash;
+  cp.model.attention_dropout = 0;
+  cp.parallel.context_parallel_size = 2;
+  for (CpCommType type : {CpCommType::kP2p, CpCommType::kA2a, CpCommType::kAllGather}) {
+    cp.parallel.cp_comm_type = type;
+    EXPECT_EQ(BuiltinBackendProblem(cp), "") << Name(type);
+  }
   const std::pair<const char*, std::function<void(SearchSpec&)>> cases[] = {
       {"model.fp8:", [](SearchSpec& s) { s.model.fp8 = "e4m3"; }},
       {"model.cuda_graph_impl:", [](SearchSpec& s) { s.model.cuda_graph_impl = "local"; }},
-      {"parallel.context_parallel_size:",
+      {"parallel.cp_comm_type:",
        [](SearchSpec& s) {
          s.model.attention_backend = AttentionBackend::kFlash;
+         s.parallel.context_parallel_size = 2;
+         s.parallel.cp_comm_type = CpCommType::kA2aP2p;
+       }},
+      {"model.attention_dropout:",
+       [](SearchSpec& s) {
+         s.model.attention_backend = AttentionBackend::kFlash;
+         s.model.attention_dropout = 0.1;
          s.parallel.context_parallel_size = 2;
        }},
       {"model.experimental_attention_variant:",
@@ -245,6 +260,21 @@ TEST(SpecValidationTest, BuiltinBackendProblemNamesTheField) {
     const std::string problem = BuiltinBackendProblem(s);
     EXPECT_EQ(problem.rfind(field, 0), 0u) << field << " -> '" << problem << "'";
   }
+}
+
+// Transformer Engine's Ulysses all-to-all splits each TP rank's heads over the CP group.
+TEST(SpecValidationTest, UlyssesNeedsHeadsDivisibleByContextParallel) {
+  SearchSpec s = DenseSpec();
+  s.model.attention_backend = AttentionBackend::kFlash;
+  s.parallel.context_parallel_size = 2;
+  s.parallel.cp_comm_type = CpCommType::kA2a;
+  s.model.num_query_groups = s.model.num_attention_heads;
+  EXPECT_TRUE(ValidateSpec(s).ok()) << ValidateSpec(s).message();
+  s.model.num_query_groups = 1;  // one key/value head cannot be split over 2 ranks
+  const Status bad = ValidateSpec(s);
+  EXPECT_EQ(bad.message().rfind("parallel.cp_comm_type:", 0), 0u) << bad.message();
+  s.parallel.cp_comm_type = CpCommType::kP2p;  // the ring sends whole heads
+  EXPECT_TRUE(ValidateSpec(s).ok()) << ValidateSpec(s).message();
 }
 
 // Values that took minutes of CPU, gigabytes or a segfault downstream are refused

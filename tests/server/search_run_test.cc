@@ -120,9 +120,10 @@ TEST(SearchRunTest, SpecWideProblemsAreRefusedAtSubmit) {
   cp.search.backend = search::Backend::kBuiltin;
   cp.model.attention_backend = search::AttentionBackend::kFlash;
   cp.parallel.context_parallel_size = 2;
+  cp.parallel.cp_comm_type = search::CpCommType::kA2aP2p;  // hierarchical: not in the engine
   auto refused = SearchRun::FromRequest("alice", Submit(cp, {}));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StartsWith(refused.status().message(), "parallel.context_parallel_size:"))
+  EXPECT_TRUE(absl::StartsWith(refused.status().message(), "parallel.cp_comm_type:"))
       << refused.status();
   search::SearchSpec fp8 = SmallSpec();
   fp8.search.backend = search::Backend::kBuiltin;
