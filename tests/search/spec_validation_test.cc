@@ -100,6 +100,42 @@ TEST(SpecValidationTest, EveryBadFieldIsNamed) {
        [](SearchSpec& s) { s.model.num_moe_experts = 6; s.parallel.expert_model_parallel_size = 4; s.parallel.data_parallel_size = 4; }},
       {"parallel.expert_model_parallel_size",
        [](SearchSpec& s) { s.model.num_moe_experts = 8; s.parallel.expert_model_parallel_size = 4; }},
+      // Megatron's expert grid: ETP x EP divides a stage's ranks; ETP splits the expert width;
+      // MoE biases need ETP 1; MoE with TP > 1 needs sequence parallelism; flex needs ETP x EP > 1.
+      {"parallel.expert_tensor_parallel_size",
+       [](SearchSpec& s) {
+         s.model.num_moe_experts = 8;
+         s.parallel.data_parallel_size = 2;
+         s.parallel.expert_model_parallel_size = 2;
+         s.parallel.expert_tensor_parallel_size = 2;
+       }},
+      {"parallel.expert_tensor_parallel_size",
+       [](SearchSpec& s) { s.parallel.expert_tensor_parallel_size = 0; }},
+      {"model.moe_ffn_hidden_size",
+       [](SearchSpec& s) {
+         s.model.num_moe_experts = 8;
+         s.model.moe_ffn_hidden_size = 30;
+         s.parallel.data_parallel_size = 4;
+         s.parallel.expert_tensor_parallel_size = 4;
+       }},
+      {"parallel.expert_tensor_parallel_size",
+       [](SearchSpec& s) {
+         s.model.num_moe_experts = 8;
+         s.model.add_bias_linear = true;
+         s.parallel.data_parallel_size = 2;
+         s.parallel.expert_tensor_parallel_size = 2;
+       }},
+      {"parallel.sequence_parallel",
+       [](SearchSpec& s) {
+         s.model.num_moe_experts = 8;
+         s.parallel.tensor_model_parallel_size = 2;
+         s.parallel.expert_tensor_parallel_size = 1;
+       }},
+      {"model.moe_token_dispatcher_type",
+       [](SearchSpec& s) {
+         s.model.num_moe_experts = 8;
+         s.model.moe_token_dispatcher_type = MoeTokenDispatcher::kFlex;
+       }},
       {"model.cpu_offloading",
        [](SearchSpec& s) { s.model.cpu_offloading = true; s.parallel.pipeline_model_parallel_size = 2; }},
       {"train.micro_batch_size", [](SearchSpec& s) { s.train.micro_batch_size = 0; }},

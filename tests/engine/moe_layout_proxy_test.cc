@@ -1,0 +1,95 @@
+// Layout proxies of MoE with tensor and expert tensor parallelism on CPU ranks: the real 8-rank
+// trial of TP 2 (sequence parallel) x EP 2 x PP 2 with ETP 1 and ETP 2, under each dispatcher,
+// against every one of its ranks run alone with the stand-in collectives (RunStandInRank):
+// every rank's allocated peak within 2% and its static bytes equal, and the expert grid's
+// groups recorded.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/trial_runner.h"
+#include "search/layout_proxy.h"
+#include "search/policy.h"
+#include "specfile/spec_file.h"
+#include "tests/engine/test_models.h"
+#include "tests/engine/test_process.h"
+
+namespace remat::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kTrial = REMAT_TRIAL_PATH;
+
+// 256 tokens per micro-batch: a stand-in rank routes like its peers only up to the routing's
+// noise, which shrinks as the tokens grow (docs/layout-proxies.md).
+std::string Yaml(const std::string& dispatcher, int etp) {
+  return "name: tiny-moe-etp-proxy\n" +
+         testing::TinyRankModelYaml(
+             2, 128,
+             "  num_moe_experts: 4\n  moe_router_topk: 2\n  moe_ffn_hidden_size: 64\n"
+             "  moe_grouped_gemm: true\n  moe_token_dispatcher_type: " + dispatcher + "\n") +
+         "train:\n  micro_batch_size: 2\n  global_batch_size: 8\n  precision: fp32\n"
+         "parallel:\n  tensor_model_parallel_size: 2\n  sequence_parallel: true\n"
+         "  pipeline_model_parallel_size: 2\n  data_parallel_size: 2\n"
+         "  expert_model_parallel_size: 2\n  expert_tensor_parallel_size: " +
+         std::to_string(etp) +
+         "\nsearch:\n  memory_budget_gib: 1\n  warmup_steps: 1\n  warmup_max_steps: 1\n"
+         "  steady_window: 1\n  measure_steps: 1\n  device: cpu\n";
+}
+
+void ExpectProxiesMatch(const std::string& dispatcher, int etp, const std::string& text,
+                        const std::vector<std::string>& groups) {
+  const std::string yaml = Yaml(dispatcher, etp);
+  const fs::path file = testing::WriteSpec(testing::TempDir("remat-etp-proxy"),
+                                           dispatcher + std::to_string(etp) + ".yaml", yaml);
+  auto spec = spec::ParseSpecYaml(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  auto policy = search::ParsePolicy(text);
+  ASSERT_TRUE(policy.ok()) << text;
+  const int world = spec->parallel.WorldSize();
+  const std::vector<nlohmann::json> real = testing::RunRanks(kTrial, file, text, world);
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(real[r]["status"], "ok") << dispatcher << " " << text << ": " << real[r].dump();
+    TrialOptions o;
+    o.spec = *spec;
+    o.policy = *policy;
+    o.rank = r;
+    o.world_size = world;
+    const search::RoleMeasurement m = RunStandInRank(o);
+    ASSERT_EQ(m.result.status, search::TrialStatus::kOk) << m.result.message;
+    const double proxy = static_cast<double>(m.result.ranks[0].peak_allocated_bytes);
+    const double measured = real[r]["ranks"][0]["peak_allocated_bytes"].get<double>();
+    EXPECT_LT(testing::RelDiff(proxy, measured), 0.02)
+        << dispatcher << " ETP " << etp << " " << text << " rank " << r << ": proxy " << proxy
+        << ", real " << measured;
+    EXPECT_EQ(m.result.ranks[0].static_bytes, real[r]["ranks"][0]["static_bytes"].get<uint64_t>());
+    for (const std::string& g : groups) {
+      double bytes = 0;
+      for (const search::CommRecord& c : m.comm) {
+        if (c.group == g) bytes += c.bytes;
+      }
+      EXPECT_GT(bytes, 0) << dispatcher << " rank " << r << ": nothing recorded on " << g;
+    }
+  }
+}
+
+TEST(MoeLayoutProxyTest, AllgatherEtp2) {
+  ExpectProxiesMatch("allgather", 2, "selective:[]", {"tp", "pp", "expert_tp_ep"});
+}
+
+TEST(MoeLayoutProxyTest, AlltoallEtp1) {
+  ExpectProxiesMatch("alltoall", 1, "selective:[moe_act]", {"tp", "pp", "ep", "expert_dp"});
+}
+
+TEST(MoeLayoutProxyTest, AlltoallEtp2) {
+  ExpectProxiesMatch("alltoall", 2, "selective:[]", {"tp", "pp", "ep", "expert_tp"});
+}
+
+}  // namespace
+}  // namespace remat::engine
