@@ -26,12 +26,12 @@ namespace fs = std::filesystem;
 
 const std::string kTrial = REMAT_TRIAL_PATH;
 
-// 256 tokens per micro-batch: a stand-in rank routes like its peers only up to the routing's
+// 512 tokens per rank and micro-batch: a stand-in rank routes like its peers only up to the routing's
 // noise, which shrinks as the tokens grow (docs/layout-proxies.md).
 std::string Yaml(const std::string& dispatcher, int etp) {
   return "name: tiny-moe-etp-proxy\n" +
          testing::TinyRankModelYaml(
-             2, 128,
+             2, 512,
              "  num_moe_experts: 4\n  moe_router_topk: 2\n  moe_ffn_hidden_size: 64\n"
              "  moe_grouped_gemm: true\n  moe_token_dispatcher_type: " + dispatcher + "\n") +
          "train:\n  micro_batch_size: 2\n  global_batch_size: 8\n  precision: fp32\n"

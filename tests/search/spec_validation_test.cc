@@ -231,6 +231,14 @@ TEST(SpecValidationTest, CompatibleSettingsPass) {
 TEST(SpecValidationTest, BuiltinBackendProblemNamesTheField) {
   EXPECT_EQ(BuiltinBackendProblem(DenseSpec()), "");
   EXPECT_EQ(BuiltinBackendProblem(MoeSpec()), "");
+  // MoE with TP (and sequence parallelism), expert TP and EP runs (engine/moe_dispatch.h).
+  SearchSpec moe_tp = MoeSpec();
+  moe_tp.parallel.tensor_model_parallel_size = 2;
+  moe_tp.parallel.sequence_parallel = true;
+  moe_tp.parallel.data_parallel_size = 2;
+  moe_tp.parallel.expert_model_parallel_size = 2;
+  ASSERT_TRUE(ValidateSpec(moe_tp).ok()) << ValidateSpec(moe_tp).message();
+  EXPECT_EQ(BuiltinBackendProblem(moe_tp), "");
   SearchSpec pipeline = DenseSpec();  // the engine runs pipelines and gradient accumulation
   pipeline.parallel.pipeline_model_parallel_size = 2;
   pipeline.train.global_batch_size = 4;
@@ -245,11 +253,6 @@ TEST(SpecValidationTest, BuiltinBackendProblemNamesTheField) {
        }},
       {"model.experimental_attention_variant:",
        [](SearchSpec& s) { s.model.experimental_attention_variant = "gdn"; }},
-      {"parallel.tensor_model_parallel_size:",
-       [](SearchSpec& s) {
-         s = MoeSpec();
-         s.parallel.tensor_model_parallel_size = 2;
-       }},
   };
   for (const auto& [field, mutate] : cases) {
     SearchSpec s = DenseSpec();
