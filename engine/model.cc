@@ -2,6 +2,7 @@
 
 #include "engine/context_parallel.h"
 #include "engine/te_layers.h"
+#include "engine/moe_dispatch.h"
 
 #include <torch/version.h>
 
@@ -85,7 +86,7 @@ struct GptModel::Impl {
   std::vector<ParamInfo> params;
 
   int tp, tp_rank, heads, groups, kv_channels, hidden, seq, ffn, vocab_padded;
-  int ep, ep_rank, local_experts;
+  int ep, ep_rank, etp, local_experts;
   bool sp;
   at::Tensor causal_mask;    // [s, s] bool, true above the diagonal (masked)
   at::Tensor score_buffer;   // Megatron's persistent baddbmm input: [b*heads, s, s]
@@ -125,6 +126,7 @@ struct GptModel::Impl {
     sp = spec.parallel.sequence_parallel && tp > 1;
     ep = rt.ep_size();
     ep_rank = rt.ep_rank();
+    etp = rt.etp_size();
     local_experts = m.IsMoe() ? *m.num_moe_experts / ep : 0;
     const int pp_rank = rt.pp.size() > 0 ? rt.pp.rank : 0;
     chunks = search::ChunksOf(spec, pp_rank);
@@ -151,17 +153,20 @@ struct GptModel::Impl {
     return static_cast<int>(params.size()) - 1;
   }
 
-  // An expert weight: held whole (`owner` < 0: split into EP flat chunks, one per rank) or only
-  // by the EP rank `owner`.
+  // An expert weight: this rank's `local` shard is cut from `full` viewed as `view`
+  // (ExpertShard): experts along `expert_dim` split over EP, the expert FFN width along
+  // `etp_dim` split over expert TP (-1: not split). With `owner` >= 0 (sequential experts) only
+  // EP rank `owner` holds it.
   int AddExpert(std::string name, std::vector<int64_t> full, std::vector<int64_t> local,
-                double std_dev, int owner = -1) {
+                std::vector<int64_t> view, int expert_dim, int etp_dim, double std_dev,
+                int owner = -1) {
     const int index = Add(std::move(name), std::move(full), -1, std_dev);
     ParamInfo& p = params[index];
     p.expert = true;
-    if (owner < 0 && ep > 1) {
-      p.expert_shards = ep;
-      p.shape = std::move(local);
-    }
+    p.shape = std::move(local);
+    p.expert_view = std::move(view);
+    p.expert_dim = expert_dim;
+    p.etp_dim = etp_dim;
     p.absent = owner >= 0 && owner != ep_rank;
     return index;
   }
@@ -236,11 +241,14 @@ struct GptModel::Impl {
         const int64_t f = m.EffectiveMoeFfnHiddenSize();
         lp.router = Add(pre + "mlp.router.weight", {experts, hidden}, -1, std_dev, 0, 1, true);
         const int64_t local = local_experts;
+        const int64_t fl = f / etp;  // this rank's slice of each expert's FFN width
         if (m.moe_grouped_gemm) {
+          // Megatron's GroupedMLP views weight1 [h, E x glu x F] as [E, h, glu x F] and weight2
+          // [E x F, h] as [E, F, h]: expert e is the flat chunk e of each.
           lp.w1 = AddExpert(pre + "mlp.experts.weight1", {hidden, experts * glu * f},
-                            {hidden, local * glu * f}, std_dev);
+                            {hidden, local * glu * fl}, {experts, hidden, glu, f}, 0, 3, std_dev);
           lp.w2 = AddExpert(pre + "mlp.experts.weight2", {experts * f, hidden},
-                            {local * f, hidden}, out_std);
+                            {local * fl, hidden}, {experts, f, hidden}, 0, 1, out_std);
         } else {
           // Every expert is declared (the same initialisation on every EP rank); this rank keeps
           // the indices of its own, local expert i being global expert ep_rank * local + i.
@@ -248,15 +256,19 @@ struct GptModel::Impl {
             const std::string pe = pre + "mlp.experts.local_experts." + std::to_string(e) + ".";
             const int owner = ep > 1 ? static_cast<int>(e / local) : -1;
             const bool mine = owner < 0 || owner == ep_rank;
-            const int fc1 = AddExpert(pe + "linear_fc1.weight", {glu * f, hidden}, {}, std_dev, owner);
-            const int fc2 = AddExpert(pe + "linear_fc2.weight", {hidden, f}, {}, out_std, owner);
+            const int fc1 = AddExpert(pe + "linear_fc1.weight", {glu * f, hidden}, {glu * fl, hidden},
+                                      {glu, f, hidden}, -1, 1, std_dev, owner);
+            const int fc2 = AddExpert(pe + "linear_fc2.weight", {hidden, f}, {hidden, fl},
+                                      {hidden, f}, -1, 1, out_std, owner);
             if (mine) {
               lp.e_fc1_w.push_back(fc1);
               lp.e_fc2_w.push_back(fc2);
             }
-            if (bias) {
-              const int b1 = AddExpert(pe + "linear_fc1.bias", {glu * f}, {}, 0, owner);
-              const int b2 = AddExpert(pe + "linear_fc2.bias", {hidden}, {}, 0, owner);
+            if (bias) {  // ETP is 1 with biases (ValidateSpec)
+              const int b1 = AddExpert(pe + "linear_fc1.bias", {glu * f}, {glu * f}, {}, -1, -1, 0,
+                                       owner);
+              const int b2 = AddExpert(pe + "linear_fc2.bias", {hidden}, {hidden}, {}, -1, -1, 0,
+                                       owner);
               if (mine) {
                 lp.e_fc1_b.push_back(b1);
                 lp.e_fc2_b.push_back(b2);
@@ -266,11 +278,17 @@ struct GptModel::Impl {
         }
         if (m.HasSharedExperts()) {
           const int64_t fs = *m.moe_shared_expert_intermediate_size;
-          lp.sh_fc1_w = Add(pre + "mlp.shared_experts.linear_fc1.weight", {glu * fs, hidden}, -1,
-                            std_dev);
-          if (bias) lp.sh_fc1_b = Add(pre + "mlp.shared_experts.linear_fc1.bias", {glu * fs}, -1, 0);
-          lp.sh_fc2_w = Add(pre + "mlp.shared_experts.linear_fc2.weight", {hidden, fs}, -1, out_std);
-          if (bias) lp.sh_fc2_b = Add(pre + "mlp.shared_experts.linear_fc2.bias", {hidden}, -1, 0);
+          // Megatron's SharedExpertMLP is a tensor-parallel MLP over the dense TP group.
+          lp.sh_fc1_w = Add(pre + "mlp.shared_experts.linear_fc1.weight", {glu * fs, hidden}, 0,
+                            std_dev, 0, glu);
+          if (bias) {
+            lp.sh_fc1_b = Add(pre + "mlp.shared_experts.linear_fc1.bias", {glu * fs}, 0, 0, 0, glu);
+          }
+          lp.sh_fc2_w = Add(pre + "mlp.shared_experts.linear_fc2.weight", {hidden, fs}, 1, out_std);
+          if (bias) {
+            lp.sh_fc2_b =
+                Add(pre + "mlp.shared_experts.linear_fc2.bias", {hidden}, -1, 0, 0, 1, true);
+          }
         }
       }
       layers.push_back(lp);
@@ -529,8 +547,8 @@ struct GptModel::Impl {
 
   at::Tensor SharedExperts(const LayerParams& lp, const at::Tensor& x) {
     auto region = [this, &lp = lp](const std::vector<at::Tensor>& in) {
-      at::Tensor out = MlpCore(in[0], lp.sh_fc1_w, lp.sh_fc1_b, lp.sh_fc2_w, LinearMode::kLocal,
-                               LinearMode::kLocal);
+      at::Tensor out = MlpCore(in[0], lp.sh_fc1_w, lp.sh_fc1_b, lp.sh_fc2_w, LinearMode::kColumn,
+                               LinearMode::kRow);
       if (lp.sh_fc2_b >= 0) out = out + P(lp.sh_fc2_b);
       return std::vector<at::Tensor>{out};
     };
@@ -572,80 +590,26 @@ struct GptModel::Impl {
     return at::cat(outs, 0);
   }
 
-  // Megatron's MoEAlltoAllTokenDispatcher (TP = 1): `permuted` holds this rank's routed tokens
-  // sorted by global expert (`counts` per expert). Exchange the counts, send each EP rank the
-  // tokens (and probabilities) of its experts, regroup the received chunks from source-major to
-  // local-expert-major, run the local experts, undo the regrouping and send the outputs back.
-  // Returns the outputs in the order of `permuted`.
-  at::Tensor DispatchToExperts(const LayerParams& lp, const at::Tensor& permuted,
-                               const std::vector<int64_t>& counts, const at::Tensor& probs) {
-    const int64_t local = local_experts;
-    std::vector<int64_t> send(ep, 0), recv(ep, 0);
-    for (int64_t e = 0; e < static_cast<int64_t>(counts.size()); ++e) send[e / local] += counts[e];
-    // received[src * local + i]: tokens that rank src routes to local expert i.
-    const std::vector<int64_t> received = AllToAllCounts(rt, counts, local);
-    std::vector<int64_t> local_counts(local, 0), chunk_start(received.size(), 0);
-    int64_t offset = 0;
-    for (int src = 0; src < ep; ++src) {
-      for (int64_t i = 0; i < local; ++i) {
-        const int64_t n = received[src * local + i];
-        recv[src] += n;
-        local_counts[i] += n;
-        chunk_start[src * local + i] = offset;
-        offset += n;
-      }
-    }
-    at::Tensor tokens = AllToAllRows(rt, permuted, send, recv);
-    at::Tensor token_probs = AllToAllRows(rt, probs.unsqueeze(-1), send, recv).squeeze(-1);
-    // Source-major -> expert-major (Megatron's sort_chunks_by_idxs) and its inverse.
-    std::vector<int64_t> order;
-    order.reserve(offset);
-    for (int64_t i = 0; i < local; ++i) {
-      for (int src = 0; src < ep; ++src) {
-        const int64_t start = chunk_start[src * local + i];
-        for (int64_t k = 0; k < received[src * local + i]; ++k) order.push_back(start + k);
-      }
-    }
-    std::vector<int64_t> inverse(order.size());
-    for (size_t k = 0; k < order.size(); ++k) inverse[order[k]] = static_cast<int64_t>(k);
-    auto index_opts = at::TensorOptions().dtype(at::kLong).device(permuted.device());
-    at::Tensor by_expert = at::tensor(order, at::TensorOptions().dtype(at::kLong)).to(index_opts);
-    at::Tensor by_source = at::tensor(inverse, at::TensorOptions().dtype(at::kLong)).to(index_opts);
-    at::Tensor out = Experts(lp, tokens.index_select(0, by_expert), local_counts,
-                             token_probs.index_select(0, by_expert));
-    return AllToAllRows(rt, out.index_select(0, by_source), recv, send);
-  }
-
-  // Megatron's MoELayer (allgather dispatcher with EP = 1, all-to-all dispatcher with EP > 1;
-  // TP = 1): shared experts, top-k softmax router, token permutation, experts, unpermutation.
+  // Megatron's MoELayer: shared experts, top-k softmax router on this rank's tokens (its
+  // sequence-parallel shard under TP), the token dispatcher of moe_token_dispatcher_type over
+  // the expert grid with the local experts (engine/moe_dispatch.h).
   at::Tensor MoeCore(const LayerParams& lp, const at::Tensor& x) {
     at::Tensor shared;
     if (lp.sh_fc1_w >= 0) shared = SharedExperts(lp, x);
-    const int64_t experts = *m.num_moe_experts;
     at::Tensor hs = x.reshape({-1, hidden});
-    const int64_t num_tokens = hs.size(0);
     at::Tensor logits = Linear(rt, hs, P(lp.router), at::Tensor(), LinearMode::kLocal);
     if (m.moe_router_force_load_balancing) logits = ForcedBalanceLogits(logits);
     auto top = logits.topk(m.moe_router_topk, -1);
     at::Tensor probs = at::softmax(std::get<0>(top), -1, at::kFloat).to(logits.scalar_type());
     const at::Tensor& top_idx = std::get<1>(top);
     at::Tensor routing_probs = at::zeros_like(logits).scatter(1, top_idx, probs);
-    at::Tensor routing_map =
-        at::zeros_like(logits, logits.options().dtype(at::kInt)).scatter(1, top_idx, 1).to(at::kBool);
-    at::Tensor counts_t = routing_map.sum(0).to(at::kCPU);
-    std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(),
-                                counts_t.data_ptr<int64_t>() + experts);
-    at::Tensor map_t = routing_map.t().contiguous();
-    at::Tensor token_idx = at::arange(num_tokens, hs.options().dtype(at::kLong))
-                               .unsqueeze(0).expand({experts, -1});
-    at::Tensor sorted = token_idx.masked_select(map_t);
-    at::Tensor permuted_probs = routing_probs.t().contiguous().masked_select(map_t);
-    at::Tensor permuted = hs.index_select(0, sorted);
-    at::Tensor expert_out = ep > 1 ? DispatchToExperts(lp, permuted, counts, permuted_probs)
-                                   : Experts(lp, permuted, counts, permuted_probs);
-    at::Tensor out = at::zeros({num_tokens, hidden}, expert_out.options())
-                         .scatter_add(0, sorted.unsqueeze(1).expand({-1, hidden}), expert_out);
-    out = out.view(x.sizes());
+    LocalExperts local = [this, &lp](const at::Tensor& tokens, const std::vector<int64_t>& counts,
+                                     const at::Tensor& token_probs) {
+      return Experts(lp, tokens, counts, token_probs);
+    };
+    at::Tensor out = DispatchToExperts(rt, m.moe_token_dispatcher_type, hs, routing_probs,
+                                       top_idx, local)
+                         .view(x.sizes());
     if (shared.defined()) out = out + shared;
     return out;
   }

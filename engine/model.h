@@ -33,12 +33,16 @@ struct ParamInfo {
   double init_std = 0;              // normal(0, init_std); 0: filled with init_value
   double init_value = 0;
   bool sequence_parallel_grad = false;  // replicated, but its gradient is partial under SP
-  // Expert parallel: an expert weight has its gradient reduced over the expert-data-parallel
-  // group. With expert_shards > 1 this rank holds the flat chunk ep_rank of the full tensor
-  // (grouped experts: its local experts). An absent parameter is another EP rank's expert
-  // (sequential experts): declared so every rank initialises in the same order, never held.
+  // Experts: an expert weight has its gradient reduced over the expert-data-parallel group.
+  // This rank's shard is cut from the full tensor viewed as `expert_view` (empty: held whole):
+  // dimension `expert_dim` indexes experts (split over EP: this rank's local experts),
+  // dimension `etp_dim` the expert FFN width (split over expert TP); engine/moe_dispatch.h
+  // ExpertShard. An absent parameter is another EP rank's expert (sequential experts): declared
+  // so every rank initialises in the same order, never held.
   bool expert = false;
-  int expert_shards = 1;
+  std::vector<int64_t> expert_view;
+  int expert_dim = -1;
+  int etp_dim = -1;
   bool absent = false;
   // Pipeline parallel: a parameter of another stage's layers is declared (every rank initialises
   // in the same order, so PP > 1 starts from PP = 1's weights) and `absent`. With tied embeddings

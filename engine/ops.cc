@@ -587,6 +587,8 @@ at::Tensor GroupedGemm(const at::Tensor& x, const at::Tensor& weight,
   return GroupedGemmFunction::apply(x, weight, tokens_per_expert);
 }
 
+DataType CollectiveType(at::ScalarType t) { return ToDataType(t); }
+
 void AllReduceTensor(const Runtime& rt, const Group& group, at::Tensor& t, ReduceOp op) {
   if (group.size() == 1) return;
   if (!t.is_contiguous()) throw std::invalid_argument("all-reduce of a non-contiguous tensor");

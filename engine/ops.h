@@ -35,6 +35,11 @@ struct Runtime {
   // ranks holding the same experts (expert gradients are reduced over the latter).
   Group ep;
   Group expert_dp;
+  // Megatron's expert grid (search/rank_layout.h): the ranks that split each expert's linears
+  // (expert tensor parallel, ETP) and the ETP x EP block the allgather dispatcher spans. Groups
+  // of one, or the TP group, when the grid adds nothing.
+  Group expert_tp;
+  Group expert_tp_ep;
   // Pipeline parallel: the ranks holding the other stages of this rank's model replica (member
   // index = pipeline rank), and, with tied embeddings, the first and last stage (Megatron's
   // embedding group; a group of one elsewhere). Empty groups without pipeline parallelism.
@@ -52,6 +57,8 @@ struct Runtime {
   int tp_rank() const { return tp.rank; }
   int ep_size() const { return ep.size() > 0 ? ep.size() : 1; }
   int ep_rank() const { return ep.size() > 0 ? ep.rank : 0; }
+  int etp_size() const { return expert_tp.size() > 0 ? expert_tp.size() : 1; }
+  int etp_rank() const { return expert_tp.size() > 0 ? expert_tp.rank : 0; }
   int pp_size() const { return pp.size() > 0 ? pp.size() : 1; }
   int pp_rank() const { return pp.size() > 0 ? pp.rank : 0; }
   int cp_size() const { return cp.size() > 0 ? cp.size() : 1; }
@@ -133,6 +140,10 @@ at::Tensor AllToAllRows(const Runtime& rt, const at::Tensor& x, const std::vecto
 // (in member order); returns per_peer entries from each member (in member order), on the host.
 std::vector<int64_t> AllToAllCounts(const Runtime& rt, const std::vector<int64_t>& counts,
                                     int64_t per_peer);
+
+// The Collectives element type of a tensor's dtype (float32, bfloat16, float64, int64; throws
+// std::invalid_argument for others).
+DataType CollectiveType(at::ScalarType t);
 
 // In-place all-reduce of a contiguous tensor over `group`.
 void AllReduceTensor(const Runtime& rt, const Group& group, at::Tensor& t, ReduceOp op);

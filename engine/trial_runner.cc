@@ -34,6 +34,7 @@
 #include "engine/collectives.h"
 #include "engine/memory_tracker.h"
 #include "engine/model.h"
+#include "engine/moe_dispatch.h"
 #include "common/version.h"
 #include "engine/ops.h"
 #include "engine/te_optimizer.h"
@@ -335,7 +336,8 @@ class Optimizer {
     if (experts) {  // each EP rank holds a share of the experts: sum the shares
       const Group& edp = rt_.expert_dp.size() > 0 ? rt_.expert_dp : rt_.dp_cp;
       if (distributed_) AllReduceTensor(rt_, edp, esq, ReduceOp::kSum);
-      if (rt_.ep.size() > 1) AllReduceTensor(rt_, rt_.ep, esq, ReduceOp::kSum);
+      // every rank of an ETP x EP block holds other expert shards
+      if (rt_.expert_tp_ep.size() > 1) AllReduceTensor(rt_, rt_.expert_tp_ep, esq, ReduceOp::kSum);
       sq = sq + esq;
     }
     // Every stage holds its own layers: the squares add up over the pipeline (Megatron reduces
@@ -426,9 +428,7 @@ class Optimizer {
   // This TP rank's slice of a full parameter (block-wise for fused [gate; up] weights), or this
   // EP rank's flat chunk of an expert weight.
   at::Tensor Shard(const at::Tensor& full, const ParamInfo& p) const {
-    if (p.expert_shards > 1) {
-      return full.reshape({-1}).chunk(p.expert_shards)[rt_.ep_rank()].reshape(p.shape).contiguous();
-    }
+    if (p.expert) return ExpertShard(rt_, full, p);
     if (p.shard_dim < 0) return full;
     const int64_t tp = rt_.tp_size(), rank = rt_.tp_rank();
     std::vector<at::Tensor> blocks = full.chunk(p.shard_blocks, p.shard_dim);
@@ -741,17 +741,24 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
         name(rt.embedding, "embedding");
       }
     }
-    // Expert parallel (UnsupportedReason: TP = 1 then): the groups of Megatron's expert grid.
-    if (spec.parallel.expert_model_parallel_size > 1) {
+    // Megatron's expert grid (search/rank_layout.h); where it adds nothing (EP 1, ETP = TP) the
+    // expert groups are the dense ones.
+    if (!groups.ep.empty()) {
       rt.ep = comm->CreateGroup(groups.ep);
       name(rt.ep, "ep");
       rt.expert_dp = comm->CreateGroup(groups.expert_dp);
       name(rt.expert_dp, "expert_dp");
+      rt.expert_tp = comm->CreateGroup(groups.expert_tp);
+      name(rt.expert_tp, "expert_tp");
+      rt.expert_tp_ep = comm->CreateGroup(groups.expert_tp_ep);
+      name(rt.expert_tp_ep, "expert_tp_ep");
     } else {
       rt.ep.id = -1;  // a group of one: never reaches the transport
       rt.ep.ranks = {o.rank};
       rt.ep.rank = 0;
       rt.expert_dp = rt.dp_cp;
+      rt.expert_tp = rt.tp;
+      rt.expert_tp_ep = rt.tp;
     }
     rt.sequence_parallel =
         spec.parallel.sequence_parallel && spec.parallel.tensor_model_parallel_size > 1;

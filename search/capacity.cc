@@ -81,8 +81,15 @@ std::optional<CapacityFinding> StaticCapacityProblem(const SearchSpec& spec) {
              if (s.train.global_batch_size) *s.train.global_batch_size *= 2;  // same micro-batches
            },
            true);
-  consider("parallel.tensor_model_parallel_size: " + std::to_string(2 * p.tensor_model_parallel_size),
-           [](SearchSpec& s) { s.parallel.tensor_model_parallel_size *= 2; }, true);
+  // MoE under TP needs sequence parallelism (Megatron's MoELayer): the lever turns it on.
+  const bool needs_sp = spec.model.IsMoe() && !p.sequence_parallel;
+  consider("parallel.tensor_model_parallel_size: " + std::to_string(2 * p.tensor_model_parallel_size) +
+               (needs_sp ? " with parallel.sequence_parallel: true" : ""),
+           [needs_sp](SearchSpec& s) {
+             s.parallel.tensor_model_parallel_size *= 2;
+             if (needs_sp) s.parallel.sequence_parallel = true;
+           },
+           true);
   consider("parallel.pipeline_model_parallel_size: " +
                std::to_string(2 * p.pipeline_model_parallel_size),
            [](SearchSpec& s) {

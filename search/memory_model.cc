@@ -77,11 +77,10 @@ double MlpWidths(const ModelSpec& m, bool glu) {
   return m.bias_activation_fusion ? 3 : 5;
 }
 
-// Expert tensor parallelism: Megatron Core sets it to TP when unset; Megatron Bridge sets it to 1
-// when EP > 1 (experts are spread over the TP x DP ranks instead).
+// Expert tensor parallelism: the spec's, or TP when unset (Megatron Core's default; Megatron
+// Bridge's MoE recipes set it, often to 1).
 double ExpertTensorParallel(const SearchSpec& spec) {
-  if (spec.parallel.expert_model_parallel_size > 1) return 1;
-  return std::max(1, spec.parallel.tensor_model_parallel_size);
+  return std::max(1, spec.parallel.EffectiveExpertTensorParallelSize());
 }
 
 // Megatron pads the vocabulary to a multiple of 128 * TP (make_vocab_size_divisible_by = 128);
@@ -669,8 +668,14 @@ LayerActivations EstimateLayerActivations(const SearchSpec& spec, int layer) {
     // Router: fp32 scores for the load-balancing loss, routing map (and a transposed copy),
     // top-k indices and fp32 top-k probabilities. Dispatch: the permuted tokens (expert fc1's
     // input) and their fp32 probabilities.
-    a.moe_router = moe.routed_tokens * moe.experts * (4 + 2) + moe.routed_tokens * moe.topk * 12 +
-                   x.e * n * x.h + 4 * n;
+    // The allgather dispatcher's transposed mask covers the tokens of the whole ETP x EP block
+    // for the local experts: ETP times the all-to-all dispatcher's (token_dispatcher.py at
+    // d98e8a6).
+    const double mask = spec.model.moe_token_dispatcher_type == MoeTokenDispatcher::kAllgather
+                            ? ExpertTensorParallel(spec)
+                            : 1;
+    a.moe_router = moe.routed_tokens * moe.experts * (4 + 1 + mask) +
+                   moe.routed_tokens * moe.topk * 12 + x.e * n * x.h + 4 * n;
     a.moe_expert_fc1 = x.e * n * moe.ffn * (x.glu ? 2 : 1);
     // SwiGLU: silu output, x_linear + glu_linear_offset (a new tensor even at offset 0), gated
     // product, product * probs; GELU: activation, product * probs.

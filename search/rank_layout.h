@@ -30,13 +30,16 @@ RankPlace PlaceOf(const ParallelSpec& p, int rank);
 // Every group of each kind, each group's ranks ascending; every rank of the world is in exactly
 // one group of each kind. The data-parallel groups hold one CP rank (Megatron's dp group);
 // `dp_cp` is Megatron's dp-cp group (data_parallel_group with context parallel: the ranks of one
-// stage with the same TP rank), over which non-expert gradients are reduced. Expert groups (EP > 1 only; empty otherwise) follow Megatron's expert grid
-// etp-ep-edp-pp over a stage's TP x CP x DP ranks with expert tensor parallelism 1 (what the
-// spec's rules require: EP divides that product): `ep` holds blocks of EP consecutive ranks of
-// one stage, `expert_dp` the ranks of one stage that hold the same experts (the same position
-// modulo EP).
+// stage with the same TP rank), over which non-expert gradients are reduced. Expert groups (empty
+// with EP 1 and ETP = TP, where they are the dense ones) follow Megatron's expert grid
+// etp-ep-edp-pp over a stage's TP x CP x DP ranks (megatron/core/parallel_state.py at d98e8a6:
+// decoupled from the dense grid, expert TP fastest; the spec's rules require that ETP x EP
+// divides those ranks): `expert_tp` holds blocks of ETP consecutive ranks, `ep` the ranks of one
+// stage with the same expert-TP and expert-DP position (stride ETP), `expert_tp_ep` blocks of
+// ETP x EP consecutive ranks (the allgather dispatcher's group), `expert_dp` the ranks of one
+// stage that hold the same expert shards.
 struct ParallelGroups {
-  std::vector<std::vector<int>> tp, cp, dp, pp, ep, expert_dp, dp_cp;
+  std::vector<std::vector<int>> tp, cp, dp, pp, ep, expert_dp, expert_tp, expert_tp_ep, dp_cp;
 };
 ParallelGroups GroupsOf(const ParallelSpec& p);
 

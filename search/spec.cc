@@ -39,6 +39,7 @@ constexpr const char* kDType[] = {"fp32", "bf16", "fp16", "fp8"};
 constexpr const char* kShardingStrategy[] = {"no_shard", "optim", "optim_grads",
                                              "optim_grads_params"};
 constexpr const char* kCpCommType[] = {"p2p", "a2a", "allgather", "a2a+p2p"};
+constexpr const char* kMoeTokenDispatcher[] = {"allgather", "alltoall", "flex"};
 
 Status Positive(const char* field, long long v) {
   if (v <= 0) return InvalidArgument(std::string(field) + ": must be a positive integer");
@@ -161,6 +162,49 @@ Status ValidateModel(const ModelSpec& m, const ParallelSpec& p) {
   return OkStatus();
 }
 
+// Megatron's expert grid (megatron/core/parallel_state.py at d98e8a6): ETP x EP x expert-DP x PP
+// over the same world as the dense TP x CP x DP x PP grid, so ETP x EP must divide a stage's
+// TP x CP x DP ranks; the expert linears split moe_ffn_hidden_size over ETP (experts.py); biases
+// in MoE need ETP 1 and MoE under TP needs sequence parallelism in training (TransformerConfig,
+// moe_layer.py).
+Status ValidateExpertGrid(const ModelSpec& m, const ParallelSpec& p) {
+  if (p.expert_tensor_parallel_size) {
+    REMAT_SEARCH_RETURN_IF_ERROR(
+        Positive("parallel.expert_tensor_parallel_size", *p.expert_tensor_parallel_size));
+  }
+  if (!m.IsMoe()) return OkStatus();
+  const int etp = p.EffectiveExpertTensorParallelSize();
+  const int ep = p.expert_model_parallel_size;
+  const int ranks_per_stage = RanksPerStage(p);
+  if (ranks_per_stage % (etp * ep) != 0) {
+    const std::string field = ranks_per_stage % ep != 0 ? "parallel.expert_model_parallel_size"
+                                                        : "parallel.expert_tensor_parallel_size";
+    return InvalidArgument(
+        field + ": ETP (" + std::to_string(etp) + ") x EP (" +
+        std::to_string(ep) +
+        ") must divide tensor_model_parallel_size x context_parallel_size x data_parallel_size (" +
+        std::to_string(ranks_per_stage) + "): the expert grid spans the same ranks");
+  }
+  REMAT_SEARCH_RETURN_IF_ERROR(Divides("model.moe_ffn_hidden_size", m.EffectiveMoeFfnHiddenSize(),
+                                       "parallel.expert_tensor_parallel_size", etp));
+  if (m.add_bias_linear && etp > 1) {
+    return InvalidArgument(
+        "parallel.expert_tensor_parallel_size: must be 1 with model.add_bias_linear (Megatron: "
+        "bias in MoE is only supported when ETP == 1)");
+  }
+  if (p.tensor_model_parallel_size > 1 && !p.sequence_parallel) {
+    return InvalidArgument(
+        "parallel.sequence_parallel: must be true for MoE with tensor_model_parallel_size > 1 "
+        "(Megatron's MoELayer refuses MoE and TP without sequence parallelism in training)");
+  }
+  if (m.moe_token_dispatcher_type == MoeTokenDispatcher::kFlex && etp * ep == 1) {
+    return InvalidArgument(
+        "model.moe_token_dispatcher_type: flex needs expert_tensor_parallel_size x "
+        "expert_model_parallel_size > 1 (Megatron's DeepEP/HybridEP dispatcher)");
+  }
+  return OkStatus();
+}
+
 Status ValidateParallel(const ModelSpec& m, const ParallelSpec& p) {
   REMAT_SEARCH_RETURN_IF_ERROR(
       Positive("parallel.tensor_model_parallel_size", p.tensor_model_parallel_size));
@@ -223,21 +267,11 @@ Status ValidateParallel(const ModelSpec& m, const ParallelSpec& p) {
                                          "parallel.tensor_model_parallel_size", tp));
   }
   const int ep = p.expert_model_parallel_size;
-  if (ep > 1) {
-    if (!m.IsMoe()) {
-      return InvalidArgument(
-          "parallel.expert_model_parallel_size: must be 1 for a dense model (no experts)");
-    }
-    // Megatron's expert grid is ETP x EP x expert-DP x PP over the same world size; with EP > 1
-    // the expert tensor parallel size is 1 (Megatron Bridge's choice, see memory_model.cc).
-    const int ranks_per_stage = RanksPerStage(p);
-    if (ranks_per_stage % ep != 0) {
-      return InvalidArgument(
-          "parallel.expert_model_parallel_size: " + std::to_string(ep) +
-          " must divide tensor_model_parallel_size x context_parallel_size x data_parallel_size (" +
-          std::to_string(ranks_per_stage) + "): experts are carved out of the same ranks");
-    }
+  if (ep > 1 && !m.IsMoe()) {
+    return InvalidArgument(
+        "parallel.expert_model_parallel_size: must be 1 for a dense model (no experts)");
   }
+  REMAT_SEARCH_RETURN_IF_ERROR(ValidateExpertGrid(m, p));
   if (m.overlap_moe_expert_parallel_comm && ep <= 1) {
     return InvalidArgument(
         "model.overlap_moe_expert_parallel_comm: needs expert_model_parallel_size > 1");
@@ -529,6 +563,7 @@ const char* Name(CrossEntropyFusionImpl v) { return kCrossEntropyFusionImpl[stat
 const char* Name(DType v) { return kDType[static_cast<int>(v)]; }
 const char* Name(ShardingStrategy v) { return kShardingStrategy[static_cast<int>(v)]; }
 const char* Name(CpCommType v) { return kCpCommType[static_cast<int>(v)]; }
+const char* Name(MoeTokenDispatcher v) { return kMoeTokenDispatcher[static_cast<int>(v)]; }
 
 std::optional<Normalization> ParseNormalization(const std::string& s) {
   return ParseByName<Normalization>(s, kNormalization);
@@ -607,6 +642,9 @@ REMAT_SPEC_ENUM(CpCommType, kCpCommType, [](const std::string& v) -> std::option
   // TransformerConfig's docstring spells it all_gather; Megatron-LM's --cp-comm-type allgather.
   if (v == "all_gather") return CpCommType::kAllGather;
   return ParseByName<CpCommType>(v, kCpCommType);
+})
+REMAT_SPEC_ENUM(MoeTokenDispatcher, kMoeTokenDispatcher, [](const std::string& v) {
+  return ParseByName<MoeTokenDispatcher>(v, kMoeTokenDispatcher);
 })
 #undef REMAT_SPEC_ENUM
 

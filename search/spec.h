@@ -40,6 +40,9 @@ enum class ShardingStrategy { kNoShard, kOptim, kOptimGrads, kOptimGradsParams }
 // Megatron's cp_comm_type: how context-parallel attention exchanges keys and values (Transformer
 // Engine's ring of KV chunks, Ulysses all-to-all, KV all-gather, or the hierarchical a2a+p2p).
 enum class CpCommType { kP2p, kA2a, kAllGather, kA2aP2p };
+// Megatron's moe_token_dispatcher_type (MoEAllGatherTokenDispatcher, MoEAlltoAllTokenDispatcher,
+// MoEFlexTokenDispatcher).
+enum class MoeTokenDispatcher { kAllgather, kAlltoall, kFlex };
 
 // Megatron's moe_layer_freq: every `every`-th layer has an MoE MLP (1: all of them), or, when
 // `pattern` is not empty, layer i has one when pattern[i] is 1 (one 0/1 entry per layer).
@@ -116,6 +119,10 @@ struct ParallelSpec {
   int WorldSize() const {
     return tensor_model_parallel_size * context_parallel_size * pipeline_model_parallel_size *
            data_parallel_size;
+  }
+  // Megatron's expert_tensor_parallel_size: null means tensor_model_parallel_size.
+  int EffectiveExpertTensorParallelSize() const {
+    return expert_tensor_parallel_size.value_or(tensor_model_parallel_size);
   }
   // Virtual pipeline chunks per rank: 1 unless interleaving (VPP > 1 with PP > 1).
   int VirtualChunks() const {
@@ -204,6 +211,7 @@ const char* Name(CrossEntropyFusionImpl v);
 const char* Name(DType v);
 const char* Name(ShardingStrategy v);
 const char* Name(CpCommType v);
+const char* Name(MoeTokenDispatcher v);
 
 // The names of every value of a spec enum, in declaration order (the names Name() gives), and
 // ParseEnum<E>, which reads them back (with ParseAttentionBackend's aliases): the generic forms

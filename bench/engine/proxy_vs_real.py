@@ -41,7 +41,8 @@ LAYOUTS = {
                            "  virtual_pipeline_model_parallel_size: 2\n", layers=8), 4),
     "ep2-dp4": (spec_yaml("  data_parallel_size: 4\n  expert_model_parallel_size: 2\n",
                           "  num_moe_experts: 4\n  moe_router_topk: 2\n  moe_ffn_hidden_size: 64\n"
-                          "  moe_grouped_gemm: true\n", seq=256), 4),
+                          "  moe_grouped_gemm: true\n"
+                          "  moe_token_dispatcher_type: alltoall\n", seq=256), 4),
     "tp2-sp-dp2-distopt": (spec_yaml("  tensor_model_parallel_size: 2\n  sequence_parallel: true\n"
                                      "  data_parallel_size: 2\n",
                                      train_extra="  use_distributed_optimizer: true\n"), 4),

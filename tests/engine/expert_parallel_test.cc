@@ -108,20 +108,6 @@ TEST(ExpertParallelTest, SequentialExpertsMatchOneExpertRank) {
   ExpectExpertParallelMatches(false, {"selective:[]", "selective:[moe,shared_experts]"});
 }
 
-TEST(ExpertParallelTest, ExpertParallelWithTensorParallelIsInvalid) {
-  const fs::path dir = TempDir();
-  const fs::path spec = WriteSpec(
-      dir, "tp2ep2.yaml",
-      MoeYaml(true, "  tensor_model_parallel_size: 2\n  expert_model_parallel_size: 2\n"));
-  Output o = Sh(kTrial + " --spec " + spec.string() + " --policy 'selective:[]' --rank 0" +
-                " --world-size 2 --rendezvous " + TempDir().string() + " --json");
-  ASSERT_EQ(o.exit_code, 0) << o.out;
-  const nlohmann::json r = nlohmann::json::parse(o.out);
-  EXPECT_EQ(r["status"], "invalid");
-  EXPECT_NE(r["message"].get<std::string>().find("expert_model_parallel_size"), std::string::npos)
-      << r.dump();
-}
-
 // Expert parallelism inside pipeline stages (EP 2 x DP 2 x PP 2, one MoE layer per stage, two
 // micro-batches per step): the EP and expert-data-parallel groups stay within a stage, and the
 // run matches DP 2 without EP or PP.

@@ -127,7 +127,8 @@ TEST(LayoutProxyEngineTest, ExpertParallelMoe) {
   ExpectProxiesMatch({"ep2-dp4",
                       Yaml("  data_parallel_size: 4\n  expert_model_parallel_size: 2\n",
                            "  num_moe_experts: 4\n  moe_router_topk: 2\n"
-                           "  moe_ffn_hidden_size: 64\n  moe_grouped_gemm: true\n",
+                           "  moe_ffn_hidden_size: 64\n  moe_grouped_gemm: true\n"
+                           "  moe_token_dispatcher_type: alltoall\n",
                            "", 2, kMoeSeq)},
                      {"selective:[]", "selective:[moe_act]"}, {"dp", "ep", "expert_dp"});
 }

@@ -73,6 +73,31 @@ TEST(RankLayoutTest, ExpertGroupsAreBlocksOfAStageAndTheirReplicas) {
   EXPECT_EQ(g.expert_dp, (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
 }
 
+// Megatron's expert grid etp-ep-edp-pp, decoupled from the dense grid: TP 2 x DP 2 x PP 2 with
+// EP 2 and ETP 1 or 2 (the layouts of tests/engine/moe_dispatch_test.cc).
+TEST(RankLayoutTest, ExpertTensorParallelGridIsDecoupledFromTheDenseOne) {
+  ParallelSpec p = Layout(2, 1, 2, 2, /*ep=*/2);
+  p.sequence_parallel = true;
+  p.expert_tensor_parallel_size = 1;
+  ParallelGroups g = GroupsOf(p);
+  EXPECT_EQ(g.expert_tp, (Groups{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}));
+  EXPECT_EQ(g.ep, (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(g.expert_tp_ep, (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(g.expert_dp, (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  p.expert_tensor_parallel_size = std::nullopt;  // ETP = TP = 2
+  g = GroupsOf(p);
+  EXPECT_EQ(g.expert_tp, (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(g.ep, (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(g.expert_tp_ep, (Groups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(g.expert_dp, (Groups{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}));
+  // EP 1, ETP 1 under TP 2: the experts are whole on every rank of a stage.
+  p.expert_model_parallel_size = 1;
+  p.expert_tensor_parallel_size = 1;
+  g = GroupsOf(p);
+  EXPECT_EQ(g.ep, (Groups{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}));
+  EXPECT_EQ(g.expert_dp, (Groups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+}
+
 TEST(RankLayoutTest, EveryKindPartitionsABigWorld) {
   const ParallelSpec p = Layout(8, 2, 8, 16, /*ep=*/8);  // 2,048 ranks
   const ParallelGroups g = GroupsOf(p);
@@ -83,7 +108,10 @@ TEST(RankLayoutTest, EveryKindPartitionsABigWorld) {
   ExpectPartition(g.dp_cp, world, 16);
   ExpectPartition(g.pp, world, 16);
   ExpectPartition(g.ep, world, 8);
-  ExpectPartition(g.expert_dp, world, world / 16 / 8);
+  // ETP defaults to TP (8): the expert-DP groups hold the stage's 128 ranks / (ETP 8 x EP 8).
+  ExpectPartition(g.expert_tp, world, 8);
+  ExpectPartition(g.expert_tp_ep, world, 64);
+  ExpectPartition(g.expert_dp, world, 2);
   // A stage's ranks never share a pipeline group; a pipeline group has one rank per stage.
   for (const auto& group : g.pp) {
     for (size_t s = 0; s < group.size(); ++s) EXPECT_EQ(PlaceOf(p, group[s]).pp, static_cast<int>(s));

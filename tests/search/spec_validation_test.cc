@@ -100,6 +100,42 @@ TEST(SpecValidationTest, EveryBadFieldIsNamed) {
        [](SearchSpec& s) { s.model.num_moe_experts = 6; s.parallel.expert_model_parallel_size = 4; s.parallel.data_parallel_size = 4; }},
       {"parallel.expert_model_parallel_size",
        [](SearchSpec& s) { s.model.num_moe_experts = 8; s.parallel.expert_model_parallel_size = 4; }},
+      // Megatron's expert grid: ETP x EP divides a stage's ranks; ETP splits the expert width;
+      // MoE biases need ETP 1; MoE with TP > 1 needs sequence parallelism; flex needs ETP x EP > 1.
+      {"parallel.expert_tensor_parallel_size",
+       [](SearchSpec& s) {
+         s.model.num_moe_experts = 8;
+         s.parallel.data_parallel_size = 2;
+         s.parallel.expert_model_parallel_size = 2;
+         s.parallel.expert_tensor_parallel_size = 2;
+       }},
+      {"parallel.expert_tensor_parallel_size",
+       [](SearchSpec& s) { s.parallel.expert_tensor_parallel_size = 0; }},
+      {"model.moe_ffn_hidden_size",
+       [](SearchSpec& s) {
+         s.model.num_moe_experts = 8;
+         s.model.moe_ffn_hidden_size = 30;
+         s.parallel.data_parallel_size = 4;
+         s.parallel.expert_tensor_parallel_size = 4;
+       }},
+      {"parallel.expert_tensor_parallel_size",
+       [](SearchSpec& s) {
+         s.model.num_moe_experts = 8;
+         s.model.add_bias_linear = true;
+         s.parallel.data_parallel_size = 2;
+         s.parallel.expert_tensor_parallel_size = 2;
+       }},
+      {"parallel.sequence_parallel",
+       [](SearchSpec& s) {
+         s.model.num_moe_experts = 8;
+         s.parallel.tensor_model_parallel_size = 2;
+         s.parallel.expert_tensor_parallel_size = 1;
+       }},
+      {"model.moe_token_dispatcher_type",
+       [](SearchSpec& s) {
+         s.model.num_moe_experts = 8;
+         s.model.moe_token_dispatcher_type = MoeTokenDispatcher::kFlex;
+       }},
       {"model.cpu_offloading",
        [](SearchSpec& s) { s.model.cpu_offloading = true; s.parallel.pipeline_model_parallel_size = 2; }},
       {"train.micro_batch_size", [](SearchSpec& s) { s.train.micro_batch_size = 0; }},
@@ -199,6 +235,14 @@ TEST(SpecValidationTest, CompatibleSettingsPass) {
 TEST(SpecValidationTest, BuiltinBackendProblemNamesTheField) {
   EXPECT_EQ(BuiltinBackendProblem(DenseSpec()), "");
   EXPECT_EQ(BuiltinBackendProblem(MoeSpec()), "");
+  // MoE with TP (and sequence parallelism), expert TP and EP runs (engine/moe_dispatch.h).
+  SearchSpec moe_tp = MoeSpec();
+  moe_tp.parallel.tensor_model_parallel_size = 2;
+  moe_tp.parallel.sequence_parallel = true;
+  moe_tp.parallel.data_parallel_size = 2;
+  moe_tp.parallel.expert_model_parallel_size = 2;
+  ASSERT_TRUE(ValidateSpec(moe_tp).ok()) << ValidateSpec(moe_tp).message();
+  EXPECT_EQ(BuiltinBackendProblem(moe_tp), "");
   SearchSpec pipeline = DenseSpec();  // the engine runs pipelines and gradient accumulation
   pipeline.parallel.pipeline_model_parallel_size = 2;
   pipeline.train.global_batch_size = 4;
@@ -228,11 +272,6 @@ TEST(SpecValidationTest, BuiltinBackendProblemNamesTheField) {
        }},
       {"model.experimental_attention_variant:",
        [](SearchSpec& s) { s.model.experimental_attention_variant = "gdn"; }},
-      {"parallel.tensor_model_parallel_size:",
-       [](SearchSpec& s) {
-         s = MoeSpec();
-         s.parallel.tensor_model_parallel_size = 2;
-       }},
       {"model.attention_backend:",  // Transformer Engine's own unfused attention
        [](SearchSpec& s) { s.model.transformer_impl = TransformerImpl::kTransformerEngine; }},
       {"model.masked_softmax_fusion:", [](SearchSpec& s) { s.model.masked_softmax_fusion = true; }},
