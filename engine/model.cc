@@ -2,6 +2,7 @@
 
 #include "engine/context_parallel.h"
 #include "engine/te_layers.h"
+#include "engine/model_params.h"
 #include "engine/moe_dispatch.h"
 
 #include <torch/version.h>
@@ -77,13 +78,12 @@ std::string UnsupportedReason(const search::SearchSpec& spec, const search::Poli
   return "";
 }
 
-struct GptModel::Impl {
+struct GptModel::Impl : ModelParams {
   search::SearchSpec spec;
   const ModelSpec& m;
   Recompute rc;
   const Runtime& rt;
   at::ScalarType dtype;
-  std::vector<ParamInfo> params;
 
   int tp, tp_rank, heads, groups, kv_channels, hidden, seq, ffn, vocab_padded;
   int ep, ep_rank, etp, local_experts;
@@ -91,24 +91,6 @@ struct GptModel::Impl {
   at::Tensor causal_mask;    // [s, s] bool, true above the diagonal (masked)
   at::Tensor score_buffer;   // Megatron's persistent baddbmm input: [b*heads, s, s]
 
-  struct LayerParams {
-    bool moe = false;
-    int ln1_w = -1, ln1_b = -1, ln2_w = -1, ln2_b = -1;
-    // standard attention
-    int qkv_w = -1, qkv_b = -1;
-    // MLA
-    int q_down = -1, q_norm_w = -1, q_norm_b = -1, q_up = -1, kv_down = -1, kv_norm_w = -1,
-        kv_norm_b = -1, kv_up = -1;
-    int proj_w = -1, proj_b = -1;
-    // dense MLP
-    int fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
-    // MoE
-    int router = -1, w1 = -1, w2 = -1;
-    std::vector<int> e_fc1_w, e_fc1_b, e_fc2_w, e_fc2_b;  // sequential experts
-    int sh_fc1_w = -1, sh_fc1_b = -1, sh_fc2_w = -1, sh_fc2_b = -1;
-  };
-  std::vector<LayerParams> layers;  // every layer of the model; this rank runs its chunks' only
-  int word_emb = -1, pos_emb = -1, final_w = -1, final_b = -1, output_w = -1;
   std::vector<search::StageChunk> chunks;  // this pipeline rank's
   bool first_stage = true, last_stage = true;
 
@@ -132,188 +114,7 @@ struct GptModel::Impl {
     chunks = search::ChunksOf(spec, pp_rank);
     first_stage = pp_rank == 0;
     last_stage = pp_rank == spec.parallel.pipeline_model_parallel_size - 1;
-    Declare();
-  }
-
-  // ---- Parameters -------------------------------------------------------------------------------
-
-  int Add(std::string name, std::vector<int64_t> full, int shard_dim, double std_dev,
-          double value = 0, int blocks = 1, bool sp_grad = false) {
-    ParamInfo p;
-    p.name = std::move(name);
-    p.full_shape = full;
-    p.shape = full;
-    p.shard_dim = tp > 1 ? shard_dim : -1;
-    p.shard_blocks = blocks;
-    if (p.shard_dim >= 0) p.shape[p.shard_dim] /= tp;
-    p.init_std = std_dev;
-    p.init_value = value;
-    p.sequence_parallel_grad = sp_grad && sp;
-    params.push_back(std::move(p));
-    return static_cast<int>(params.size()) - 1;
-  }
-
-  // An expert weight: this rank's `local` shard is cut from `full` viewed as `view`
-  // (ExpertShard): experts along `expert_dim` split over EP, the expert FFN width along
-  // `etp_dim` split over expert TP (-1: not split). With `owner` >= 0 (sequential experts) only
-  // EP rank `owner` holds it.
-  int AddExpert(std::string name, std::vector<int64_t> full, std::vector<int64_t> local,
-                std::vector<int64_t> view, int expert_dim, int etp_dim, double std_dev,
-                int owner = -1) {
-    const int index = Add(std::move(name), std::move(full), -1, std_dev);
-    ParamInfo& p = params[index];
-    p.expert = true;
-    p.shape = std::move(local);
-    p.expert_view = std::move(view);
-    p.expert_dim = expert_dim;
-    p.etp_dim = etp_dim;
-    p.absent = owner >= 0 && owner != ep_rank;
-    return index;
-  }
-
-  void AddNorm(const std::string& name, int64_t size, int* w, int* b) {
-    *w = Add(name + ".weight", {size}, -1, 0, 1.0, 1, true);
-    if (m.EffectiveNormalization() == search::Normalization::kLayerNorm) {
-      *b = Add(name + ".bias", {size}, -1, 0, 0.0, 1, true);
-    }
-  }
-
-  void Declare() {
-    const double std_dev = 0.02;  // Megatron's init_method_std
-    const double out_std = std_dev / std::sqrt(2.0 * m.num_layers);  // scaled_init_method_normal
-    const bool bias = m.add_bias_linear;
-    const int glu = m.gated_linear_unit ? 2 : 1;
-    // Parameters of other pipeline stages are declared all the same (absent), so every rank
-    // draws the same initialisation stream.
-    auto held_from = [this](size_t begin, bool held) {
-      for (size_t k = begin; k < params.size(); ++k) params[k].absent |= !held;
-    };
-    std::vector<bool> layer_held(m.num_layers, false);
-    for (const search::StageChunk& c : chunks) {
-      for (int i = c.first_layer; i < c.first_layer + c.num_layers; ++i) layer_held[i] = true;
-    }
-    word_emb = Add("embedding.word_embeddings.weight", {vocab_padded, hidden}, 0, std_dev);
-    if (m.position_embedding_type == search::PositionEmbedding::kLearnedAbsolute) {
-      pos_emb = Add("embedding.position_embeddings.weight", {seq, hidden}, -1, std_dev);
-    }
-    held_from(static_cast<size_t>(word_emb), first_stage);
-    for (int i = 0; i < m.num_layers; ++i) {
-      const size_t layer_begin = params.size();
-      LayerParams lp;
-      const std::string pre = "decoder.layers." + std::to_string(i) + ".";
-      AddNorm(pre + "input_layernorm", hidden, &lp.ln1_w, &lp.ln1_b);
-      if (m.multi_latent_attention) {
-        const int64_t qk = m.qk_head_dim + m.qk_pos_emb_head_dim;
-        if (m.q_lora_rank) {
-          lp.q_down = Add(pre + "self_attention.linear_q_down_proj.weight",
-                          {*m.q_lora_rank, hidden}, -1, std_dev);
-          AddNorm(pre + "self_attention.q_layernorm", *m.q_lora_rank, &lp.q_norm_w, &lp.q_norm_b);
-          lp.q_up = Add(pre + "self_attention.linear_q_up_proj.weight",
-                        {heads * qk, *m.q_lora_rank}, 0, std_dev);
-        } else {
-          lp.q_up = Add(pre + "self_attention.linear_q_proj.weight", {heads * qk, hidden}, 0,
-                        std_dev);
-        }
-        lp.kv_down = Add(pre + "self_attention.linear_kv_down_proj.weight",
-                         {m.kv_lora_rank + m.qk_pos_emb_head_dim, hidden}, -1, std_dev);
-        AddNorm(pre + "self_attention.kv_layernorm", m.kv_lora_rank, &lp.kv_norm_w, &lp.kv_norm_b);
-        lp.kv_up = Add(pre + "self_attention.linear_kv_up_proj.weight",
-                       {heads * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank}, 0, std_dev);
-        lp.proj_w = Add(pre + "self_attention.linear_proj.weight", {hidden, heads * m.v_head_dim},
-                        1, out_std);
-      } else {
-        const int64_t qkv_rows = static_cast<int64_t>(heads + 2 * groups) * kv_channels;
-        lp.qkv_w = Add(pre + "self_attention.linear_qkv.weight", {qkv_rows, hidden}, 0, std_dev);
-        if (bias) lp.qkv_b = Add(pre + "self_attention.linear_qkv.bias", {qkv_rows}, 0, 0);
-        lp.proj_w = Add(pre + "self_attention.linear_proj.weight",
-                        {hidden, static_cast<int64_t>(heads) * kv_channels}, 1, out_std);
-      }
-      if (bias) lp.proj_b = Add(pre + "self_attention.linear_proj.bias", {hidden}, -1, 0, 0, 1, true);
-      AddNorm(pre + "pre_mlp_layernorm", hidden, &lp.ln2_w, &lp.ln2_b);
-      lp.moe = m.IsMoeLayer(i);
-      if (!lp.moe) {
-        lp.fc1_w = Add(pre + "mlp.linear_fc1.weight", {glu * ffn, hidden}, 0, std_dev, 0, glu);
-        if (bias) lp.fc1_b = Add(pre + "mlp.linear_fc1.bias", {glu * ffn}, 0, 0, 0, glu);
-        lp.fc2_w = Add(pre + "mlp.linear_fc2.weight", {hidden, ffn}, 1, out_std);
-        if (bias) lp.fc2_b = Add(pre + "mlp.linear_fc2.bias", {hidden}, -1, 0, 0, 1, true);
-      } else {
-        const int64_t experts = *m.num_moe_experts;
-        const int64_t f = m.EffectiveMoeFfnHiddenSize();
-        lp.router = Add(pre + "mlp.router.weight", {experts, hidden}, -1, std_dev, 0, 1, true);
-        const int64_t local = local_experts;
-        const int64_t fl = f / etp;  // this rank's slice of each expert's FFN width
-        if (m.moe_grouped_gemm) {
-          // Megatron's GroupedMLP views weight1 [h, E x glu x F] as [E, h, glu x F] and weight2
-          // [E x F, h] as [E, F, h]: expert e is the flat chunk e of each.
-          lp.w1 = AddExpert(pre + "mlp.experts.weight1", {hidden, experts * glu * f},
-                            {hidden, local * glu * fl}, {experts, hidden, glu, f}, 0, 3, std_dev);
-          lp.w2 = AddExpert(pre + "mlp.experts.weight2", {experts * f, hidden},
-                            {local * fl, hidden}, {experts, f, hidden}, 0, 1, out_std);
-        } else {
-          // Every expert is declared (the same initialisation on every EP rank); this rank keeps
-          // the indices of its own, local expert i being global expert ep_rank * local + i.
-          for (int e = 0; e < experts; ++e) {
-            const std::string pe = pre + "mlp.experts.local_experts." + std::to_string(e) + ".";
-            const int owner = ep > 1 ? static_cast<int>(e / local) : -1;
-            const bool mine = owner < 0 || owner == ep_rank;
-            const int fc1 = AddExpert(pe + "linear_fc1.weight", {glu * f, hidden}, {glu * fl, hidden},
-                                      {glu, f, hidden}, -1, 1, std_dev, owner);
-            const int fc2 = AddExpert(pe + "linear_fc2.weight", {hidden, f}, {hidden, fl},
-                                      {hidden, f}, -1, 1, out_std, owner);
-            if (mine) {
-              lp.e_fc1_w.push_back(fc1);
-              lp.e_fc2_w.push_back(fc2);
-            }
-            if (bias) {  // ETP is 1 with biases (ValidateSpec)
-              const int b1 = AddExpert(pe + "linear_fc1.bias", {glu * f}, {glu * f}, {}, -1, -1, 0,
-                                       owner);
-              const int b2 = AddExpert(pe + "linear_fc2.bias", {hidden}, {hidden}, {}, -1, -1, 0,
-                                       owner);
-              if (mine) {
-                lp.e_fc1_b.push_back(b1);
-                lp.e_fc2_b.push_back(b2);
-              }
-            }
-          }
-        }
-        if (m.HasSharedExperts()) {
-          const int64_t fs = *m.moe_shared_expert_intermediate_size;
-          // Megatron's SharedExpertMLP is a tensor-parallel MLP over the dense TP group.
-          lp.sh_fc1_w = Add(pre + "mlp.shared_experts.linear_fc1.weight", {glu * fs, hidden}, 0,
-                            std_dev, 0, glu);
-          if (bias) {
-            lp.sh_fc1_b = Add(pre + "mlp.shared_experts.linear_fc1.bias", {glu * fs}, 0, 0, 0, glu);
-          }
-          lp.sh_fc2_w = Add(pre + "mlp.shared_experts.linear_fc2.weight", {hidden, fs}, 1, out_std);
-          if (bias) {
-            lp.sh_fc2_b =
-                Add(pre + "mlp.shared_experts.linear_fc2.bias", {hidden}, -1, 0, 0, 1, true);
-          }
-        }
-      }
-      layers.push_back(lp);
-      held_from(layer_begin, layer_held[i]);
-    }
-    const size_t head_begin = params.size();
-    AddNorm("decoder.final_layernorm", hidden, &final_w, &final_b);
-    if (!m.share_embeddings_and_output_weights) {
-      output_w = Add("output_layer.weight", {vocab_padded, hidden}, 0, std_dev);
-    }
-    held_from(head_begin, last_stage);
-    if (m.share_embeddings_and_output_weights && !(first_stage && last_stage)) {
-      // Megatron's tied embedding under PP: the last stage keeps a copy of the word embedding as
-      // its output weight, and the two gradients are summed before the optimizer step.
-      params[word_emb].pipeline_tied = true;
-      if (last_stage) {
-        ParamInfo copy = params[word_emb];
-        copy.name = "output_layer.weight (copy of the tied word embedding)";
-        copy.absent = false;
-        copy.copy_of = word_emb;
-        copy.shared = true;
-        params.push_back(copy);
-        output_w = static_cast<int>(params.size()) - 1;
-      }
-    }
+    Declare(spec, rt, chunks, first_stage, last_stage);
   }
 
   const at::Tensor& P(int index) const { return params[index].value; }

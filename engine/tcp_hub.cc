@@ -26,8 +26,11 @@ namespace {
 class HubThread final : public Hub {
  public:
   HubThread(int listen_fd, int world_size, double timeout_s)
-      : listen_fd_(listen_fd), world_size_(world_size), timeout_s_(timeout_s),
-        fds_(world_size, -1), said_bye_(world_size, false) {}
+      : listen_fd_(listen_fd),
+        world_size_(world_size),
+        timeout_s_(timeout_s),
+        fds_(world_size, -1),
+        said_bye_(world_size, false) {}
   ~HubThread() override {
     stop_ = true;
     if (thread_.joinable()) thread_.join();
@@ -37,7 +40,9 @@ class HubThread final : public Hub {
     ::close(listen_fd_);
   }
 
-  void Start() { thread_ = std::thread([this] { Run(); }); }
+  void Start() {
+    thread_ = std::thread([this] { Run(); });
+  }
   // Asks the hub to finish once every rank has said goodbye (or after the grace period).
   void RequestStop() override { stop_ = true; }
   void Join() override {
@@ -65,8 +70,9 @@ class HubThread final : public Hub {
         for (int r = 0; r < world_size_; ++r) {
           if (fds_[r] < 0) missing += (missing.empty() ? "" : ",") + std::to_string(r);
         }
-        BroadcastError("rendezvous timed out after " + std::to_string(static_cast<int>(timeout_s_)) +
-                       " s: rank(s) " + missing + " did not join");
+        BroadcastError("rendezvous timed out after " +
+                       std::to_string(static_cast<int>(timeout_s_)) + " s: rank(s) " + missing +
+                       " did not join");
         return false;
       }
       pollfd pfd{listen_fd_, POLLIN, 0};

@@ -12,14 +12,22 @@ namespace remat::engine::tcp {
 
 const char* OpName(uint32_t op) {
   switch (op) {
-    case kAllReduce: return "all-reduce";
-    case kAllGather: return "all-gather";
-    case kReduceScatter: return "reduce-scatter";
-    case kBarrier: return "barrier";
-    case kAllToAll: return "all-to-all";
-    case kSend: return "send";
-    case kRecv: return "receive";
-    default: return "collective";
+    case kAllReduce:
+      return "all-reduce";
+    case kAllGather:
+      return "all-gather";
+    case kReduceScatter:
+      return "reduce-scatter";
+    case kBarrier:
+      return "barrier";
+    case kAllToAll:
+      return "all-to-all";
+    case kSend:
+      return "send";
+    case kRecv:
+      return "receive";
+    default:
+      return "collective";
   }
 }
 

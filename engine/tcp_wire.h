@@ -29,8 +29,8 @@ enum Op : uint32_t {
   kReply = 7,
   kError = 8,
   kAllToAll = 9,
-  kSend = 10,  // point-to-point: members = {destination}, reduce = tag, payload = the data
-  kRecv = 11,  // members = {source}, reduce = tag, seq = expected bytes; answered with the data
+  kSend = 10,      // point-to-point: members = {destination}, reduce = tag, payload = the data
+  kRecv = 11,      // members = {source}, reduce = tag, seq = expected bytes; answered with the data
   kSendDone = 12,  // to a sender that asked (pad = 1): its send was received (sender = receiver)
 };
 

@@ -14,7 +14,7 @@
 //   exp_avg_dtype / exp_avg_sq_dtype; it reads the gradient buffer as it is (decoupled_grad), with
 //   no fp32 copy. FP8 (uint8) moments are not run (search::BuiltinBackendProblem refuses them).
 //
-// Static bytes are then what search/memory_model.cc's BytesPerParameter counts.
+// Static bytes are then what search/static_memory.h's BytesPerParameter counts.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -6,58 +6,16 @@
 #include "search/fp8_memory.h"
 #include "search/context_parallel_memory.h"
 #include "search/pipeline.h"
+#include "search/layer_shape.h"
+#include "search/static_memory.h"
 #include "search/pipeline_layout.h"
 
 namespace remat::search {
 namespace {
 
-// Elementwise FLOPs per element, for the labels whose replay is elementwise only (layernorm,
-// moe_act). Rough operation counts; docs/memory-model.md explains them.
-constexpr double kLayerNormFlops = 8;  // mean, variance, normalise, scale, shift
-constexpr double kRmsNormFlops = 5;    // square, mean, rsqrt, normalise, scale
-constexpr double kGeluFlops = 8;       // tanh approximation
-constexpr double kSiluFlops = 4;       // exp, add, divide, multiply
-
 // Bytes of fp32 statistics a norm keeps per token: LayerNorm mean + rstd, RMSNorm rstd.
 double NormStatsBytes(const ModelSpec& m) {
   return m.EffectiveNormalization() == Normalization::kLayerNorm ? 8 : 4;
-}
-
-// The shape of one micro-batch on one rank. Sizes are doubles: products overflow 32 bits and
-// every result is a byte or FLOP count anyway.
-struct Dims {
-  double e = 2;                // bytes per activation element: 2 (bf16) or 4 (fp32)
-  double s = 0, b = 0, h = 0;  // s: the sequence this rank holds (seq_length / CP)
-  double s_kv = 0;    // keys each query attends over: the whole sequence (ring attention under CP)
-  double tokens = 0;  // s * b: tokens of full-sequence tensors (attention, MLP internals)
-  double seq_tokens = 0;  // tokens of sequence-level tensors (norms, residual): tokens / t with SP
-  double t = 1;        // tensor parallel size
-  double heads = 0;    // attention heads on this rank
-  double groups = 0;   // query groups on this rank
-  double d = 0;        // kv_channels (head dim of standard attention)
-  double ffn = 0;      // dense FFN width on this rank
-  bool glu = false;
-  bool sp = false;
-};
-
-Dims MakeDims(const SearchSpec& spec) {
-  const ModelSpec& m = spec.model;
-  Dims x;
-  x.e = spec.train.precision == Precision::kFp32 ? 4 : 2;
-  x.s = static_cast<double>(m.seq_length) / std::max(1, spec.parallel.context_parallel_size);
-  x.s_kv = m.seq_length;
-  x.b = spec.train.micro_batch_size;
-  x.h = m.hidden_size;
-  x.tokens = x.s * x.b;
-  x.t = std::max(1, spec.parallel.tensor_model_parallel_size);
-  x.sp = spec.parallel.sequence_parallel && x.t > 1;
-  x.seq_tokens = x.sp ? x.tokens / x.t : x.tokens;
-  x.heads = m.num_attention_heads / x.t;
-  x.groups = (m.multi_latent_attention ? m.num_attention_heads : m.EffectiveQueryGroups()) / x.t;
-  x.d = m.EffectiveKvChannels();
-  x.ffn = m.EffectiveFfnHiddenSize() / x.t;
-  x.glu = m.gated_linear_unit;
-  return x;
 }
 
 // RoPE's cos and sin tables as Megatron's unfused apply_rotary_pos_emb builds them: cast to the
@@ -77,44 +35,9 @@ double MlpWidths(const ModelSpec& m, bool glu) {
   return m.bias_activation_fusion ? 3 : 5;
 }
 
-// Expert tensor parallelism: the spec's, or TP when unset (Megatron Core's default; Megatron
-// Bridge's MoE recipes set it, often to 1).
-double ExpertTensorParallel(const SearchSpec& spec) {
-  return std::max(1, spec.parallel.EffectiveExpertTensorParallelSize());
-}
-
 // Megatron pads the vocabulary to a multiple of 128 * TP (make_vocab_size_divisible_by = 128);
 // the embedding, the output layer, the logits and the FLOP formula all use the padded size.
 double PaddedVocab(const SearchSpec& spec) { return static_cast<double>(PaddedVocabSize(spec)); }
-
-// The MoE shape on this rank, balanced routing.
-struct MoeDims {
-  double experts = 0;       // all experts
-  double local_experts = 0; // experts on this rank
-  double topk = 0;
-  double routed_tokens = 0; // tokens this rank's router sees
-  double expert_tokens = 0; // token copies this rank's experts process (routed_tokens * topk * ETP)
-  double ffn = 0;           // expert FFN width on this rank
-  double shared_ffn = 0;    // shared-expert FFN width on this rank
-};
-
-MoeDims MakeMoeDims(const SearchSpec& spec, const Dims& x) {
-  const ModelSpec& m = spec.model;
-  MoeDims moe;
-  if (!m.IsMoe()) return moe;
-  const double etp = ExpertTensorParallel(spec);
-  moe.experts = *m.num_moe_experts;
-  moe.local_experts = moe.experts / std::max(1, spec.parallel.expert_model_parallel_size);
-  moe.topk = m.moe_router_topk;
-  moe.routed_tokens = x.seq_tokens;
-  // Under SP each rank routes its sequence shard; with ETP > 1 the expert-TP group gathers the
-  // shards, so every rank of it sees all of them (and holds 1/ETP of each expert).
-  moe.expert_tokens = (x.sp ? x.seq_tokens * etp : x.tokens) * moe.topk;
-  moe.ffn = m.EffectiveMoeFfnHiddenSize() / etp;
-  moe.shared_ffn =
-      m.HasSharedExperts() ? *m.moe_shared_expert_intermediate_size / x.t : 0;
-  return moe;
-}
 
 // Tracks live bytes through a sequence of allocations and frees: the peak above the start.
 class Level {
@@ -171,59 +94,6 @@ ScoreChain UnfusedScoreChain(const ModelSpec& m, double e) {
   }
   c.backward_peak = lv.peak();
   return c;
-}
-
-// Forward FLOPs of one layer on this rank, by region (what each label replays).
-struct LayerFlops {
-  double attn_linear = 0;  // QKV / MLA projections and the output projection
-  double mla_up = 0;       // part of attn_linear: MLA up-projections (mla_up_proj replays these)
-  double core = 0;         // core attention (causal: half the score matrix)
-  double norms = 0;        // both norms, elementwise
-  double mlp = 0;          // dense MLP GEMMs + activation
-  double router = 0;
-  double experts = 0;      // routed expert GEMMs
-  double moe_act = 0;      // routed expert activation (+ probability scaling), elementwise
-  double shared = 0;       // shared-expert GEMMs + activation
-
-  double Moe() const { return router + experts + moe_act + shared; }
-  double Forward() const { return attn_linear + core + norms + mlp + Moe(); }
-};
-
-double ActivationFlops(bool glu) { return glu ? kSiluFlops + 1 : kGeluFlops; }
-
-LayerFlops EstimateLayerFlops(const SearchSpec& spec, int layer) {
-  const ModelSpec& m = spec.model;
-  const Dims x = MakeDims(spec);
-  const double gemm = x.glu ? 3 : 2;  // GEMMs per FFN width: fc1 (doubled for GLU) + fc2
-  LayerFlops f;
-  if (m.multi_latent_attention) {
-    const double qk = m.qk_head_dim, pe = m.qk_pos_emb_head_dim, vd = m.v_head_dim;
-    const double kvl = m.kv_lora_rank;
-    const double q_in = m.q_lora_rank ? *m.q_lora_rank : x.h;
-    f.mla_up = 2 * x.tokens * (q_in * x.heads * (qk + pe) + kvl * x.heads * (qk + vd));
-    const double q_down = m.q_lora_rank ? 2 * x.tokens * x.h * *m.q_lora_rank / x.t : 0;
-    const double kv_down = 2 * x.tokens * x.h * (kvl + pe) / x.t;
-    const double out = 2 * x.tokens * x.heads * vd * x.h;
-    f.attn_linear = q_down + kv_down + f.mla_up + out;
-    f.core = x.b * x.s * x.s_kv * x.heads * (qk + pe + vd);
-  } else {
-    const double qkv = (x.heads + 2 * x.groups) * x.d;
-    f.attn_linear = 2 * x.tokens * x.h * qkv + 2 * x.tokens * x.heads * x.d * x.h;
-    // QK^T and PV, 2 * s^2 * d FLOPs each per head, halved by the causal mask.
-    f.core = 2 * x.b * x.s * x.s_kv * x.heads * x.d;
-  }
-  f.norms = 2 * x.seq_tokens * x.h *
-            (m.EffectiveNormalization() == Normalization::kLayerNorm ? kLayerNormFlops : kRmsNormFlops);
-  if (m.IsMoeLayer(layer)) {
-    const MoeDims moe = MakeMoeDims(spec, x);
-    f.router = 2 * moe.routed_tokens * x.h * moe.experts;
-    f.experts = 2 * moe.expert_tokens * x.h * moe.ffn * gemm;
-    f.moe_act = moe.expert_tokens * moe.ffn * (ActivationFlops(x.glu) + 1);
-    f.shared = x.tokens * moe.shared_ffn * (2 * x.h * gemm + ActivationFlops(x.glu));
-  } else {
-    f.mlp = x.tokens * x.ffn * (2 * x.h * gemm + ActivationFlops(x.glu));
-  }
-  return f;
 }
 
 // Gradient working set of one layer's backward above what the layer holds, for its MLP half
@@ -351,154 +221,6 @@ double SelectiveFlops(const SearchSpec& spec, const Policy& policy, const LayerF
     flops += f.mlp;
   }
   return flops;
-}
-
-struct ParamCount {
-  double dense = 0;   // TP-sharded and replicated parameters on this rank
-  double expert = 0;  // routed-expert parameters on this rank
-  double linear = 0;  // the dense part's TE-linear weights (attention, MLP, shared experts)
-};
-
-// Parameters on the most loaded rank of pipeline stage `pp_rank`.
-ParamCount CountParams(const SearchSpec& spec, int pp_rank) {
-  const ModelSpec& m = spec.model;
-  const double h = m.hidden_size, t = std::max(1, spec.parallel.tensor_model_parallel_size);
-  const bool ln = m.EffectiveNormalization() == Normalization::kLayerNorm;
-  const double bias = m.add_bias_linear ? 1 : 0;
-  auto norm = [&](double width) { return (ln ? 2 : 1) * width; };
-  const double gl = m.gated_linear_unit ? 2 : 1;
-  // Column-parallel weights and biases are split over TP; row-parallel biases are replicated.
-  auto mlp = [&](double ffn) { return (h * ffn * gl + bias * ffn * gl + ffn * h) / t + bias * h; };
-  auto mlp_weights = [&](double ffn) { return (h * ffn * gl + ffn * h) / t; };
-
-  ParamCount p;
-  std::vector<int> layers;
-  bool first_stage = false, last_stage = false, mtp_stage = false;
-  for (const StageChunk& c : ChunksOf(spec, pp_rank)) {
-    for (int i = 0; i < c.num_layers; ++i) layers.push_back(c.first_layer + i);
-    // An MTP layer's transformer layer is the decoder's last layer's (search/mtp_model.h).
-    for (int i = 0; i < c.mtp_layers; ++i) layers.push_back(MtpInnerLayer(spec));
-    p.dense += c.mtp_layers * MtpExtraParams(spec);
-    first_stage = first_stage || c.has_embedding;
-    last_stage = last_stage || c.has_loss;
-    mtp_stage = mtp_stage || c.mtp_layers > 0;
-  }
-  for (int i : layers) {
-    p.dense += 2 * norm(h);
-    if (m.multi_latent_attention) {
-      const double a = m.num_attention_heads;
-      const double qk = m.qk_head_dim, pe = m.qk_pos_emb_head_dim, vd = m.v_head_dim;
-      const double kvl = m.kv_lora_rank;
-      if (m.q_lora_rank) {
-        const double ql = *m.q_lora_rank;
-        p.dense += (h * ql + ql * a * (qk + pe)) / t + norm(ql);
-        p.linear += (h * ql + ql * a * (qk + pe)) / t;
-      } else {
-        p.dense += h * a * (qk + pe) / t;
-        p.linear += h * a * (qk + pe) / t;
-      }
-      p.dense += (h * (kvl + pe) + kvl * a * (qk + vd)) / t + norm(kvl);
-      p.dense += a * vd * h / t + bias * h;
-      p.linear += (h * (kvl + pe) + kvl * a * (qk + vd)) / t + a * vd * h / t;
-    } else {
-      const double qkv = (m.num_attention_heads + 2.0 * m.EffectiveQueryGroups()) *
-                         m.EffectiveKvChannels();
-      p.dense += (h * qkv + bias * qkv) / t;
-      p.dense += 1.0 * m.num_attention_heads * m.EffectiveKvChannels() * h / t + bias * h;
-      p.linear += (h * qkv + 1.0 * m.num_attention_heads * m.EffectiveKvChannels() * h) / t;
-    }
-    if (m.IsMoeLayer(i)) {
-      const double experts = *m.num_moe_experts;
-      const double local = experts / std::max(1, spec.parallel.expert_model_parallel_size);
-      const double etp = ExpertTensorParallel(spec);
-      const double f = m.EffectiveMoeFfnHiddenSize();
-      p.dense += experts * h;  // router, replicated
-      p.expert += local * ((h * f * gl + bias * f * gl + f * h) / etp + bias * h);
-      if (m.HasSharedExperts()) {
-        p.dense += mlp(*m.moe_shared_expert_intermediate_size);
-        p.linear += mlp_weights(*m.moe_shared_expert_intermediate_size);
-      }
-    } else {
-      p.dense += mlp(m.EffectiveFfnHiddenSize());
-      p.linear += mlp_weights(m.EffectiveFfnHiddenSize());
-    }
-  }
-  // The first stage holds the embedding; the last the final norm and the output layer. With
-  // tied weights and PP > 1 the last stage keeps its own copy of the word embedding for the
-  // output layer (Megatron all-reduces the two copies' gradients).
-  const double vocab = PaddedVocab(spec);
-  if (first_stage || mtp_stage) {  // an MTP rank embeds the shifted tokens itself
-    p.dense += vocab * h / t;
-    if (m.position_embedding_type == PositionEmbedding::kLearnedAbsolute) {
-      p.dense += 1.0 * m.seq_length * h;
-    }
-  }
-  if (last_stage) {
-    p.dense += norm(h);
-    if (!m.share_embeddings_and_output_weights || !first_stage) p.dense += vocab * h / t;
-  }
-  return p;
-}
-
-double DTypeBytes(DType d) {
-  switch (d) {
-    case DType::kFp32: return 4;
-    case DType::kBf16:
-    case DType::kFp16: return 2;
-    case DType::kFp8: return 1;
-  }
-  return 4;
-}
-
-// Megatron's bytes per parameter, as a weight, its gradient buffer and the optimizer's state.
-// bf16: a bf16 weight, the gradient buffer in fp32 (grad_reduce_in_fp32) or bf16, and Adam's
-// fp32 master weight and two moments (18 with fp32 gradients). The precision-aware optimizer
-// (Transformer Engine's FusedAdam) keeps the moments in their configured dtypes and an fp32 master
-// weight as the 16-bit remainder of the bf16 one (store_param_remainders, Megatron Core's
-// default). fp32: weight, gradient, two moments (16). The distributed optimizer shards the
-// optimizer's state over the data-parallel group; Megatron-FSDP shards it too (optim), and the
-// gradients (optim_grads) and the weights (optim_grads_params) as well.
-// (NVIDIA/Megatron-LM megatron/core/optimizer/optimizer_config.py and
-// megatron/core/distributed/distributed_data_parallel_config.py @d98e8a6; docs/memory-model.md.)
-double BytesPerParameter(const SearchSpec& spec, double dp) {
-  const TrainSpec& t = spec.train;
-  dp = std::max(1.0, dp);
-  const bool fp32 = t.precision == Precision::kFp32;
-  double weight = fp32 ? 4 : 2;
-  double grad = fp32 || t.grad_reduce_in_fp32 ? 4 : 2;
-  double optimizer = fp32 ? 8 : 12;
-  if (!fp32 && t.use_precision_aware_optimizer) {
-    const double master = t.main_params_dtype == DType::kFp32 ? 2 : DTypeBytes(t.main_params_dtype);
-    optimizer = master + DTypeBytes(t.exp_avg_dtype) + DTypeBytes(t.exp_avg_sq_dtype);
-  }
-  ShardingStrategy sharding = ShardingStrategy::kNoShard;
-  if (t.use_megatron_fsdp) {
-    sharding = t.data_parallel_sharding_strategy;
-  } else if (t.use_distributed_optimizer) {
-    sharding = ShardingStrategy::kOptim;
-  }
-  if (sharding != ShardingStrategy::kNoShard) optimizer /= dp;
-  if (sharding == ShardingStrategy::kOptimGrads || sharding == ShardingStrategy::kOptimGradsParams) {
-    grad /= dp;
-  }
-  if (sharding == ShardingStrategy::kOptimGradsParams) weight /= dp;
-  return weight + grad + optimizer;
-}
-
-double StaticParameterBytes(const SearchSpec& spec, const ParamCount& p) {
-  const double t = std::max(1, spec.parallel.tensor_model_parallel_size);
-  const double cp = std::max(1, spec.parallel.context_parallel_size);
-  const double dp = std::max(1, spec.parallel.data_parallel_size);
-  const double ep = std::max(1, spec.parallel.expert_model_parallel_size);
-  // Megatron reduces dense gradients over DP x CP (the CP ranks hold the same weights) and the
-  // distributed optimizer shards over that group; expert parameters over the expert-DP group,
-  // TP x CP x DP / (ETP x EP) ranks.
-  const double expert_dp = t * cp * dp / (ExpertTensorParallel(spec) * ep);
-  // FP8: Transformer Engine's weight workspaces, or FP8 weights (search/fp8_memory.h); the
-  // routed experts' parameters count as linear weights (their biases, if any, too).
-  const double fp8 = (p.linear + p.expert) * Fp8ExtraBytesPerLinearWeight(spec);
-  return p.dense * BytesPerParameter(spec, dp * cp) + p.expert * BytesPerParameter(spec, expert_dp) +
-         fp8;
 }
 
 // Activations outside the layers, and the backward working sets around them.
@@ -895,11 +617,6 @@ double LabelRecomputeFlops(const SearchSpec& spec, Label label) {
     }
   }
   return flops * spec.NumMicrobatches();
-}
-
-double ParameterCount(const SearchSpec& spec) {
-  const ParamCount p = CountParams(spec, 0);
-  return p.dense + p.expert;
 }
 
 double ModelFlopsPerStep(const SearchSpec& spec) {

@@ -20,8 +20,8 @@
 //
 // The trial engine applies the rule step by step (every rank judges the slowest rank's steps, so
 // all stop together); a backend that reads a finished run's step times applies it afterwards
-// (AdaptiveMeasuredSteps; the command backend does not yet: docs/status.md). Thread-safety: pure
-// functions.
+// (AdaptiveMeasuredSteps: the command and megatron backends, whose jobs run for the cap).
+// Thread-safety: pure functions.
 #pragma once
 
 #include <optional>

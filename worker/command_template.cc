@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "common/read_file.h"
+#include "search/noise.h"
 #include "search/proxy_driver.h"
 
 namespace remat::worker {
@@ -207,9 +208,10 @@ std::map<std::string, std::string> CommandValues(const CommandRun& run) {
       {"trial_id", ShellQuote(a.trial_id)},
       {"warmup_steps", std::to_string(so.warmup_steps)},
       {"measure_steps", std::to_string(so.measure_steps)},
-      // Room for the longest warm-up the steady-state rule may take (search/steady_state.h).
-      {"train_iters",
-       std::to_string(std::max(so.warmup_steps, so.warmup_max_steps) + so.measure_steps)},
+      // Room for the longest warm-up the steady-state rule may take (search/steady_state.h) and
+      // the most steps the adaptive measurement may take (search/noise.h).
+      {"train_iters", std::to_string(std::max(so.warmup_steps, so.warmup_max_steps) +
+                                     search::MeasureStepCap(so))},
       {"micro_batch_size", std::to_string(spec.train.micro_batch_size)},
       // The worker's tokens/s count the spec's global batch: the job must run that one.
       {"global_batch_size", std::to_string(spec.EffectiveGlobalBatchSize())},

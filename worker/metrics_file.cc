@@ -10,8 +10,9 @@
 
 #include "absl/status/status.h"
 #include "common/read_file.h"
-#include "search/steady_state.h"
 #include "search/limits.h"
+#include "search/noise.h"
+#include "search/steady_state.h"
 
 namespace remat::worker {
 namespace {
@@ -222,8 +223,10 @@ search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetri
       }
       continue;
     }
+    // The steps the engine would have measured: at least measure_steps, then until the median
+    // is known to noise_target (search/noise.h); the job ran for the cap.
     const std::vector<double> measured =
-        search::MeasuredSteps(r.step_times_s, split.warmup_steps, so.measure_steps);
+        search::AdaptiveMeasuredSteps(r.step_times_s, split.warmup_steps, so);
     rr.warmup_steps_taken = split.warmup_steps;
     rr.warmup_step_times_s.assign(r.step_times_s.begin(),
                                   r.step_times_s.begin() + split.warmup_steps);
@@ -259,6 +262,7 @@ search::TrialResult MetricsToResult(const Assignment& assignment, const JobMetri
     out.step_time_s = step;
     out.step_time_spread_s = hi - lo;
     out.tokens_per_s = search::TokensPerSecond(spec, step);
+    search::FillStepTimeInterval(so, &out);  // from the slowest rank's measured steps
   }
   return out;
 }

@@ -145,13 +145,27 @@ class MappingTest(unittest.TestCase):
         self.assertEqual(mapping.map_trial(spec, "selective:[mla_up_proj]", have_te=True)["shims"],
                          ["mla_core_attention_channels"])
 
+    def test_moe_dispatcher_and_expert_tensor_parallelism_pass_through(self):
+        spec = dense(num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=128,
+                     moe_token_dispatcher_type="alltoall")
+        spec["parallel"].update(expert_model_parallel_size=2, expert_tensor_parallel_size=1,
+                                sequence_parallel=False)
+        plan = mapping.map_trial(spec, "selective:[]")
+        self.assertEqual(plan["config"]["moe_token_dispatcher_type"], "alltoall")
+        self.assertEqual(plan["config"]["expert_tensor_parallel_size"], 1)
+        self.assertEqual(plan["parallel"]["etp"], 1)
+        spec["model"]["moe_token_dispatcher_type"] = "flex"
+        with self.assertRaises(mapping.Unsupported) as e:
+            mapping.map_trial(spec, "selective:[]")
+        self.assertIn("model.moe_token_dispatcher_type", str(e.exception))
+
     def test_moe_with_shared_experts(self):
         spec = dense(num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=128,
                      moe_shared_expert_intermediate_size=256, moe_layer_freq=1)
         plan = mapping.map_trial(spec, "selective:[moe_act,shared_experts]")
         c = plan["config"]
         self.assertEqual(c["num_moe_experts"], 8)
-        self.assertEqual(c["moe_token_dispatcher_type"], "alltoall")
+        self.assertNotIn("moe_token_dispatcher_type", c)  # Megatron's default, allgather
         self.assertEqual(c["moe_router_load_balancing_type"], "none")
         self.assertEqual(c["moe_shared_expert_intermediate_size"], 256)
         self.assertFalse(c["moe_grouped_gemm"])

@@ -4,7 +4,7 @@ The spec's field names are Megatron Core's already, so most fields pass through;
 decides is (1) which settings the driver adds so that Megatron Core runs the model the builtin
 engine stands for (local layer spec, the fusions the spec asks for that run without Transformer
 Engine, SwiGLU = silu, plain RoPE for MLA, top-k router
-without auxiliary loss, all-to-all dispatcher), and (2) what the driver cannot run, refused with
+without auxiliary loss, the spec's token dispatcher), and (2) what the driver cannot run, refused with
 the reason (`Unsupported`), never run as something else.
 
 A spec is the YAML spec's structure as a dict ({"model": {...}, "train": {...}, "parallel":
@@ -42,7 +42,7 @@ DRIVER_SETS = frozenset((
     "num_layers_in_last_pipeline_stage", "multi_latent_attention", "q_lora_rank", "kv_lora_rank",
     "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "num_moe_experts", "moe_router_topk",
     "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_grouped_gemm",
-    "moe_layer_freq", "moe_shared_expert_overlap", "moe_token_dispatcher_type"))
+    "moe_layer_freq", "moe_shared_expert_overlap", "expert_tensor_parallel_size"))
 
 
 def declared_transformer_config(spec):
@@ -128,7 +128,8 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
       train         micro_batch_size, num_microbatches, precision, seed, use_distributed_optimizer
       parallel      tp, pp, cp, ep, dp, world_size
       run           warmup_steps, warmup_max_steps (the run lasts warmup_max_steps +
-                    measure_steps), measure_steps, budget_bytes, proxy (True at a proxy depth)
+                    measure_step_cap), measure_steps, measure_step_cap, budget_bytes, proxy
+                    (True at a proxy depth)
       shims         the shims.py stand-ins this trial needs
     Raises Unsupported (field: reason) or ValueError (a malformed policy)."""
     model = spec.get("model", {})
@@ -196,6 +197,12 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
                           "driver does not set up")
     if ep > 1 and not moe:
         raise Unsupported("parallel.expert_model_parallel_size: a dense model has no experts")
+    if moe and _get(model, "moe_token_dispatcher_type", "allgather") == "flex":
+        raise Unsupported("model.moe_token_dispatcher_type: flex needs DeepEP or HybridEP, which "
+                          "the driver does not set up")
+    # Expert tensor parallelism: null is Megatron's own default (TP); parallel_state builds the
+    # expert grid from it.
+    etp = par.get("expert_tensor_parallel_size") or None
 
     labels = recompute["recompute_modules"] or []
     num_layers = model["num_layers"]
@@ -246,6 +253,8 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
     })
     if mla:
         config.pop("kv_channels", None)
+    if etp:
+        config["expert_tensor_parallel_size"] = etp
     config.update(recompute)
     if recompute["recompute_granularity"] == "selective":
         config.pop("recompute_method")
@@ -273,7 +282,6 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
             "moe_router_topk": _get(model, "moe_router_topk", 2),
             "moe_grouped_gemm": False,
             "moe_layer_freq": freq,
-            "moe_token_dispatcher_type": "alltoall",
             # The engine's router: top-k then softmax, no auxiliary loss.
             "moe_router_load_balancing_type": "none",
             "moe_aux_loss_coeff": 0.0,
@@ -331,7 +339,8 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
             "use_distributed_optimizer": bool(_get(train, "use_distributed_optimizer", False)),
             "grad_reduce_in_fp32": bool(_get(train, "grad_reduce_in_fp32", True)),
         },
-        "parallel": {"tp": tp, "pp": 1, "cp": 1, "ep": ep, "dp": dp, "world_size": tp * dp},
+        "parallel": {"tp": tp, "pp": 1, "cp": 1, "ep": ep, "etp": etp, "dp": dp,
+                     "world_size": tp * dp},
         "run": {
             "warmup_steps": int(_get(search, "warmup_steps", 2)),
             # The worker finds where the warm-up ended with the steady-state rule
@@ -340,10 +349,22 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
             "warmup_max_steps": max(int(_get(search, "warmup_steps", 2)),
                                     int(_get(search, "warmup_max_steps", 8))),
             "measure_steps": int(_get(search, "measure_steps", 5)),
+            # The most steps the worker's adaptive measurement may take (search/noise.h's
+            # MeasureStepCap): the run lasts for them, the worker picks the steps it needs.
+            "measure_step_cap": measure_step_cap(search),
             "budget_bytes": int(budget_gib * (1 << 30)),
         },
         "shims": shims,
     }
+
+
+def measure_step_cap(search):
+    """search/noise.h's MeasureStepCap: measure_steps when noise_target is 0, else the larger of
+    measure_steps and max_measure_steps."""
+    measure = int(_get(search, "measure_steps", 5))
+    if float(_get(search, "noise_target", 0.02)) == 0:
+        return measure
+    return max(measure, int(_get(search, "max_measure_steps", 20)))
 
 
 def megatron_settings_line(plan):

@@ -73,6 +73,7 @@ class Session:
             pipeline_model_parallel_size=1,
             context_parallel_size=1,
             expert_model_parallel_size=parallel["ep"],
+            expert_tensor_parallel_size=parallel.get("etp"),
             create_gloo_process_groups=False)
         self.parallel = parallel
         self.applied_shims = set()
@@ -187,7 +188,8 @@ class Session:
 
         if setup_start is not None:
             rec["setup_s"] = time.monotonic() - setup_start
-        steps = plan["run"]["warmup_max_steps"] + plan["run"]["measure_steps"]
+        steps = plan["run"]["warmup_max_steps"] + plan["run"].get(
+            "measure_step_cap", plan["run"]["measure_steps"])
         for i in range(steps):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
