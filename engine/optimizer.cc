@@ -13,6 +13,7 @@
 #include <string>
 
 #include "engine/collectives.h"
+#include "engine/moe_dispatch.h"
 
 namespace remat::engine {
 namespace {
@@ -164,7 +165,7 @@ class Optimizer::Impl {
     }
   }
 
-  ~Optimizer() {
+  ~Impl() {
     for (ParamInfo& p : params_) p.value = at::Tensor();
     accumulators_.clear();
   }
