@@ -81,6 +81,7 @@ std::string ResultJson(const v1::Search& s) {
     tj["noise_target_met"] = measured ? ordered_json(r.noise_target_met()) : ordered_json(nullptr);
     tj["measured_steps"] = measured ? ordered_json(r.measured_steps()) : ordered_json(nullptr);
     tj["forced_load_balancing"] = r.forced_load_balancing();
+    tj["warmup_steps_taken"] = measured ? ordered_json(r.warmup_steps_taken()) : ordered_json(nullptr);
     tj["warmup_settled"] = measured ? ordered_json(r.warmup_settled()) : ordered_json(nullptr);
     tj["numerics_mismatch"] =
         t.numerics_mismatch().empty() ? ordered_json(nullptr) : ordered_json(t.numerics_mismatch());

@@ -17,28 +17,29 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <sstream>
-#include <memory>
 #include <stdexcept>
 
-#include "search/depth_proxy.h"
-#include "search/proxy_driver.h"
-#include "search/layout_proxy.h"
-#include "search/pipeline.h"
-#include "search/rank_layout.h"
-#include "search/rules.h"
-#include "search/noise.h"
-#include "search/steady_state.h"
-#include "search/trial.h"
+#include "common/version.h"
 #include "engine/collectives.h"
 #include "engine/memory_tracker.h"
 #include "engine/model.h"
 #include "engine/moe_dispatch.h"
-#include "common/version.h"
 #include "engine/ops.h"
 #include "engine/optimizer.h"
+#include "engine/rank_setup.h"
 #include "engine/te_optimizer.h"
+#include "search/depth_proxy.h"
+#include "search/layout_proxy.h"
+#include "search/noise.h"
+#include "search/pipeline.h"
+#include "search/proxy_driver.h"
+#include "search/rank_layout.h"
+#include "search/rules.h"
+#include "search/steady_state.h"
+#include "search/trial.h"
 
 #ifdef REMAT_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -57,13 +58,6 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// A result that ends the trial early with `status` and `message`.
-struct TrialStop {
-  TrialStatus status;
-  std::string message;
-};
-
-
 // Megatron's model FLOPs per step over all GPUs (training.py num_floating_point_operations):
 // 3x forward (forward, backward wgrad, backward dgrad), recompute not counted.
 double ModelFlopsPerStep(const search::SearchSpec& spec, int64_t vocab_padded) {
@@ -76,7 +70,8 @@ double ModelFlopsPerStep(const search::SearchSpec& spec, int64_t vocab_padded) {
   if (m.multi_latent_attention) {
     const double qk = m.qk_head_dim, pe = m.qk_pos_emb_head_dim, v = m.v_head_dim;
     const double kvr = m.kv_lora_rank;
-    const double q_term = m.q_lora_rank ? *m.q_lora_rank * (h + a * (qk + pe) + 1) : h * a * (qk + pe);
+    const double q_term =
+        m.q_lora_rank ? *m.q_lora_rank * (h + a * (qk + pe) + 1) : h * a * (qk + pe);
     attn_linear = 6 * (q_term + kvr * (h + a * (qk + v) + 1) + h * pe + a * v * h);
     core = 6 * (a * (qk + pe) / 2 + a * v / 2);
   } else {
@@ -89,13 +84,13 @@ double ModelFlopsPerStep(const search::SearchSpec& spec, int64_t vocab_padded) {
   const int dense_layers = m.num_layers - moe_layers;
   double mlp = m.EffectiveFfnHiddenSize() * ffn_exp * dense_layers;
   if (moe_layers > 0) {
-    mlp += static_cast<double>(m.EffectiveMoeFfnHiddenSize()) * m.moe_router_topk * ffn_exp * moe_layers;
+    mlp += static_cast<double>(m.EffectiveMoeFfnHiddenSize()) * m.moe_router_topk * ffn_exp *
+           moe_layers;
     if (m.HasSharedExperts()) mlp += *m.moe_shared_expert_intermediate_size * ffn_exp * moe_layers;
   }
   return tokens * (6 * h * mlp + attn_linear * m.num_layers + 6 * h * vocab_padded) +
          s2 * core * m.num_layers;
 }
-
 
 at::Device ChooseDevice(const search::SearchSpec& spec, int rank) {
   const auto want = spec.search.device;
@@ -175,7 +170,8 @@ at::Tensor RunPipelineSchedule(const search::SearchSpec& spec, const Runtime& rt
   std::vector<PeerTransfer> batch;
   std::vector<at::Tensor> sent;  // kept alive until their exchange returns
   auto transfer = [&](bool send, int peer, int tag, const at::Tensor& t) {
-    batch.push_back(PeerTransfer{send, peer, tag, t.data_ptr(), static_cast<size_t>(t.numel()), wire});
+    batch.push_back(
+        PeerTransfer{send, peer, tag, t.data_ptr(), static_cast<size_t>(t.numel()), wire});
     if (send) sent.push_back(t);
   };
   auto receive_for = [&](const search::PipelineOp& op) {
@@ -251,8 +247,8 @@ at::Tensor RunPipelineSchedule(const search::SearchSpec& spec, const Runtime& rt
 // the prediction): the same ranks run each cut depth one after the other, each with its own
 // rendezvous subfolder.
 search::TrialResult RunDepthProxies(const TrialOptions& o) {
-  search::TrialResult r = search::RunDepthProxies(
-      o.spec, o.policy, [&](const search::SearchSpec& spec, int layers) {
+  search::TrialResult r =
+      search::RunDepthProxies(o.spec, o.policy, [&](const search::SearchSpec& spec, int layers) {
         TrialOptions cut = o;
         cut.spec = spec;
         if (!o.rendezvous_dir.empty()) {
@@ -271,6 +267,108 @@ search::TrialResult RunDepthProxies(const TrialOptions& o) {
 
 namespace {
 
+// One step's forward and backward over its micro-batches; the step's mean loss (on the last
+// pipeline stage; undefined elsewhere).
+at::Tensor ForwardBackward(const search::SearchSpec& spec, const Runtime& rt, GptModel& model,
+                           const std::vector<search::PipelineOp>& schedule,
+                           const at::Tensor& all_tokens, const at::Tensor& all_labels,
+                           at::ScalarType dtype) {
+  const int b = spec.train.micro_batch_size, microbatches = spec.NumMicrobatches();
+  const at::Device& device = rt.device;
+  at::Tensor loss;  // sum of the micro-batches' losses / M: the step's mean, as Megatron logs
+  if (spec.parallel.pipeline_model_parallel_size > 1) {
+    loss = RunPipelineSchedule(spec, rt, model, schedule, all_tokens, all_labels, dtype);
+  } else {
+    for (int mb = 0; mb < microbatches; ++mb) {
+      at::Tensor tokens = all_tokens.narrow(0, static_cast<int64_t>(mb) * b, b).to(device);
+      at::Tensor labels = all_labels.narrow(0, static_cast<int64_t>(mb) * b, b).to(device);
+      // Megatron divides each micro-batch's mean loss by M before its backward, so the
+      // accumulated gradient is the step's mean.
+      at::Tensor mb_loss = model.Loss(tokens, labels) / microbatches;
+      torch::autograd::backward({mb_loss});
+      loss = loss.defined() ? loss + mb_loss.detach() : mb_loss.detach();
+    }
+  }
+  return loss;
+}
+
+// A stand-in step's calls added to the measured steps' sums.
+void AddRecords(const StandInCollectives& stand_ins,
+                std::map<std::pair<std::string, int>, search::CommRecord>* comm_sum) {
+  for (const search::CommRecord& r : stand_ins.Records()) {
+    search::CommRecord& sum = (*comm_sum)[{r.group, static_cast<int>(r.kind)}];
+    if (sum.calls == 0) {
+      sum.group = r.group;
+      sum.kind = r.kind;
+      sum.ranks = r.ranks;
+    }
+    sum.bytes += r.bytes;
+    sum.calls += r.calls;
+  }
+}
+
+// The loss and grad norm of the step every trial logs: the loss averaged over the data-parallel
+// (and CP) ranks as Megatron logs it, computed on the last pipeline stage (the others add zero).
+void RecordLoss(const Runtime& rt, const at::Tensor& loss, const at::Tensor& norm,
+                search::TrialResult* result) {
+  // The same step in every trial, whatever warm-up it takes, so that losses compare.
+  // Megatron logs the loss averaged over the data-parallel ranks; the last pipeline stage
+  // computes it (the others add zero).
+  at::Tensor mean_loss = loss.defined() ? loss.to(at::kFloat).reshape({1}).clone()
+                                        : at::zeros({1}, at::TensorOptions().device(rt.device));
+  if (rt.pp.size() > 1) AllReduceTensor(rt, rt.pp, mean_loss, ReduceOp::kSum);
+  // Under CP each rank's loss is the mean over its tokens (equal counts): the dp-cp mean.
+  AllReduceTensor(rt, rt.dp_cp, mean_loss, ReduceOp::kSum);
+  rt.comm->Synchronize();
+  result->loss = mean_loss.item<double>() / rt.dp_cp.size();
+  result->grad_norm = norm.item<double>();
+}
+
+// What a failed rank reports: its status and message, from the exception in flight.
+void RecordFailure(MemoryTracker* tracker, search::TrialResult* result, search::RankResult* rank) {
+  try {
+    throw;
+  } catch (const TrialStop& stop) {
+    result->status = stop.status;
+    result->message = stop.message;
+  } catch (const CollectiveError& e) {
+    result->status = TrialStatus::kFailed;
+    result->message = std::string("collective failed: ") + e.what();
+  } catch (const std::exception& e) {
+    if (tracker != nullptr && tracker->FailedRequestBytes() > 0) {
+      result->status = TrialStatus::kOom;
+      rank->failing_request_bytes = tracker->FailedRequestBytes();
+      result->message = "out of memory: " + ErrorText(e);
+    } else if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) {
+      result->status = TrialStatus::kOom;
+      result->message = "out of memory: " + ErrorText(e);
+    } else {
+      result->status = TrialStatus::kFailed;
+      result->message = ErrorText(e);
+    }
+  } catch (...) {
+    result->status = TrialStatus::kFailed;
+    result->message = "unknown error";
+  }
+}
+
+// The rank's peaks; a failing statistics call fails the trial (RunTrial never throws).
+void ReadPeaks(MemoryTracker* tracker, search::TrialResult* result, search::RankResult* rank) {
+  if (tracker != nullptr) {
+    try {  // RunTrial never throws: a failing statistics call is a failed trial too
+      const MemoryStats stats = tracker->Stats();
+      rank->peak_allocated_bytes = stats.peak_allocated_bytes;
+      rank->peak_reserved_bytes = stats.peak_reserved_bytes;
+      rank->alloc_retries = stats.alloc_retries;
+      tracker->Stop();
+    } catch (const std::exception& e) {
+      result->status = TrialStatus::kFailed;
+      result->message += std::string(result->message.empty() ? "" : "; ") +
+                         "reading the allocator's statistics failed: " + ErrorText(e);
+    }
+  }
+}
+
 // Runs rank o.rank of the trial: with the real collectives, or (stand_in) alone with the
 // stand-ins, filling `role`'s communication records and schedule/optimizer times too.
 search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMeasurement* role) {
@@ -284,36 +382,12 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
   std::unique_ptr<MemoryTracker> cuda_tracker;
   try {
     const search::SearchSpec& spec = o.spec;
-    search::Status policy_ok = search::ValidatePolicy(spec, o.policy);
-    if (!policy_ok.ok()) throw TrialStop{TrialStatus::kInvalid, policy_ok.message()};
-    std::string unsupported = UnsupportedReason(spec, o.policy);
-    if (!unsupported.empty()) throw TrialStop{TrialStatus::kInvalid, unsupported};
-    if (o.world_size != spec.parallel.WorldSize() || o.rank < 0 || o.rank >= o.world_size) {
-      throw TrialStop{TrialStatus::kInvalid,
-                      "world size " + std::to_string(o.world_size) + " / rank " +
-                          std::to_string(o.rank) + " do not match the spec's layout (TP x PP x DP = " +
-                          std::to_string(spec.parallel.WorldSize()) + ")"};
-    }
-    if (o.world_size > 1 && o.rendezvous_dir.empty() && !stand_in) {
-      throw TrialStop{TrialStatus::kInvalid, "a multi-rank trial needs a rendezvous directory"};
-    }
-    if (spec.search.measure_steps < 1) {
-      throw TrialStop{TrialStatus::kInvalid, "search.measure_steps must be at least 1"};
-    }
+    CheckRunnable(o, stand_in);
 
     // A stand-in rank runs on the first device it sees, whichever rank it stands for.
     const at::Device device = ChooseDevice(spec, stand_in ? 0 : o.rank);
     result.versions = TrialVersions(device.is_cuda(), device.is_cuda() ? device.index() : -1);
-    if (device.is_cuda() && spec.parallel.pipeline_model_parallel_size == 2 &&
-        spec.parallel.VirtualChunks() > 1) {
-      // Both activations and gradients travel between the same two ranks; NCCL matches them in
-      // posting order only, which the interleaved schedule does not keep (Megatron-LM refuses
-      // this layout without overlapped communication too).
-      throw TrialStop{TrialStatus::kInvalid,
-                      "parallel.virtual_pipeline_model_parallel_size with "
-                      "pipeline_model_parallel_size 2 is not supported by the builtin engine on "
-                      "NCCL"};
-    }
+    CheckTransport(spec, device);
 #ifdef REMAT_WITH_CUDA
     if (device.is_cuda()) {
       cuda_tracker = NewCudaMemoryTracker(device.index());
@@ -323,87 +397,9 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
     if (tracker == nullptr) tracker = CpuMemoryTracker();
     tracker->Start(spec.search.MemoryBudgetBytes());
 
-    CollectivesOptions copts;
-    copts.rank = o.rank;
-    copts.world_size = o.world_size;
-    copts.rendezvous_dir = o.rendezvous_dir;
-    copts.timeout_s = o.collective_timeout_s;
-    copts.nccl_point_to_point = o.nccl_point_to_point;
-    std::unique_ptr<Collectives> comm;
     StandInCollectives* stand_ins = nullptr;
-    if (stand_in) {
-      std::unique_ptr<StandInCollectives> s = NewStandInCollectives(
-          o.rank, o.world_size, device.is_cuda() ? device.index() : -1,
-          spec.train.seed * 1000003 + static_cast<uint64_t>(o.rank));
-      stand_ins = s.get();
-      comm = std::move(s);
-    } else if (o.world_size == 1) {
-      comm = NewSingleRankCollectives();
-    } else if (device.is_cuda()) {
-#ifdef REMAT_WITH_CUDA
-      comm = NewNcclCollectives(copts);
-#endif
-    } else {
-      comm = NewTcpCollectives(copts);
-    }
-
-    Runtime rt;
-    rt.comm = comm.get();
-    rt.device = device;
-    // Megatron Core's rank order (search/rank_layout.h).
-    const int pp = spec.parallel.pipeline_model_parallel_size;
-    const search::ParallelGroups groups = search::GroupsOf(spec.parallel);
-    // Stand-ins record every call under its group's name (search::CommRecord::group).
-    auto name = [&](const Group& g, const char* n) {
-      if (stand_ins != nullptr) stand_ins->NameGroup(g, n);
-    };
-    rt.tp = comm->CreateGroup(groups.tp);
-    name(rt.tp, "tp");
-    rt.dp = comm->CreateGroup(groups.dp);
-    name(rt.dp, "dp");
-    rt.dp_cp = rt.dp;
-    if (spec.parallel.context_parallel_size > 1) {  // engine/context_parallel.h
-      rt.cp = comm->CreateGroup(groups.cp);
-      name(rt.cp, "cp");
-      rt.dp_cp = comm->CreateGroup(groups.dp_cp);
-      name(rt.dp_cp, "dp_cp");
-      rt.cp_comm_type = spec.parallel.cp_comm_type;
-    }
-    if (pp > 1) {
-      rt.pp = comm->CreateGroup(groups.pp);
-      name(rt.pp, "pp");
-      if (spec.model.share_embeddings_and_output_weights) {
-        // Megatron's embedding group: the first and the last stage of each pipeline.
-        std::vector<std::vector<int>> emb_groups;
-        for (const auto& g : groups.pp) {
-          emb_groups.push_back({g.front(), g.back()});
-          for (size_t i = 1; i + 1 < g.size(); ++i) emb_groups.push_back({g[i]});
-        }
-        rt.embedding = comm->CreateGroup(emb_groups);
-        name(rt.embedding, "embedding");
-      }
-    }
-    // Megatron's expert grid (search/rank_layout.h); where it adds nothing (EP 1, ETP = TP) the
-    // expert groups are the dense ones.
-    if (!groups.ep.empty()) {
-      rt.ep = comm->CreateGroup(groups.ep);
-      name(rt.ep, "ep");
-      rt.expert_dp = comm->CreateGroup(groups.expert_dp);
-      name(rt.expert_dp, "expert_dp");
-      rt.expert_tp = comm->CreateGroup(groups.expert_tp);
-      name(rt.expert_tp, "expert_tp");
-      rt.expert_tp_ep = comm->CreateGroup(groups.expert_tp_ep);
-      name(rt.expert_tp_ep, "expert_tp_ep");
-    } else {
-      rt.ep.id = -1;  // a group of one: never reaches the transport
-      rt.ep.ranks = {o.rank};
-      rt.ep.rank = 0;
-      rt.expert_dp = rt.dp_cp;
-      rt.expert_tp = rt.tp;
-      rt.expert_tp_ep = rt.tp;
-    }
-    rt.sequence_parallel =
-        spec.parallel.sequence_parallel && spec.parallel.tensor_model_parallel_size > 1;
+    std::unique_ptr<Collectives> comm = MakeCollectives(o, stand_in, device, &stand_ins);
+    const Runtime rt = MakeRuntime(o, comm.get(), stand_ins, device);
 
     const at::ScalarType dtype =
         spec.train.precision == search::Precision::kBf16 ? at::kBFloat16 : at::kFloat;
@@ -415,7 +411,8 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
     Optimizer optimizer(rt, model.params(), OptimizerDTypesOf(spec), spec.train.seed,
                         spec.train.use_distributed_optimizer);
     // Tokens: the same stream on every TP rank and pipeline stage, one per DP rank.
-    at::Generator data_gen = at::make_generator<at::CPUGeneratorImpl>(spec.train.seed + 1 + rt.dp.rank);
+    at::Generator data_gen =
+        at::make_generator<at::CPUGeneratorImpl>(spec.train.seed + 1 + rt.dp.rank);
     // Only the stages with the embedding or the loss read the batch (Megatron's middle stages
     // load no data).
     const std::vector<search::StageChunk> chunks = search::ChunksOf(spec, rt.pp_rank());
@@ -447,20 +444,9 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
       if (stand_ins != nullptr) stand_ins->ResetRecords();
       const auto t0 = Clock::now();
       optimizer.ZeroGrad();
-      at::Tensor loss;  // sum of the micro-batches' losses / M: the step's mean, as Megatron logs
-      if (pp > 1) {
-        loss = RunPipelineSchedule(spec, rt, model, schedule, all_tokens, all_labels, dtype);
-      } else {
-        for (int mb = 0; mb < microbatches; ++mb) {
-          at::Tensor tokens = all_tokens.narrow(0, static_cast<int64_t>(mb) * b, b).to(device);
-          at::Tensor labels = all_labels.narrow(0, static_cast<int64_t>(mb) * b, b).to(device);
-          // Megatron divides each micro-batch's mean loss by M before its backward, so the
-          // accumulated gradient is the step's mean.
-          at::Tensor mb_loss = model.Loss(tokens, labels) / microbatches;
-          torch::autograd::backward({mb_loss});
-          loss = loss.defined() ? loss + mb_loss.detach() : mb_loss.detach();
-        }
-      }
+      // The sum of the micro-batches' losses / M: the step's mean, as Megatron logs it.
+      const at::Tensor loss =
+          ForwardBackward(spec, rt, model, schedule, all_tokens, all_labels, dtype);
       auto t_mid = t0;
       if (stand_ins != nullptr) {  // a real trial does not wait here (its step time stays whole)
         SynchronizeDevice(device);
@@ -471,38 +457,19 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
       SynchronizeDevice(device);
       const auto t1 = Clock::now();
       if (stand_ins != nullptr && measuring) {
-        for (const search::CommRecord& r : stand_ins->Records()) {
-          search::CommRecord& sum = comm_sum[{r.group, static_cast<int>(r.kind)}];
-          if (sum.calls == 0) {
-            sum.group = r.group;
-            sum.kind = r.kind;
-            sum.ranks = r.ranks;
-          }
-          sum.bytes += r.bytes;
-          sum.calls += r.calls;
-        }
+        AddRecords(*stand_ins, &comm_sum);
         schedule_times.push_back(Seconds(t0, t_mid));
         optimizer_times.push_back(Seconds(t_mid, t1));
       }
-      if (step == so.warmup_steps) {
-        // The same step in every trial, whatever warm-up it takes, so that losses compare.
-        // Megatron logs the loss averaged over the data-parallel ranks; the last pipeline stage
-        // computes it (the others add zero).
-        at::Tensor mean_loss = loss.defined() ? loss.to(at::kFloat).reshape({1}).clone()
-                                              : at::zeros({1}, at::TensorOptions().device(device));
-        if (rt.pp.size() > 1) AllReduceTensor(rt, rt.pp, mean_loss, ReduceOp::kSum);
-        // Under CP each rank's loss is the mean over its tokens (equal counts): the dp-cp mean.
-        AllReduceTensor(rt, rt.dp_cp, mean_loss, ReduceOp::kSum);
-        comm->Synchronize();
-        result.loss = mean_loss.item<double>() / rt.dp_cp.size();
-        result.grad_norm = norm.item<double>();
-      }
+      // The same step in every trial, whatever warm-up it takes, so that losses compare.
+      if (step == so.warmup_steps) RecordLoss(rt, loss, norm, &result);
       const double seconds = Seconds(t0, t1);
       // Every rank judges the slowest rank's times, so all of them stop warming up and measuring
       // at the same step (their collectives must pair up).
       double judged = seconds;
       if (o.world_size > 1 && (!measuring || search::MeasureStepCap(so) > so.measure_steps)) {
-        at::Tensor t = at::full({1}, seconds, at::TensorOptions().dtype(at::kDouble).device(device));
+        at::Tensor t =
+            at::full({1}, seconds, at::TensorOptions().dtype(at::kDouble).device(device));
         AllReduceTensor(rt, comm->World(), t, ReduceOp::kMax);
         comm->Synchronize();
         judged = t.item<double>();
@@ -542,41 +509,10 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
       role->schedule_s = search::MedianStepTime(schedule_times);
       role->optimizer_s = search::MedianStepTime(optimizer_times);
     }
-  } catch (const TrialStop& stop) {
-    result.status = stop.status;
-    result.message = stop.message;
-  } catch (const CollectiveError& e) {
-    result.status = TrialStatus::kFailed;
-    result.message = std::string("collective failed: ") + e.what();
-  } catch (const std::exception& e) {
-    if (tracker != nullptr && tracker->FailedRequestBytes() > 0) {
-      result.status = TrialStatus::kOom;
-      rank.failing_request_bytes = tracker->FailedRequestBytes();
-      result.message = "out of memory: " + ErrorText(e);
-    } else if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) {
-      result.status = TrialStatus::kOom;
-      result.message = "out of memory: " + ErrorText(e);
-    } else {
-      result.status = TrialStatus::kFailed;
-      result.message = ErrorText(e);
-    }
   } catch (...) {
-    result.status = TrialStatus::kFailed;
-    result.message = "unknown error";
+    RecordFailure(tracker, &result, &rank);
   }
-  if (tracker != nullptr) {
-    try {  // RunTrial never throws: a failing statistics call is a failed trial too
-      const MemoryStats stats = tracker->Stats();
-      rank.peak_allocated_bytes = stats.peak_allocated_bytes;
-      rank.peak_reserved_bytes = stats.peak_reserved_bytes;
-      rank.alloc_retries = stats.alloc_retries;
-      tracker->Stop();
-    } catch (const std::exception& e) {
-      result.status = TrialStatus::kFailed;
-      result.message += std::string(result.message.empty() ? "" : "; ") +
-                        "reading the allocator's statistics failed: " + ErrorText(e);
-    }
-  }
+  ReadPeaks(tracker, &result, &rank);
   result.ranks.push_back(rank);
   result.wall_s = Seconds(start, Clock::now());
   return result;

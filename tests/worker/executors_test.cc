@@ -48,6 +48,9 @@ v1::TrialAssignment Assignment(const std::string& mode, int world, double timeou
   spec->mutable_search()->set_warmup_max_steps(2);
   spec->mutable_search()->set_steady_window(1);
   spec->mutable_search()->set_measure_steps(3);
+  // A fixed window (noise_target 0: exactly measure_steps), so the figures below are exact;
+  // AdaptiveCommandRunsForTheCapAndMeasuresByTheRule covers the adaptive window.
+  spec->mutable_search()->set_noise_target(0);
   return a;
 }
 
@@ -296,6 +299,30 @@ class CommandTest : public ::testing::Test {
   }
   TempDir dir_;
 };
+
+// With noise_target set, the job runs for the cap and the worker measures by the rule: steps
+// after the warm-up until the median's interval is within the target (search/noise.h).
+TEST_F(CommandTest, AdaptiveCommandRunsForTheCapAndMeasuresByTheRule) {
+  const std::string script = dir_ / "job.sh";
+  // Warm-up 9, 9; then steady steps: five within 1% make the 90% interval of the median.
+  WriteText(script, R"(#!/bin/sh
+echo "$1" > iters.txt
+cat > "$REMAT_METRICS_FILE.rank0" <<EOT
+{"ranks": [{"rank": 0, "peak_allocated_bytes": 100, "peak_reserved_bytes": 150,
+            "step_times_s": [9, 9, 1.0, 1.001, 0.999, 1.002, 1.0, 5, 5, 5], "losses": [5, 5, 4]}]}
+EOT
+)");
+  v1::TrialAssignment a = Assignment("cmd", 1);
+  a.mutable_spec()->mutable_search()->set_noise_target(0.02);
+  a.mutable_spec()->mutable_search()->set_max_measure_steps(8);
+  search::TrialResult r =
+      Run("job:\n  command: sh " + script + " {train_iters}\n", a, Slots(1));
+  ASSERT_EQ(r.status, TrialStatus::kOk) << r.message;
+  EXPECT_EQ(ReadText(dir_ / "iters.txt"), "10\n");  // warm-up 2 + the cap of 8
+  EXPECT_EQ(r.ranks[0].step_times_s, (std::vector<double>{1.0, 1.001, 0.999, 1.002, 1.0}));
+  EXPECT_TRUE(r.noise_target_met);
+  EXPECT_GT(r.step_time_high_s, r.step_time_low_s);
+}
 
 TEST_F(CommandTest, SubstitutesPlaceholdersAndReadsTheMetricsFile) {
   // A fake job: records its arguments and environment, then writes two per-rank metrics files.
@@ -583,7 +610,8 @@ TEST(CommandTemplate, ShippedMegatronBridgeTemplateExpandsForTheExampleSpec) {
             "--recipe megatron.bridge.recipes.llama:llama3_8b_pretrain_config "
             "'model.recompute_granularity=selective' 'model.recompute_method=null' "
             "'model.recompute_num_layers=null' 'model.recompute_modules=[core_attn,mlp]' "
-            "'model.num_layers=2' train.train_iters=13 train.micro_batch_size=1 "
+            // warmup_max_steps 8 + the adaptive measurement's cap of 20 steps (search/noise.h)
+            "'model.num_layers=2' train.train_iters=28 train.micro_batch_size=1 "
             "train.global_batch_size=8 model.seq_length=8192 dataset.sequence_length=8192 "
             "checkpoint.save=null");
 }

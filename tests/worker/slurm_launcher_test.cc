@@ -218,7 +218,9 @@ TEST_F(FakeSlurmTest, WritesTheJobAndMapsOutOfMemory) {
   const std::string rank = ReadText(trial_ / "rank.sh");
   EXPECT_NE(rank.find("SLURM_PROCID"), std::string::npos);
   EXPECT_NE(rank.find("export CUDA_VISIBLE_DEVICES="), std::string::npos);
-  EXPECT_NE(rank.find("1) (cd '" + trial_.path() + "' && exec '/opt/remat/bin/remat-trial' "
+  // The spec's environment (search.allocator_conf, worker/trial_pipeline.h TrialEnvironment).
+  EXPECT_NE(rank.find("1) (export PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True'; cd '" +
+                      trial_.path() + "' && exec '/opt/remat/bin/remat-trial' "
                       "'--request' '" + trial_.path() + "/request-1.pb'"),
             std::string::npos)
       << rank;
