@@ -200,6 +200,22 @@ class MappingTest(unittest.TestCase):
         with self.assertRaisesRegex(mapping.Unsupported, "search.device"):
             mapping.map_trial(spec, "none")
 
+    def test_native_cross_entropy_fusion_runs_te_needs_transformer_engine(self):
+        fused = dense(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="native",
+                      bias_activation_fusion=True, bias_dropout_fusion=True)
+        config = mapping.map_trial(fused, "none")["config"]
+        self.assertTrue(config["cross_entropy_loss_fusion"])
+        self.assertTrue(config["bias_activation_fusion"])
+        self.assertTrue(config["bias_dropout_fusion"])
+        self.assertNotIn("cross_entropy_fusion_impl", config)  # native: Megatron's own default
+        te = dense(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
+        with self.assertRaisesRegex(mapping.Unsupported, "model.cross_entropy_fusion_impl"):
+            mapping.map_trial(te, "none")
+        self.assertEqual(mapping.map_trial(te, "none", have_te=True)["config"]
+                         ["cross_entropy_fusion_impl"], "te")
+        # The impl alone, without the fusion, changes nothing Megatron runs.
+        mapping.map_trial(dense(cross_entropy_fusion_impl="te"), "none")
+
     def test_mlp_with_biases_is_allowed_when_every_layer_is_moe(self):
         spec = dense(num_moe_experts=4, add_bias_linear=True)
         mapping.map_trial(spec, "selective:[moe]")  # no dense layer: mlp's defect cannot occur

@@ -172,11 +172,18 @@ def map_trial(spec, policy_text, have_te=False, have_apex=False):
         raise Unsupported("model.fp8: the driver builds Megatron Core's local (non-TE) layer spec, "
                           "which has no FP8; refused rather than measured in 16 bits")
     for key, ran in (("transformer_impl", "local"), ("apply_rope_fusion", False),
-                     ("masked_softmax_fusion", False), ("cross_entropy_loss_fusion", False)):
+                     ("masked_softmax_fusion", False)):
         if _get(model, key, ran) != ran:
             raise Unsupported("model.%s: the driver builds Megatron Core's local layer spec without "
                               "Transformer Engine or Apex, which runs %s = %r only"
                               % (key, key, ran))
+    # The native cross-entropy fusion is jit-fused torch (Megatron-LM
+    # megatron/core/fusions/fused_cross_entropy.py at d98e8a6) and passes through; the te one
+    # calls Transformer Engine's parallel cross-entropy.
+    if _get(model, "cross_entropy_loss_fusion", False) and not have_te and \
+            _get(model, "cross_entropy_fusion_impl", "native") != "native":
+        raise Unsupported("model.cross_entropy_fusion_impl: te needs Transformer Engine's parallel "
+                          "cross-entropy, which is not installed; native runs without it")
     for key in ("use_precision_aware_optimizer", "use_megatron_fsdp"):
         if _get(train, key, False):
             raise Unsupported("train.%s: needs Transformer Engine's FusedAdam or Megatron-FSDP, "
