@@ -9,13 +9,20 @@ process) and with Megatron Core (megatron_side.py: every family in one process, 
 backend's own driver code). Per policy it compares the change of the allocated peak against the
 control and the extra seconds per step against the control (the recompute's cost).
 
+The fused families (`dense-fused`, `mla-fused`, `moe-seq-fused`, `moe-grouped-fused`) are the
+same models with what Megatron Core's local layer fuses without Transformer Engine on both sides
+(FUSED_MODEL, FUSED_TRAIN below); each brings its unfused family's control along when that family
+is not asked for, so the fusions' own change of static memory and peak is compared too. The
+trials run in phases (phases()): controls, single labels and full:uniform:1 of every family
+first, then those anchors, then full:block:2 and the pairs, so a time budget cuts the pairs.
+
 Megatron Core's local (non-TE) layer spec has no grouped-GEMM experts (TEGroupedMLP needs
 Transformer Engine), so the grouped family's Megatron Core reference is the sequential family's
 run (the same model with SequentialMLP experts): it measures how far the engine's grouped experts
 are from what Megatron Core keeps, not a grouped-GEMM Megatron run.
 
   fidelity.py --build BUILD_DIR --megatron DIR --out OUT_DIR [--deadline UNIX_S]
-              [--families dense,mla,moe-seq,moe-grouped] [--policies 'P1;P2;...']
+              [--families dense,mla,moe-seq,moe-grouped|dense-fused,...] [--policies 'P1;P2;...']
 
 Writes OUT_DIR/fidelity.json (every figure), OUT_DIR/fidelity.md (the table, bench/fidelity/
 to_doc.py), the specs, engine.jsonl / megatron.jsonl and their logs.
@@ -72,11 +79,39 @@ FAMILIES["moe-seq-6l"] = dict(FAMILIES["moe-seq"], num_layers=6)
 # Whose Megatron Core run a family is compared with (see the module comment).
 MEGATRON_REFERENCE = {"moe-grouped": "moe-seq"}
 
+# The fused families: each family above with what Megatron Core's local layer runs without
+# Transformer Engine (Megatron-LM at d98e8a6): the jit-fused bias + SwiGLU
+# (megatron/core/fusions/fused_bias_swiglu.py) and bias + dropout + add
+# (megatron/core/fusions/fused_bias_dropout.py), the native fused cross-entropy
+# (megatron/core/fusions/fused_cross_entropy.py) and bf16 gradient buffers (DDP's
+# grad_reduce_in_fp32 false), on both sides. Left out on both: the precision-aware optimizer
+# (megatron/core/optimizer/__init__.py passes exp_avg_dtype, master_weights and
+# initialize_state to Transformer Engine's FusedAdam, and OptimizerConfig checks for it; torch's
+# AdamW, the fallback, has none of them), so Megatron Core cannot run it here and the engine
+# runs without it to keep the static memory comparable. Attention stays unfused (the local spec
+# has no fused attention).
+FUSED_MODEL = {"bias_activation_fusion": True, "bias_dropout_fusion": True,
+               "cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "native"}
+FUSED_TRAIN = {"grad_reduce_in_fp32": False}
+FAMILY_TRAIN = {}
+# A fused family's unfused one: its control runs too (as an anchor) when it is not asked for,
+# so the fusions' own change of the static memory and the peak is compared on both sides.
+UNFUSED = {}
+for _base in ("dense", "mla", "moe-seq", "moe-grouped"):
+    FAMILIES[_base + "-fused"] = dict(FAMILIES[_base], **FUSED_MODEL)
+    FAMILY_TRAIN[_base + "-fused"] = FUSED_TRAIN
+    UNFUSED[_base + "-fused"] = _base
+MEGATRON_REFERENCE["moe-grouped-fused"] = "moe-seq-fused"
+# In the order a time budget should cut them last to first: MLA's fusions are the dense MLP's.
+FUSED_FAMILIES = "dense-fused,moe-seq-fused,moe-grouped-fused,mla-fused"
+
 
 def spec_of(family):
     model = dict(BASE)
     model.update(FAMILIES[family])
-    return {"name": "fidelity-" + family, "model": model, "train": dict(TRAIN),
+    train = dict(TRAIN)
+    train.update(FAMILY_TRAIN.get(family, {}))
+    return {"name": "fidelity-" + family, "model": model, "train": train,
             "search": dict(SEARCH)}
 
 
@@ -103,6 +138,20 @@ def choose_policies(valid):
                 chosen.append(p)
     chosen += [p for p in ("full:uniform:1", "full:block:2") if p in valid]
     return chosen
+
+
+def phases(policies, anchors):
+    """The order the trials run in, so that a time budget cuts the least informative ones:
+    phase 1 each family's control, single labels and full:uniform:1; phase 2 the anchors (the
+    unfused controls of fused families not asked for); phase 3 the rest (full:block:2 and the
+    pairs). `policies`: family -> its policies; `anchors`: family -> ["selective:[]"]. Returns
+    three dicts family -> policies (a family without trials in a phase is left out of it)."""
+    def first(p):
+        return p in ("selective:[]", "full:uniform:1") or (
+            p.startswith("selective:[") and "," not in p)
+    one = {f: [p for p in ps if first(p)] for f, ps in policies.items()}
+    three = {f: [p for p in ps if not first(p)] for f, ps in policies.items()}
+    return [{f: ps for f, ps in d.items() if ps} for d in (one, dict(anchors), three)]
 
 
 def run(cmd, log_path, timeout):
@@ -133,6 +182,7 @@ def engine_row(line):
     if line.get("status") == "ok":
         row.update(peak_allocated_bytes=line["peak_allocated_bytes"],
                    peak_reserved_bytes=line["peak_reserved_bytes"],
+                   static_bytes=line.get("static_bytes"),
                    step_time_s=line["step_time_s"], loss=line.get("loss"))
     return row
 
@@ -146,9 +196,52 @@ def megatron_row(line, warmup):
         steps = rank["step_times_s"][warmup:]
         row.update(peak_allocated_bytes=rank["peak_allocated_bytes"],
                    peak_reserved_bytes=rank["peak_reserved_bytes"],
+                   static_bytes=rank.get("static_bytes"),
                    step_time_s=median(steps),
                    loss=rank["losses"][warmup] if len(rank["losses"]) > warmup else None)
     return row
+
+
+def write_specs(out, family):
+    """FAMILY.yaml (the engine's) and FAMILY.json (the driver's) in `out`; returns the spec."""
+    spec = spec_of(family)
+    with open(os.path.join(out, family + ".yaml"), "w", encoding="utf-8") as f:
+        f.write(to_yaml(spec))
+    with open(os.path.join(out, family + ".json"), "w", encoding="utf-8") as f:
+        json.dump(spec, f, indent=1)
+    return spec
+
+
+def run_engine(a, engine, phase, lines):
+    """The engine's trials of one phase: one process per family, all its policies."""
+    for fam, pols in phase.items():
+        t0 = time.time()
+        out = run([engine, "--spec", os.path.join(a.out, fam + ".yaml"), "--policies",
+                   ";".join(pols)], os.path.join(a.out, "engine.log"), a.deadline - time.time())
+        with open(os.path.join(a.out, "engine.jsonl"), "a", encoding="utf-8") as f:
+            for line in out.splitlines():
+                if line.startswith("{"):
+                    r = json.loads(line)
+                    lines[(fam, r["policy"])] = r
+                    f.write(json.dumps(dict(r, family=fam)) + "\n")
+        print("engine %s (%d policies): %.0f s" % (fam, len(pols), time.time() - t0), flush=True)
+
+
+def run_megatron(a, specs, phase, n):
+    """Megatron Core's trials of one phase: every family in one process (megatron_side.py)."""
+    plan = [{"family": fam, "spec": specs[fam], "policies": pols}
+            for fam, pols in phase.items() if fam not in MEGATRON_REFERENCE]
+    if not plan:
+        return
+    plan_path = os.path.join(a.out, "megatron-plan-%d.json" % n)
+    with open(plan_path, "w", encoding="utf-8") as f:
+        json.dump(plan, f, indent=1)
+    t0 = time.time()
+    run([sys.executable, os.path.join(HERE, "megatron_side.py"), "--plan", plan_path,
+         "--jsonl", os.path.join(a.out, "megatron.jsonl"), "--megatron-path", a.megatron,
+         "--deadline", str(a.deadline - 15)],
+        os.path.join(a.out, "megatron.log"), a.deadline - time.time())
+    print("megatron phase %d: %.0f s" % (n, time.time() - t0), flush=True)
 
 
 def main():
@@ -157,58 +250,48 @@ def main():
     p.add_argument("--megatron", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--deadline", type=float, default=time.time() + 420)
-    p.add_argument("--families", default="dense,mla,moe-seq,moe-grouped")
+    p.add_argument("--families", default="dense,mla,moe-seq,moe-grouped",
+                   help="also the fused families: " + FUSED_FAMILIES)
     p.add_argument("--policies", default="",
                    help="only these of each family's policies (';'-separated), control first")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     families = [f for f in a.families.split(",") if f]
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        print("error: --families: unknown family %s (known: %s)"
+              % (unknown[0], ",".join(FAMILIES)), file=sys.stderr)
+        return 2
     engine = os.path.join(a.build, "bin", "remat-bench-engine")
     estimate = os.path.join(a.build, "bin", "remat-bench-estimate")
 
     specs, policies = {}, {}
     for fam in families:
-        specs[fam] = spec_of(fam)
-        yaml_path = os.path.join(a.out, fam + ".yaml")
-        with open(yaml_path, "w", encoding="utf-8") as f:
-            f.write(to_yaml(specs[fam]))
-        with open(os.path.join(a.out, fam + ".json"), "w", encoding="utf-8") as f:
-            json.dump(specs[fam], f, indent=1)
-        est = json.loads(subprocess.check_output([estimate, "--spec", yaml_path]))
+        specs[fam] = write_specs(a.out, fam)
+        est = json.loads(subprocess.check_output(
+            [estimate, "--spec", os.path.join(a.out, fam + ".yaml")]))
         policies[fam] = choose_policies(est["valid_policies"])
         if a.policies:
             only = set(a.policies.split(";"))
             policies[fam] = [q for q in policies[fam] if q in only]
         print("%s: %d policies" % (fam, len(policies[fam])), flush=True)
-
-    # The engine first (fast), one process per family.
-    engine_lines = {}
+    # The unfused controls of fused families whose unfused family is not asked for, with their
+    # Megatron Core reference's when that is another family (moe-grouped's is moe-seq's).
+    anchors = {}
     for fam in families:
-        t0 = time.time()
-        out = run([engine, "--spec", os.path.join(a.out, fam + ".yaml"), "--policies",
-                   ";".join(policies[fam])], os.path.join(a.out, "engine.log"),
-                  a.deadline - time.time())
-        with open(os.path.join(a.out, "engine.jsonl"), "a", encoding="utf-8") as f:
-            for line in out.splitlines():
-                if line.startswith("{"):
-                    r = json.loads(line)
-                    engine_lines[(fam, r["policy"])] = r
-                    f.write(json.dumps(dict(r, family=fam)) + "\n")
-        print("engine %s: %.0f s" % (fam, time.time() - t0), flush=True)
+        base = UNFUSED.get(fam)
+        for f in (base, MEGATRON_REFERENCE.get(base)):
+            if f and f not in families and f not in anchors:
+                anchors[f] = ["selective:[]"]
+                specs[f] = write_specs(a.out, f)
 
-    # Megatron Core: every family in one process.
-    plan = [{"family": fam, "spec": specs[fam], "policies": policies[fam]}
-            for fam in families if fam not in MEGATRON_REFERENCE]
-    plan_path = os.path.join(a.out, "megatron-plan.json")
-    with open(plan_path, "w", encoding="utf-8") as f:
-        json.dump(plan, f, indent=1)
-    t0 = time.time()
-    jsonl = os.path.join(a.out, "megatron.jsonl")
-    run([sys.executable, os.path.join(HERE, "megatron_side.py"), "--plan", plan_path,
-         "--jsonl", jsonl, "--megatron-path", a.megatron, "--deadline", str(a.deadline - 15)],
-        os.path.join(a.out, "megatron.log"), a.deadline - time.time())
-    print("megatron: %.0f s" % (time.time() - t0), flush=True)
+    # Phase by phase, the engine (fast) and then Megatron Core (see phases()).
+    engine_lines = {}
+    for n, phase in enumerate(phases(policies, anchors), 1):
+        run_engine(a, engine, phase, engine_lines)
+        run_megatron(a, specs, phase, n)
     megatron_lines = {}
+    jsonl = os.path.join(a.out, "megatron.jsonl")
     if os.path.exists(jsonl):
         with open(jsonl, encoding="utf-8") as f:
             for line in f:
@@ -217,16 +300,17 @@ def main():
 
     report = {"megatron_commit": MEGATRON_COMMIT, "date": time.strftime("%Y-%m-%d"),
               "versions": _versions(a.build), "families": []}
-    for fam in families:
+    for fam in families + list(anchors):
         ref = MEGATRON_REFERENCE.get(fam, fam)
         rows = []
-        for pol in policies[fam]:
+        for pol in policies.get(fam, anchors.get(fam)):
             rows.append({"policy": pol,
                          "engine": engine_row(engine_lines.get((fam, pol))),
                          "megatron": megatron_row(megatron_lines.get((ref, pol)),
                                                   SEARCH["warmup_steps"])})
         report["families"].append({"family": fam, "megatron_reference": ref,
-                                   "spec": specs[fam], "rows": rows})
+                                   "spec": specs[fam], "rows": rows,
+                                   "anchor": fam in anchors, "unfused": UNFUSED.get(fam)})
     to_doc.compare(report)
     with open(os.path.join(a.out, "fidelity.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)

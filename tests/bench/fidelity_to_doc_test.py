@@ -40,6 +40,71 @@ def report():
                           "spec": {"model": {"num_layers": 4}}, "rows": rows}]}
 
 
+def with_static(row, static_mib):
+    row["static_bytes"] = static_mib * MIB
+    return row
+
+
+def fused_report():
+    """dense-fused with its unfused anchor: bf16 gradients take 600 MiB of static memory on
+    both sides; the fused SwiGLU 250 MiB (Megatron Core) and 252 MiB (engine) of the peak."""
+    anchor = [{"policy": "selective:[]", "megatron": with_static(side(15000, 0.060), 4000),
+               "engine": with_static(side(14800, 0.061), 3900)}]
+    fused = [
+        {"policy": "selective:[]", "megatron": with_static(side(14150, 0.058), 3400),
+         "engine": with_static(side(13948, 0.059), 3300)},
+        {"policy": "selective:[mlp]", "megatron": with_static(side(13750, 0.060), 3400),
+         "engine": with_static(side(13500, 0.061), 3300)},
+    ]
+    fams = [{"family": "dense-fused", "megatron_reference": "dense-fused", "unfused": "dense",
+             "anchor": False, "spec": {"model": {"bias_activation_fusion": True},
+                                       "train": {"grad_reduce_in_fp32": False}}, "rows": fused},
+            {"family": "dense", "megatron_reference": "dense", "unfused": None, "anchor": True,
+             "spec": {"model": {"num_layers": 4}}, "rows": anchor}]
+    return {"megatron_commit": "abc123", "versions": {}, "date": "2026-12-02", "families": fams}
+
+
+class FusedTest(unittest.TestCase):
+    def test_fusion_effect_on_each_side(self):
+        (e,) = to_doc.fusion_effects(to_doc.compare(fused_report()))
+        self.assertEqual(e["megatron_static_bytes_delta"], -600 * MIB)
+        self.assertEqual(e["engine_static_bytes_delta"], -600 * MIB)
+        self.assertEqual(e["megatron_peak_allocated_bytes_delta"], -850 * MIB)
+        self.assertEqual(e["engine_peak_allocated_bytes_delta"], -852 * MIB)
+        self.assertEqual(e["peak_verdict"], "ok")
+
+    def test_fused_section_has_absolute_figures_and_goes_between_the_markers(self):
+        report = to_doc.compare(fused_report())
+        text = to_doc.render_fused(report, command="bench/fidelity/run.sh")
+        self.assertIn("## With Megatron's fusions on both sides (2026-12-02)", text)
+        self.assertIn("precision-aware optimizer", text)
+        self.assertIn("| dense-fused | 4000 → 3400 (-600) | 3900 → 3300 (-600) |", text)
+        self.assertIn("### dense-fused", text)
+        self.assertNotIn("### dense\n", text)  # the anchor is in the effect table only
+        self.assertIn("static 3400 MiB, 14150 MiB peak allocated", text)
+        # absolute peaks, then the changes: -400 vs -448 MiB is a miss (12%).
+        self.assertIn("| `selective:[mlp]` | 13750 | 13500 | -400.0 | -448.0 | 1.120 | MISS |",
+                      text)
+        self.assertIn("- dense-fused `selective:[mlp]`: peak", text)
+        self.assertIn("fused bias-SwiGLU keeps its input", text)
+        self.assertNotIn("x_linear + glu_linear_offset", text)
+        doc = "# Fidelity\n\nold table\n\n%s\nstale\n%s\n\nafter\n" % (
+            to_doc.FUSED_BEGIN, to_doc.FUSED_END)
+        new = to_doc.into(doc, text)
+        self.assertTrue(new.startswith("# Fidelity\n\nold table\n\n" + to_doc.FUSED_BEGIN))
+        self.assertNotIn("stale", new)
+        self.assertIn(text, new)
+        self.assertTrue(new.endswith(to_doc.FUSED_END + "\n\nafter\n"))
+        self.assertEqual(to_doc.into(new, text), new)  # idempotent
+        with self.assertRaises(ValueError):
+            to_doc.into("# no markers\n", text)
+
+    def test_whole_table_keeps_the_unfused_families_as_they_were(self):
+        text = to_doc.render(to_doc.compare(report()), command="c")
+        self.assertIn("local non-TE layer spec, fusions off,", text)
+        self.assertNotIn("Megatron peak MiB", text)
+
+
 class ToDocTest(unittest.TestCase):
     def test_verdicts(self):
         r = to_doc.compare(report())["families"][0]["rows"]
