@@ -8,8 +8,10 @@
 #   bench/fidelity/run.sh [OUT_DIR]     # default $OUT, else build-gpu/fidelity-out
 #   env: REMAT_MEGATRON_PATH (default .carry/megatron-lm: a folder holding megatron/core),
 #        REMAT_FIDELITY_FAMILIES (default dense,mla,moe-seq,moe-grouped; also moe-seq-2l and
-#        moe-seq-6l, the sequential MoE at 2 and 6 layers), REMAT_FIDELITY_POLICIES (only these
-#        policies of each family, ';'-separated)
+#        moe-seq-6l, the sequential MoE at 2 and 6 layers, and the fused families
+#        dense-fused,moe-seq-fused,moe-grouped-fused,mla-fused: Megatron's non-TE fusions and
+#        bf16 gradients on both sides, about 5 minutes with REMAT_FIDELITY_BUDGET_S=330),
+#        REMAT_FIDELITY_POLICIES (only these policies of each family, ';'-separated)
 # Writes OUT_DIR/fidelity.md (the table; bench/fidelity/to_doc.py turns fidelity.json into
 # docs/fidelity.md), fidelity.json, the specs, engine.jsonl/.log, megatron.jsonl/.log, build.log.
 set -uo pipefail
@@ -45,7 +47,8 @@ python3 bench/fidelity/fidelity.py --build build-gpu --megatron "$MEGATRON" --ou
   --policies "${REMAT_FIDELITY_POLICIES:-}"
 rc=$?
 echo "== done in $(( $(date +%s) - START )) s; table: $OUT_DIR/fidelity.md"
-[ -f "$OUT_DIR/fidelity.md" ] && grep -A 200 '^## ' "$OUT_DIR/fidelity.md" | grep -E '^(## |\| `)' | cut -c1-160
+# The tables' rows (and the fused families' controls against the unfused ones).
+[ -f "$OUT_DIR/fidelity.md" ] && grep -E '^(## |\| `|\| [a-z-]+-fused \|)' "$OUT_DIR/fidelity.md" | cut -c1-200
 # A Megatron Core side that broke: its first traceback, so one run says why.
 if grep -q '"status": "failed"' "$OUT_DIR/megatron.jsonl" 2>/dev/null; then
   echo "== Megatron Core failures: first traceback in megatron.log"

@@ -385,11 +385,10 @@ def main():
     if not a.into:
         sys.stdout.write(render(report, a.command))
         return 0
-    with open(a.into, encoding="utf-8") as f:
-        doc = f.read()
     try:
-        doc = into(doc, render_fused(report, a.command))
-    except ValueError as exc:
+        with open(a.into, encoding="utf-8") as f:
+            doc = into(f.read(), render_fused(report, a.command))
+    except (OSError, ValueError) as exc:
         print("error: --into %s: %s" % (a.into, exc), file=sys.stderr)
         return 2
     with open(a.into, "w", encoding="utf-8") as f:
