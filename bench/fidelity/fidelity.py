@@ -13,8 +13,8 @@ The fused families (`dense-fused`, `mla-fused`, `moe-seq-fused`, `moe-grouped-fu
 same models with what Megatron Core's local layer fuses without Transformer Engine on both sides
 (FUSED_MODEL, FUSED_TRAIN below); each brings its unfused family's control along when that family
 is not asked for, so the fusions' own change of static memory and peak is compared too. The
-trials run in phases (phases()): controls, single labels and full:uniform:1 of every family
-first, then those anchors, then full:block:2 and the pairs, so a time budget cuts the pairs.
+trials run in two phases (phases()): controls, single labels and full:uniform:1 of every family,
+then those anchors; then full:block:2 and the pairs, so a time budget cuts the pairs.
 
 Megatron Core's local (non-TE) layer spec has no grouped-GEMM experts (TEGroupedMLP needs
 Transformer Engine), so the grouped family's Megatron Core reference is the sequential family's
@@ -142,16 +142,25 @@ def choose_policies(valid):
 
 def phases(policies, anchors):
     """The order the trials run in, so that a time budget cuts the least informative ones:
-    phase 1 each family's control, single labels and full:uniform:1; phase 2 the anchors (the
-    unfused controls of fused families not asked for); phase 3 the rest (full:block:2 and the
-    pairs). `policies`: family -> its policies; `anchors`: family -> ["selective:[]"]. Returns
-    three dicts family -> policies (a family without trials in a phase is left out of it)."""
+    phase 1 each family's control, single labels and full:uniform:1, each fused family followed
+    by its anchors (the unfused controls of fused families not asked for, anchors: family ->
+    ["selective:[]"]); phase 2 the rest (full:block:2 and the pairs). `policies`: family -> its
+    policies, in the order to run. Returns two dicts family -> policies, in the order they run
+    (a family without trials in a phase is left out of it)."""
     def first(p):
         return p in ("selective:[]", "full:uniform:1") or (
             p.startswith("selective:[") and "," not in p)
-    one = {f: [p for p in ps if first(p)] for f, ps in policies.items()}
-    three = {f: [p for p in ps if not first(p)] for f, ps in policies.items()}
-    return [{f: ps for f, ps in d.items() if ps} for d in (one, dict(anchors), three)]
+    one = {}
+    for f, ps in policies.items():
+        one[f] = [p for p in ps if first(p)]
+        base = UNFUSED.get(f)
+        for anchor in (base, MEGATRON_REFERENCE.get(base)):
+            if anchor in anchors:
+                one[anchor] = anchors[anchor]
+    for anchor, ps in anchors.items():
+        one.setdefault(anchor, ps)
+    two = {f: [p for p in ps if not first(p)] for f, ps in policies.items()}
+    return [{f: ps for f, ps in d.items() if ps} for d in (one, two)]
 
 
 def run(cmd, log_path, timeout):

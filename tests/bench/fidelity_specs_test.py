@@ -81,14 +81,19 @@ class FidelitySpecsTest(unittest.TestCase):
             mapping.map_trial(grouped, "selective:[]")
 
     def test_phases_run_the_controls_singles_and_anchors_before_the_pairs(self):
-        pols = {"dense-fused": self.policies["dense-fused"]}
-        one, two, three = fidelity.phases(pols, {"dense": ["selective:[]"]})
+        pols = {f: self.policies[f] for f in FUSED}
+        anchors = {f: ["selective:[]"] for f in ("dense", "moe-seq", "moe-grouped", "mla")}
+        one, two = fidelity.phases(pols, anchors)
+        # Each anchor right after the first fused family that needs it.
+        self.assertEqual(list(one), ["dense-fused", "dense", "moe-seq-fused", "moe-seq",
+                                     "moe-grouped-fused", "moe-grouped", "mla-fused", "mla"])
         self.assertEqual(one["dense-fused"][0], "selective:[]")
         self.assertIn("full:uniform:1", one["dense-fused"])
         self.assertTrue(all("," not in p for p in one["dense-fused"]))
-        self.assertEqual(two, {"dense": ["selective:[]"]})
-        self.assertIn("full:block:2", three["dense-fused"])
-        self.assertEqual(sorted(one["dense-fused"] + three["dense-fused"]),
+        self.assertEqual(one["dense"], ["selective:[]"])
+        self.assertNotIn("dense", two)
+        self.assertIn("full:block:2", two["dense-fused"])
+        self.assertEqual(sorted(one["dense-fused"] + two["dense-fused"]),
                          sorted(pols["dense-fused"]))
 
 
