@@ -48,7 +48,7 @@ python3 bench/fidelity/fidelity.py --build build-gpu --megatron "$MEGATRON" --ou
 rc=$?
 echo "== done in $(( $(date +%s) - START )) s; table: $OUT_DIR/fidelity.md"
 # The tables' rows (and the fused families' controls against the unfused ones).
-[ -f "$OUT_DIR/fidelity.md" ] && grep -E '^(## |\| `|\| [a-z-]+-fused \|)' "$OUT_DIR/fidelity.md" | cut -c1-200
+[ -f "$OUT_DIR/fidelity.md" ] && grep -E '^(## |Control |\| `|\| [a-z-]+-fused \|)' "$OUT_DIR/fidelity.md" | cut -c1-200
 # A Megatron Core side that broke: its first traceback, so one run says why.
 if grep -q '"status": "failed"' "$OUT_DIR/megatron.jsonl" 2>/dev/null; then
   echo "== Megatron Core failures: first traceback in megatron.log"
