@@ -24,7 +24,7 @@ search::SearchSpec TeFp8(search::Device device) {
   return s;
 }
 
-search::TrialResult Run(const search::SearchSpec& spec) {
+search::TrialResult RunFp8(const search::SearchSpec& spec) {
   TrialOptions o;
   o.spec = spec;
   o.policy = search::Policy::None();
@@ -33,7 +33,7 @@ search::TrialResult Run(const search::SearchSpec& spec) {
 
 TEST(Fp8EngineTest, CpuRanksAreRefusedNamingModelFp8) {
   // search.device cpu: refused by the engine's limits (search::BuiltinBackendProblem).
-  const search::TrialResult r = Run(TeFp8(search::Device::kCpu));
+  const search::TrialResult r = RunFp8(TeFp8(search::Device::kCpu));
   EXPECT_EQ(r.status, search::TrialStatus::kInvalid) << r.message;
   EXPECT_EQ(r.message.rfind("model.fp8:", 0), 0u) << r.message;
   EXPECT_NE(r.message.find("search.device is cpu"), std::string::npos) << r.message;
@@ -54,7 +54,7 @@ TEST(Fp8EngineTest, TheBuildOrTheDeviceDecidesAtTheStart) {
   EXPECT_EQ(Fp8Unsupported(s, at::Device(at::kCPU)), "");
   // A trial that lands on CPU ranks (search.device auto without a GPU) ends invalid, whole.
   if (at::hasCUDA()) GTEST_SKIP() << "a CUDA device is present: auto would run there";
-  const search::TrialResult r = Run(TeFp8(search::Device::kAuto));
+  const search::TrialResult r = RunFp8(TeFp8(search::Device::kAuto));
   EXPECT_EQ(r.status, search::TrialStatus::kInvalid) << r.message;
   EXPECT_EQ(r.message, why);
 }
