@@ -158,7 +158,7 @@ Fp8Linears::State* StateOf(AutogradContext* ctx) {
 struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const c10::optional<at::Tensor>& bias, int64_t key, int64_t mode,
-                            int64_t rt_addr, int64_t state_addr) {
+                            int64_t rt_addr, int64_t state_addr, bool save_original) {
     auto* state = reinterpret_cast<Fp8Linears::State*>(state_addr);
     const auto* rt = reinterpret_cast<const Runtime*>(rt_addr);
     const int64_t in = x.size(-1), out_features = weight.size(0);
@@ -169,8 +169,13 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     // TE's forward GEMM accumulates without split accumulation (fast accumulation).
     at::Tensor out = at::_scaled_mm(xq.data, ws.rowwise.t(), xq.scale_inv, ws.scale_inv, bias,
                                     c10::nullopt, x.scalar_type(), /*use_fast_accum=*/true);
-    // Only the columnwise copy outlives the forward (TE linear.py update_usage(rowwise=False)).
-    ctx->save_for_backward({xq.data.t().contiguous(), xq.scale_inv});
+    // Only the columnwise copy outlives the forward (TE linear.py update_usage(rowwise=False)),
+    // or with save_original the bf16 input itself, quantized again in backward.
+    if (save_original) {
+      ctx->save_for_backward({x});
+    } else {
+      ctx->save_for_backward({xq.data.t().contiguous(), xq.scale_inv});
+    }
     ctx->saved_data["key"] = key;
     ctx->saved_data["mode"] = mode;
     ctx->saved_data["rt"] = rt_addr;
@@ -191,8 +196,15 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const int key = static_cast<int>(ctx->saved_data["key"].toInt());
     const auto mode = static_cast<LinearMode>(ctx->saved_data["mode"].toInt());
     variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& xt = saved[0];  // [in, tokens]
-    const at::Tensor& x_scale_inv = saved[1];
+    at::Tensor xt, x_scale_inv;  // the input's FP8 transpose [in, tokens] and its scale
+    if (saved.size() == 1) {  // save_original: current scaling only (never delayed)
+      Quantized xq = Quantize(saved[0].reshape({-1, saved[0].size(-1)}), at::kFloat8_e4m3fn, nullptr);
+      xt = xq.data.t().contiguous();
+      x_scale_inv = xq.scale_inv;
+    } else {
+      xt = saved[0];
+      x_scale_inv = saved[1];
+    }
     const WeightWorkspace& ws = state->weights.at(key);
     LinearScaling& sc = state->linears[key];
     const at::Tensor& grad = grads[0];
@@ -213,7 +225,7 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     }
     at::Tensor grad_bias = ctx->saved_data["bias"].toBool() ? g.sum(0) : at::Tensor();
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+            at::Tensor(), at::Tensor()};
   }
 };
 
@@ -225,7 +237,8 @@ Fp8Linears::Fp8Linears(const search::ModelSpec& m) : state_(std::make_unique<Sta
 }
 
 at::Tensor Fp8Linears::Apply(const Runtime& rt, int key, const at::Tensor& x,
-                             const at::Tensor& weight, const at::Tensor& bias, LinearMode mode) {
+                             const at::Tensor& weight, const at::Tensor& bias, LinearMode mode,
+                             bool save_original) {
   if (rt.sequence_parallel && rt.tp_size() > 1) {
     throw std::invalid_argument("FP8 linears with sequence parallelism are not implemented");
   }
@@ -233,7 +246,8 @@ at::Tensor Fp8Linears::Apply(const Runtime& rt, int key, const at::Tensor& x,
   if (bias.defined()) b = bias;
   return Fp8LinearFunction::apply(x, weight, b, static_cast<int64_t>(key), static_cast<int64_t>(mode),
                                   reinterpret_cast<int64_t>(&rt),
-                                  reinterpret_cast<int64_t>(state_.get()));
+                                  reinterpret_cast<int64_t>(state_.get()),
+                                  save_original && !state_->delayed);
 }
 
 void Fp8Linears::NewStep() { ++state_->step; }
@@ -253,7 +267,7 @@ struct Fp8Linears::State {};
 Fp8Linears::Fp8Linears(const search::ModelSpec&) : state_(std::make_unique<State>()) {}
 
 at::Tensor Fp8Linears::Apply(const Runtime&, int, const at::Tensor&, const at::Tensor&,
-                             const at::Tensor&, LinearMode) {
+                             const at::Tensor&, LinearMode, bool) {
   throw std::runtime_error("model.fp8: this LibTorch (" TORCH_VERSION ") has no FP8 GEMM");
 }
 

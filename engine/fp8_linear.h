@@ -53,10 +53,13 @@ class Fp8Linears {
   ~Fp8Linears();
 
   // y = x W^T (+ bias) in FP8 on `rt`'s device; `mode` as engine::Linear (no sequence
-  // parallelism: search::BuiltinBackendProblem refuses it with FP8). Throws where
-  // Fp8Unsupported would say why.
+  // parallelism: search::BuiltinBackendProblem refuses it with FP8). `save_original` (ignored
+  // under delayed scaling): keep the bf16 input instead of its FP8 copy and quantize it again in
+  // backward, as Megatron sets TE's linear_proj to for non-delayed recipes because the attention
+  // kernel keeps that tensor anyway (NVIDIA/Megatron-LM megatron/core/transformer/attention.py at
+  // d98e8a6, set_save_original_input). Throws where Fp8Unsupported would say why.
   at::Tensor Apply(const Runtime& rt, int key, const at::Tensor& x, const at::Tensor& weight,
-                   const at::Tensor& bias, LinearMode mode);
+                   const at::Tensor& bias, LinearMode mode, bool save_original = false);
 
   // A new training step: each weight's workspace is remade at its next use (Transformer Engine
   // requantizes on the first micro-batch of a step, after the optimizer changed the weights).

@@ -130,8 +130,10 @@ struct GptModel::Impl : ModelParams {
 
   // A linear Transformer Engine runs in FP8 under Megatron (QKV, projection, fc1, fc2 of the
   // dense MLP, shared and sequential experts; not the router, not the output layer).
-  at::Tensor TeLinear(const at::Tensor& x, int w, int b, LinearMode mode) const {
-    if (fp8) return fp8->Apply(rt, w, x, P(w), PO(b), mode);
+  // `save_original`: linear_proj, which keeps the bf16 context under non-delayed recipes.
+  at::Tensor TeLinear(const at::Tensor& x, int w, int b, LinearMode mode,
+                      bool save_original = false) const {
+    if (fp8) return fp8->Apply(rt, w, x, P(w), PO(b), mode, save_original);
     return Linear(rt, x, P(w), PO(b), mode);
   }
 
@@ -270,7 +272,7 @@ struct GptModel::Impl : ModelParams {
       k = Rope(k, freqs);
     }
     at::Tensor context = Attend(q, k, v, 1.0 / std::sqrt(static_cast<double>(d)));
-    return TeLinear(context, lp.proj_w, -1, LinearMode::kRow);
+    return TeLinear(context, lp.proj_w, -1, LinearMode::kRow, /*save_original=*/true);
   }
 
   // Megatron's MLASelfAttention (DeepSeek-V2).

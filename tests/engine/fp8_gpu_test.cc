@@ -7,6 +7,9 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <string>
+
 #include "engine/fp8_linear.h"
 #include "engine/ops.h"
 #include "search/spec.h"
@@ -14,8 +17,10 @@
 namespace remat::engine {
 namespace {
 
-int64_t Allocated() {
-  return c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current;
+// Bytes the live tensors asked for (allocated_bytes would count the unsplit remainder of a
+// large block too).
+int64_t Requested() {
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(0).requested_bytes[0].current;
 }
 
 // Relative Frobenius error of a against b.
@@ -59,15 +64,27 @@ TEST_P(Fp8GpuTest, MatchesBf16AndKeepsTheFp8Input) {
   }
   fp8.NewStep();
   c10::cuda::CUDACachingAllocator::emptyCache();
-  const int64_t before = Allocated();
+  const int64_t before = Requested();
   at::Tensor y = fp8.Apply(rt, 0, x, w, at::Tensor(), LinearMode::kColumn);
-  const int64_t held = Allocated() - before;
-  // Output (bf16) + the input's FP8 transpose + its scale (one 512-byte block); the weight
-  // workspace is remade on this step's first use in place of the last step's (net 0).
-  const int64_t expected = tokens * out * 2 + tokens * in + 512;
-  EXPECT_NEAR(static_cast<double>(held), static_cast<double>(expected), 4096.0)
+  const int64_t held = Requested() - before;
+  // Output (bf16) + the input's FP8 transpose + its fp32 scale; the weight workspace is remade
+  // on this step's first use in place of the last step's (net 0).
+  const int64_t expected = tokens * out * 2 + tokens * in + 4;
+  EXPECT_NEAR(static_cast<double>(held), static_cast<double>(expected), 1024.0)
       << "held " << held << " expected " << expected;
-  EXPECT_EQ(fp8.WorkspaceBytes(), static_cast<uint64_t>(2 * out * in));
+  {
+    // linear_proj's save_original (tensorwise): only the output; delayed keeps the FP8 copy.
+    const int64_t before_original = Requested();
+    at::Tensor y2 = fp8.Apply(rt, 1, x, w, at::Tensor(), LinearMode::kRow, true);
+    const int64_t held2 = Requested() - before_original - 2 * out * in;  // key 1's workspace
+    const int64_t kept = std::string(GetParam()) == "delayed" ? tokens * in + 4 : 0;
+    EXPECT_NEAR(static_cast<double>(held2), static_cast<double>(tokens * out * 2 + kept), 1024.0);
+    y2.backward(g);  // quantizes the saved bf16 input in backward
+    EXPECT_TRUE(std::isfinite(w.grad().to(at::kFloat).norm().item<double>()));
+    w.mutable_grad() = at::Tensor();
+    x.mutable_grad() = at::Tensor();
+  }
+  EXPECT_EQ(fp8.WorkspaceBytes(), static_cast<uint64_t>(4 * out * in));  // keys 0 and 1
   y.backward(g);
   at::Tensor ref_x = x.detach().clone().requires_grad_(true);
   at::Tensor ref_w = w.detach().clone().requires_grad_(true);
