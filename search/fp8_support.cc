@@ -1,6 +1,29 @@
 #include "search/fp8_support.h"
 
 namespace remat::search {
+namespace {
+
+// Whether every FP8 GEMM of a dense layer has dimensions divisible by 16, as Hopper's FP8 GEMM
+// (and Transformer Engine's assertion on FP8 inputs) wants: the tokens of a micro-batch on one
+// rank, and each linear's local input and output features.
+bool Fp8Aligned(const SearchSpec& spec) {
+  const ModelSpec& m = spec.model;
+  const int tp = spec.parallel.tensor_model_parallel_size;
+  const int cp = spec.parallel.context_parallel_size;
+  const int64_t tokens = static_cast<int64_t>(m.seq_length / cp) * spec.train.micro_batch_size;
+  const int64_t d = m.EffectiveKvChannels();
+  const int64_t ffn = m.EffectiveFfnHiddenSize();
+  const int64_t dims[] = {tokens, m.hidden_size,
+                          (m.num_attention_heads + 2LL * m.EffectiveQueryGroups()) * d / tp,
+                          m.num_attention_heads * d / tp, (m.gated_linear_unit ? 2 : 1) * ffn / tp,
+                          ffn / tp};
+  for (int64_t v : dims) {
+    if (v % 16 != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 std::string Fp8BuiltinProblem(const SearchSpec& spec) {
   const ModelSpec& m = spec.model;
@@ -32,9 +55,15 @@ std::string Fp8BuiltinProblem(const SearchSpec& spec) {
     return "model.fp8: FP8 with multi_latent_attention is not run by the builtin engine (MLA's FP8 "
            "projections are not modelled)" + tail;
   }
-  if (m.IsMoe() && m.moe_grouped_gemm) {
-    return "model.fp8: FP8 grouped-GEMM experts are not run by the builtin engine (sequential "
-           "experts are: moe_grouped_gemm false)" + tail;
+  if (m.IsMoe()) {
+    // Each expert's token count would have to be padded to 16 for its FP8 GEMMs (Megatron's
+    // moe_router_padding_for_quantization); not implemented.
+    return "model.fp8: FP8 with mixture-of-experts layers is not run by the builtin engine (its "
+           "experts' token counts are not padded for FP8 GEMMs)" + tail;
+  }
+  if (!Fp8Aligned(spec)) {
+    return "model.fp8: FP8 GEMMs need the tokens per micro-batch (seq_length / CP x "
+           "micro_batch_size) and every linear's local features divisible by 16" + tail;
   }
   if (spec.parallel.sequence_parallel && spec.parallel.tensor_model_parallel_size > 1) {
     return "model.fp8: FP8 with sequence_parallel is not run by the builtin engine yet (the FP8 "

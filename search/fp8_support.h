@@ -1,6 +1,7 @@
 // What of FP8 (model.fp8, model.fp8_recipe, train.fp8_param_gather) the builtin engine runs: its
 // FP8 linears (engine/fp8_linear.h) are Transformer Engine's tensorwise and delayed recipes on
-// Hopper. Standard library only; search::BuiltinBackendProblem calls it.
+// Hopper, for dense layers whose GEMM dimensions are multiples of 16. Standard library only;
+// search::BuiltinBackendProblem calls it.
 #pragma once
 
 #include <string>

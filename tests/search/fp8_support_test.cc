@@ -54,6 +54,13 @@ TEST(Fp8SupportTest, WhatTheEngineDoesNotRunIsRefusedNamingTheField) {
       {"model.fp8_recipe:", "custom", [](SearchSpec& s) { s.model.fp8_recipe = "custom"; }},
       {"train.fp8_param_gather:", "FP8 parameters",
        [](SearchSpec& s) { s.train.fp8_param_gather = true; }},
+      {"model.fp8:", "mixture-of-experts",
+       [](SearchSpec& s) {
+         s.model.num_moe_experts = 8;
+         s.model.moe_router_topk = 2;
+         s.model.add_bias_linear = false;
+       }},
+      {"model.fp8:", "divisible by 16", [](SearchSpec& s) { s.model.seq_length = 1000; }},
       {"model.fp8:", "sequence_parallel",
        [](SearchSpec& s) {
          s.parallel.tensor_model_parallel_size = 2;
