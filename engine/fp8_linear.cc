@@ -24,8 +24,7 @@ std::string DeviceFp8Problem(const at::Device& device) {
     return "its compute capability could not be read";
   }
   if (major * 10 + minor < 89) {
-    return "this GPU has compute capability " + std::to_string(major) + "." +
-           std::to_string(minor);
+    return "this GPU has compute capability " + std::to_string(major) + "." + std::to_string(minor);
   }
   return "";
 }
@@ -38,8 +37,9 @@ std::string DeviceFp8Problem(const at::Device&) { return "this build has no CUDA
 
 std::string Fp8Unsupported(const search::SearchSpec& spec, const at::Device& device) {
   if (spec.model.fp8.empty()) return "";
-  const std::string head = "model.fp8: the builtin engine runs FP8 linears only on a CUDA GPU of "
-                           "compute capability 8.9 or later with LibTorch >= 2.5; ";
+  const std::string head =
+      "model.fp8: the builtin engine runs FP8 linears only on a CUDA GPU of "
+      "compute capability 8.9 or later with LibTorch >= 2.5; ";
 #ifndef REMAT_ENGINE_FP8
   (void)device;
   return head + "this remat-trial was built against LibTorch " TORCH_VERSION
@@ -62,9 +62,9 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Megatron's TransformerConfig defaults at d98e8a6 (the spec has no fields for them).
-constexpr int64_t kAmaxHistoryLen = 1;    // fp8_amax_history_len
-constexpr bool kAmaxMostRecent = true;    // fp8_amax_compute_algo "most_recent"
-constexpr double kMargin = 0;             // fp8_margin
+constexpr int64_t kAmaxHistoryLen = 1;  // fp8_amax_history_len
+constexpr bool kAmaxMostRecent = true;  // fp8_amax_compute_algo "most_recent"
+constexpr double kMargin = 0;           // fp8_margin
 
 double Fp8Max(at::ScalarType t) { return t == at::kFloat8_e5m2 ? 57344.0 : 448.0; }
 
@@ -103,7 +103,8 @@ Quantized Quantize(const at::Tensor& x, at::ScalarType type, Delayed* delayed) {
       delayed->history = at::zeros({kAmaxHistoryLen}, amax.options());
     }
     scale = delayed->scale.clone();
-    delayed->history = at::cat({amax.reshape({1}), delayed->history.narrow(0, 0, kAmaxHistoryLen - 1)});
+    delayed->history =
+        at::cat({amax.reshape({1}), delayed->history.narrow(0, 0, kAmaxHistoryLen - 1)});
     at::Tensor chosen = kAmaxMostRecent ? delayed->history[0] : delayed->history.max();
     delayed->scale = ScaleOf(chosen, fp8_max, delayed->scale);
   } else {
@@ -118,7 +119,7 @@ Quantized Quantize(const at::Tensor& x, at::ScalarType type, Delayed* delayed) {
 
 // The weight workspace of one TE linear (TE module/base.py quantize_weight at d0067d0).
 struct WeightWorkspace {
-  int64_t step = -1;  // the step whose first micro-batch made it
+  int64_t step = -1;      // the step whose first micro-batch made it
   at::Tensor rowwise;     // W [out, in], e4m3
   at::Tensor columnwise;  // W^T [in, out], e4m3 (Hopper's FP8 GEMM reads TN operands only)
   at::Tensor scale_inv;
@@ -164,8 +165,8 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const int64_t in = x.size(-1), out_features = weight.size(0);
     const WeightWorkspace& ws = state->Weight(static_cast<int>(key), weight);
     LinearScaling& sc = state->linears[static_cast<int>(key)];
-    Quantized xq = Quantize(x.reshape({-1, in}), at::kFloat8_e4m3fn,
-                            state->delayed ? &sc.input : nullptr);
+    Quantized xq =
+        Quantize(x.reshape({-1, in}), at::kFloat8_e4m3fn, state->delayed ? &sc.input : nullptr);
     // TE's forward GEMM accumulates without split accumulation (fast accumulation).
     at::Tensor out = at::_scaled_mm(xq.data, ws.rowwise.t(), xq.scale_inv, ws.scale_inv, bias,
                                     c10::nullopt, x.scalar_type(), /*use_fast_accum=*/true);
@@ -197,8 +198,9 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const auto mode = static_cast<LinearMode>(ctx->saved_data["mode"].toInt());
     variable_list saved = ctx->get_saved_variables();
     at::Tensor xt, x_scale_inv;  // the input's FP8 transpose [in, tokens] and its scale
-    if (saved.size() == 1) {  // save_original: current scaling only (never delayed)
-      Quantized xq = Quantize(saved[0].reshape({-1, saved[0].size(-1)}), at::kFloat8_e4m3fn, nullptr);
+    if (saved.size() == 1) {     // save_original: current scaling only (never delayed)
+      Quantized xq =
+          Quantize(saved[0].reshape({-1, saved[0].size(-1)}), at::kFloat8_e4m3fn, nullptr);
       xt = xq.data.t().contiguous();
       x_scale_inv = xq.scale_inv;
     } else {
@@ -224,8 +226,8 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
       AllReduceTensor(*rt, rt->tp, grad_input, ReduceOp::kSum);
     }
     at::Tensor grad_bias = ctx->saved_data["bias"].toBool() ? g.sum(0) : at::Tensor();
-    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor()};
+    return {grad_input,   grad_weight,  grad_bias,    at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -244,8 +246,8 @@ at::Tensor Fp8Linears::Apply(const Runtime& rt, int key, const at::Tensor& x,
   }
   c10::optional<at::Tensor> b;
   if (bias.defined()) b = bias;
-  return Fp8LinearFunction::apply(x, weight, b, static_cast<int64_t>(key), static_cast<int64_t>(mode),
-                                  reinterpret_cast<int64_t>(&rt),
+  return Fp8LinearFunction::apply(x, weight, b, static_cast<int64_t>(key),
+                                  static_cast<int64_t>(mode), reinterpret_cast<int64_t>(&rt),
                                   reinterpret_cast<int64_t>(state_.get()),
                                   save_original && !state_->delayed);
 }

@@ -2,11 +2,12 @@
 // Transformer Engine layer's tensorwise and delayed recipes in e4m3 and hybrid; every other FP8
 // setting refused with one line naming its field.
 
+#include "search/fp8_support.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "search/fp8_support.h"
 #include "search/spec.h"
 #include "tests/search/test_specs.h"
 
