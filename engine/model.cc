@@ -1,6 +1,7 @@
 #include "engine/model.h"
 
 #include "engine/context_parallel.h"
+#include "engine/fp8_linear.h"
 #include "engine/te_layers.h"
 #include "engine/model_params.h"
 #include "engine/moe_dispatch.h"
@@ -93,6 +94,8 @@ struct GptModel::Impl : ModelParams {
 
   std::vector<search::StageChunk> chunks;  // this pipeline rank's
   bool first_stage = true, last_stage = true;
+  // Transformer Engine's FP8 linears (model.fp8 under transformer_engine), else null.
+  std::unique_ptr<Fp8Linears> fp8;
 
   Impl(const search::SearchSpec& s, const search::Policy& p, const Runtime& r, at::ScalarType dt)
       : spec(s), m(spec.model), rc(RecomputeOf(p)), rt(r), dtype(dt) {
@@ -115,12 +118,24 @@ struct GptModel::Impl : ModelParams {
     first_stage = pp_rank == 0;
     last_stage = pp_rank == spec.parallel.pipeline_model_parallel_size - 1;
     Declare(spec, rt, chunks, first_stage, last_stage);
+    if (!m.fp8.empty() && m.transformer_impl == search::TransformerImpl::kTransformerEngine) {
+      fp8 = std::make_unique<Fp8Linears>(m);
+    }
   }
 
   const at::Tensor& P(int index) const { return params[index].value; }
   at::Tensor PO(int index) const { return index >= 0 ? params[index].value : at::Tensor(); }
 
   // ---- Building blocks --------------------------------------------------------------------------
+
+  // A linear Transformer Engine runs in FP8 under Megatron (QKV, projection, fc1, fc2 of the
+  // dense MLP, shared and sequential experts; not the router, not the output layer).
+  // `save_original`: linear_proj, which keeps the bf16 context under non-delayed recipes.
+  at::Tensor TeLinear(const at::Tensor& x, int w, int b, LinearMode mode,
+                      bool save_original = false) const {
+    if (fp8) return fp8->Apply(rt, w, x, P(w), PO(b), mode, save_original);
+    return Linear(rt, x, P(w), PO(b), mode);
+  }
 
   at::Tensor Norm(const at::Tensor& x, int w, int b) const {
     if (m.EffectiveNormalization() == search::Normalization::kRMSNorm) return RmsNorm(x, P(w), kNormEps);
@@ -245,7 +260,7 @@ struct GptModel::Impl : ModelParams {
   // Megatron's SelfAttention: returns linear_proj's output (its bias is added by the caller).
   at::Tensor SelfAttention(const LayerParams& lp, const at::Tensor& x, const at::Tensor& freqs) {
     const int64_t n = heads / tp, g = groups / tp, d = kv_channels;
-    at::Tensor qkv = Linear(rt, x, P(lp.qkv_w), PO(lp.qkv_b), LinearMode::kColumn);
+    at::Tensor qkv = TeLinear(x, lp.qkv_w, lp.qkv_b, LinearMode::kColumn);
     const int64_t s = qkv.size(0), b = qkv.size(1);
     qkv = qkv.view({s, b, g, (n / g + 2) * d});
     std::vector<at::Tensor> parts = qkv.split_with_sizes({(n / g) * d, d, d}, 3);
@@ -257,7 +272,7 @@ struct GptModel::Impl : ModelParams {
       k = Rope(k, freqs);
     }
     at::Tensor context = Attend(q, k, v, 1.0 / std::sqrt(static_cast<double>(d)));
-    return Linear(rt, context, P(lp.proj_w), at::Tensor(), LinearMode::kRow);
+    return TeLinear(context, lp.proj_w, -1, LinearMode::kRow, /*save_original=*/true);
   }
 
   // Megatron's MLASelfAttention (DeepSeek-V2).
@@ -324,14 +339,14 @@ struct GptModel::Impl : ModelParams {
   // activation for experts.
   at::Tensor MlpCore(const at::Tensor& x, int fc1_w, int fc1_b, int fc2_w, LinearMode fc1_mode,
                      LinearMode fc2_mode, const at::Tensor& probs = at::Tensor()) {
-    at::Tensor inter = Linear(rt, x, P(fc1_w), at::Tensor(), fc1_mode);
+    at::Tensor inter = TeLinear(x, fc1_w, -1, fc1_mode);
     if (FusedSwigluOn()) {
-      return Linear(rt, FusedSwiglu(inter, PO(fc1_b), probs), P(fc2_w), at::Tensor(), fc2_mode);
+      return TeLinear(FusedSwiglu(inter, PO(fc1_b), probs), fc2_w, -1, fc2_mode);
     }
     if (fc1_b >= 0) inter = inter + P(fc1_b);
     inter = Activation(inter);
     if (probs.defined()) inter = (inter * probs).to(x.scalar_type());
-    return Linear(rt, inter, P(fc2_w), at::Tensor(), fc2_mode);
+    return TeLinear(inter, fc2_w, -1, fc2_mode);
   }
 
   // `x` is the norm's output, or with `norm_inside` the residual whose pre-MLP norm runs inside
@@ -553,5 +568,13 @@ at::Tensor GptModel::Forward(int chunk, const at::Tensor& input, const at::Tenso
 }
 
 std::vector<int64_t> GptModel::ActivationShape() const { return impl_->ActivationShape(); }
+
+void GptModel::NewStep() {
+  if (impl_->fp8) impl_->fp8->NewStep();
+}
+
+uint64_t GptModel::Fp8WorkspaceBytes() const {
+  return impl_->fp8 ? impl_->fp8->WorkspaceBytes() : 0;
+}
 
 }  // namespace remat::engine

@@ -88,6 +88,13 @@ class GptModel {
   // The activation passed between stages: [seq (/ TP under sequence parallel), micro_batch, hidden].
   std::vector<int64_t> ActivationShape() const;
 
+  // Called before each training step's first micro-batch (FP8 weight workspaces are remade then).
+  void NewStep();
+
+  // Static bytes of Transformer Engine's FP8 weight workspaces (engine/fp8_linear.h) once the
+  // first forward has made them; 0 without FP8.
+  uint64_t Fp8WorkspaceBytes() const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

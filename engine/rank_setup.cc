@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/fp8_linear.h"
 #include "engine/model.h"
 #include "search/rank_layout.h"
 #include "search/rules.h"
@@ -32,6 +33,9 @@ void CheckRunnable(const TrialOptions& o, bool stand_in) {
 }
 
 void CheckTransport(const search::SearchSpec& spec, const at::Device& device) {
+  if (std::string fp8 = Fp8Unsupported(spec, device); !fp8.empty()) {
+    throw TrialStop{TrialStatus::kInvalid, fp8};
+  }
   if (device.is_cuda() && spec.parallel.pipeline_model_parallel_size == 2 &&
       spec.parallel.VirtualChunks() > 1) {
     // Both activations and gradients travel between the same two ranks; NCCL matches them in

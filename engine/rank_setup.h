@@ -24,7 +24,8 @@ struct TrialStop {
 // cannot measure, a rank outside the spec's layout, fewer than one measured step.
 void CheckRunnable(const TrialOptions& o, bool stand_in);
 
-// Throws TrialStop (invalid) for a layout the device's transport cannot run.
+// Throws TrialStop (invalid) for a layout the device's transport cannot run, and for FP8 where
+// this build or device has no FP8 GEMM (engine/fp8_linear.h Fp8Unsupported).
 void CheckTransport(const search::SearchSpec& spec, const at::Device& device);
 
 // The rank's collectives: stand-ins (*stand_ins set) for a layout proxy's role, none for one

@@ -444,6 +444,7 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
       if (stand_ins != nullptr) stand_ins->ResetRecords();
       const auto t0 = Clock::now();
       optimizer.ZeroGrad();
+      model.NewStep();
       // The sum of the micro-batches' losses / M: the step's mean, as Megatron logs it.
       const at::Tensor loss =
           ForwardBackward(spec, rt, model, schedule, all_tokens, all_labels, dtype);
@@ -486,7 +487,7 @@ search::TrialResult RunRank(const TrialOptions& o, bool stand_in, search::RoleMe
     rank.warmup_steps_taken = static_cast<int>(warmup_times.size());
     result.warmup_steps_taken = rank.warmup_steps_taken;
     result.warmup_settled = search::Settled(so, warmup_times);
-    rank.static_bytes = optimizer.StaticBytes();
+    rank.static_bytes = optimizer.StaticBytes() + model.Fp8WorkspaceBytes();
     rank.step_time_s = search::MedianStepTime(times);
     rank.step_times_s = times;
     result.step_time_s = rank.step_time_s;

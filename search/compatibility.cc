@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "search/compatibility.h"
+#include "search/fp8_support.h"
 #include "search/spec.h"
 
 namespace remat::search {
@@ -213,10 +214,7 @@ std::string BuiltinBackendProblem(const SearchSpec& spec) {
     return "model.mtp_num_layers: the builtin engine has no multi-token prediction layer; MTP "
            "models are validated and planned only (or run with the megatron or command backend)";
   }
-  if (!m.fp8.empty()) {
-    return "model.fp8: the builtin engine cannot run FP8 (it has no Transformer Engine); use the "
-           "megatron or command backend, or plan and validate only";
-  }
+  if (std::string fp8 = Fp8BuiltinProblem(spec); !fp8.empty()) return fp8;
   if (m.HasCudaGraphs()) {
     return "model.cuda_graph_impl: the builtin engine cannot capture CUDA graphs (their static "
            "pools would not be measured); use the megatron or command backend, or plan and "

@@ -9,7 +9,11 @@ prints per policy: activation bytes per layer measured ((peak - static) at 4 lay
 halved) against the memory model (search::EstimateMemory, same difference), the static bytes
 measured against the model's, and the loss.
 
-Usage: python3 te_layer.py --build BUILD_DIR --out OUT_DIR [--tiny]
+The variants fp8-tensorwise and fp8-delayed are the TE layer with FP8 linears (hybrid format):
+their activation bytes and static bytes (with the FP8 weight workspaces) against the model's FP8
+terms (search/fp8_memory.h).
+
+Usage: python3 te_layer.py --build BUILD_DIR --out OUT_DIR [--tiny] [--variants te,fp8-delayed]
 """
 
 import argparse
@@ -31,6 +35,10 @@ VARIANTS = {
             "use_precision_aware_optimizer": True, "main_grads_dtype": "bf16",
             "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}),
 }
+# The TE layer with FP8 linears (engine/fp8_linear.h): hybrid format, each recipe the engine runs.
+for _recipe in ("tensorwise", "delayed"):
+    VARIANTS[f"fp8-{_recipe}"] = (dict(VARIANTS["te"][0], fp8="hybrid", fp8_recipe=_recipe),
+                                  VARIANTS["te"][1])
 
 
 # --tiny: a CPU smoke run of this script (hidden 64, seq 128), not a measurement.
@@ -55,17 +63,24 @@ def main():
     ap.add_argument("--build", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run with a tiny model")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated subset of " + ", ".join(VARIANTS))
+    ap.add_argument("--policies", default="",
+                    help="semicolon-separated policies (default: the control, each single label "
+                         "and full:uniform:1)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     engine = os.path.join(args.build, "bin", "remat-bench-engine")
     estimate = os.path.join(args.build, "bin", "remat-bench-estimate")
     rows = []
-    for variant in VARIANTS:
+    for variant in args.variants.split(","):
         deep, _ = bench.write_spec(args.out, spec_of(variant, 4, args.tiny))
         shallow, _ = bench.write_spec(args.out, spec_of(variant, 2, args.tiny))
         valid = json.loads(subprocess.check_output([estimate, "--spec", deep]))["valid_policies"]
         singles = [p for p in valid if p in ("selective:[]", "full:uniform:1") or
                    (p.startswith("selective:[") and "," not in p)]
+        if args.policies:
+            singles = [p for p in args.policies.split(";") if p in valid]
         plist = ";".join(singles)
         r4 = bench.run_lines([engine, "--spec", deep, "--policies", plist],
                              os.path.join(args.out, f"{variant}-4.log"))
@@ -88,14 +103,14 @@ def main():
                          static_model, a["loss"]))
     with open(os.path.join(args.out, "te_layer.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    print(f"{'variant':7} {'policy':28} {'measured MiB':>13} {'model MiB':>10} {'model/meas':>10} "
+    print(f"{'variant':14} {'policy':28} {'measured MiB':>13} {'model MiB':>10} {'model/meas':>10} "
           f"{'static GiB':>10} {'model GiB':>10} {'loss':>8}")
     for row in rows:
         if row[2] == "failed":
-            print(f"{row[0]:7} {row[1]:28} failed: {row[3]}")
+            print(f"{row[0]:14} {row[1]:28} failed: {row[3]}")
             continue
         v, p, meas, mod, st, stm, loss = row
-        print(f"{v:7} {p:28} {meas / 2**20:13.1f} {mod / 2**20:10.1f} {mod / meas:10.3f} "
+        print(f"{v:14} {p:28} {meas / 2**20:13.1f} {mod / 2**20:10.1f} {mod / meas:10.3f} "
               f"{st / 2**30:10.3f} {stm / 2**30:10.3f} {loss:8.4f}")
     return 0
 
