@@ -17,9 +17,9 @@ namespace {
 
 // A policy predicted to add less than this fraction of the frontier's hypervolume is not tried.
 // 0.00165 with kStopHypervolumeGain 0.004 (were 0.002 and 0.003): on the 80-layer flash surface,
-// whose frontier is the full:block:N staircase, the hypervolume went from 0.964 to 0.973 (mean of
+// whose frontier is the full:block:N staircase, the hypervolume went from 0.964 to 0.972 (mean of
 // five seeds) for 14.0% of the policies where it was 12.6%; no other surface or table took more
-// trials (docs/results.md, search-bench-2026-12-02-r2.txt). 0.0015 gave 0.975 but one seed
+// frontier trials (docs/results.md, search-bench-2026-12-02-r2.txt). 0.0015 gave 0.975 but one seed
 // took 16% of the policies; 0.00175 kept to 14.9% but gave 0.969.
 constexpr double kMinHypervolumeGain = 0.00165;
 
