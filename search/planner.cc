@@ -16,13 +16,27 @@ namespace remat::search {
 namespace {
 
 // A policy predicted to add less than this fraction of the frontier's hypervolume is not tried.
-constexpr double kMinHypervolumeGain = 0.002;
+// 0.00165 with kStopHypervolumeGain 0.004 (were 0.002 and 0.003): on the 80-layer flash surface,
+// whose frontier is the full:block:N staircase, the hypervolume went from 0.964 to 0.972 (mean of
+// five seeds) for 14.0% of the policies where it was 12.6%; no other surface or table took more
+// frontier trials (docs/results.md, search-bench-2026-12-02-r2.txt). 0.0015 gave 0.975 but one seed
+// took 16% of the policies; 0.00175 kept to 14.9% but gave 0.969.
+constexpr double kMinHypervolumeGain = 0.00165;
 
 // The frontier objective stops when every untried policy together is predicted to add less than
 // this fraction of the measured frontier's hypervolume (the goal is 0.97 of the exhaustive one).
 // Both thresholds were chosen on the replay bench (bench/search, docs/results.md): lower ones
 // buy little hypervolume for many trials on the 80-layer surfaces.
-constexpr double kStopHypervolumeGain = 0.003;
+constexpr double kStopHypervolumeGain = 0.004;
+
+// The initial plan measures a single label beyond the first boundaries only as a calibration
+// point for the predictions, at most one per this many equivalence classes (search/
+// equivalence.h). On the small H200 tables (24-96 policies, 23-71 classes) those labels took
+// 3-5 trials, 7-12% of the table, and the frontier came out identical without them: the first
+// boundaries and full recompute anchor the predictions well enough. On the 80-layer surfaces
+// (167 classes) one such label (the best saving per replayed FLOP) still pays: without it the
+// flash surface's worst seed lost 0.02 of its hypervolume.
+constexpr size_t kClassesPerCalibrationLabel = 100;
 
 std::string Fmt(const char* fmt, double a) {
   char buf[128];
@@ -513,6 +527,8 @@ std::vector<Candidate> InitialPlan(const SearchSpec& spec) {
   }
   std::stable_sort(rest.begin(), rest.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
+  const size_t calibration = EquivalenceClasses(spec).size() / kClassesPerCalibrationLabel;
+  if (rest.size() > calibration) rest.resize(calibration);
   for (auto& [score, l] : rest) {
     const MemoryEstimate e = EstimateMemory(spec, Policy::Selective({l}));
     plan.push_back(MakeCandidate(

@@ -74,8 +74,10 @@ std::unique_ptr<Strategy> MakeStrategy(const SearchSpec& spec);
 std::unique_ptr<Strategy> MakeGuidedStrategy(const SearchSpec& spec);
 std::unique_ptr<Strategy> MakeExhaustiveStrategy(const SearchSpec& spec);
 
-// What `remat plan` shows: the control, the valid single labels led by the architecture's first
-// boundary, then the full-recompute policies; each with its reason and estimate. Under the
+// What `remat plan` shows: the control, the architecture's first boundaries, other single labels
+// as calibration points sized to the table (one per 100 equivalence classes, best saving per
+// replayed FLOP first; none on tables under 100 classes), core_attn under flash attention, then
+// the full-recompute policies; each with its reason and estimate. Under the
 // recommend objective the full-recompute policies are listed only when the model predicts that
 // no selective policy fits the budget less headroom, and the search may end before the plan does
 // (as soon as nothing untried could change the recommendation).

@@ -17,8 +17,9 @@ namespace remat::search {
 namespace {
 
 // `run` is "" for the first run's table, "-r2" for the second's.
+// `budget_gib` > 0 replays at that budget instead of the spec's.
 replay::Outcome Evaluate(const std::string& name, const std::string& run,
-                         Objective objective = Objective::kFrontier) {
+                         Objective objective = Objective::kFrontier, double budget_gib = 0) {
   const std::string spec_path =
       std::string(REMAT_SOURCE_DIR) + "/examples/replay/h200-" + name + ".yaml";
   auto spec = spec::LoadSpecFile(spec_path);
@@ -30,6 +31,7 @@ replay::Outcome Evaluate(const std::string& name, const std::string& run,
   replay::Table t;
   for (const auto& [k, entry] : *table) t[k] = entry.result;
   spec->search.objective = objective;
+  if (budget_gib > 0) spec->search.memory_budget_gib = budget_gib;
   const replay::Outcome o = replay::Replay(*spec, t);
   std::printf("[%s] %s\n", Name(objective), replay::Describe(name + run, o).c_str());
   return o;
@@ -47,11 +49,13 @@ void ExpectEfficient(const replay::Outcome& o, double max_trial_ratio, double mi
   EXPECT_LE(static_cast<double>(o.guided_trials) / o.exhaustive_trials, max_trial_ratio);
 }
 
-// Dense cannot get under half: the contract's initial plan is 6 of its 24 policies, and the
-// full:block family (8 members) is most of its frontier.
-TEST(PlannerOnH200Measurements, Dense) { ExpectEfficient(Evaluate("dense", ""), 0.55, 0.97); }
+// Dense stays over the quarter: its initial plan is 5 of its 24 policies (the control, the first
+// boundaries core_attn and mlp, full:block:1 and uniform:1), and the full:block family (8 members)
+// is most of its frontier; the best 4 points of the exhaustive frontier hold 0.965 of its
+// hypervolume. 11 trials (46%) since the plan is sized to the table; 12 (50%) before.
+TEST(PlannerOnH200Measurements, Dense) { ExpectEfficient(Evaluate("dense", ""), 0.46, 0.97); }
 TEST(PlannerOnH200Measurements, DenseSecondRun) {
-  ExpectEfficient(Evaluate("dense", "-r2"), 0.55, 0.97);
+  ExpectEfficient(Evaluate("dense", "-r2"), 0.46, 0.97);
 }
 // In the first MoE run selective:[core_attn,layernorm,shared_experts] measured 4% faster than
 // selective:[core_attn] while replaying more: noise the model cannot predict, which costs 0.06 of
@@ -59,17 +63,27 @@ TEST(PlannerOnH200Measurements, DenseSecondRun) {
 // Megatron's extra F-wide tensor; the memory model now counts that tensor, so its
 // predictions sit further from those tables' peaks (run 1: 0.940 -> 0.920). The third run was
 // measured after the fix (2026-12-02, docs/results.md) and holds the high bar.
-TEST(PlannerOnH200Measurements, Moe) { ExpectEfficient(Evaluate("moe", ""), 0.40, 0.91); }
+// 12-14 of 44 trials since the plan is sized to the table (15-17 before; the goal's 11 is missed).
+TEST(PlannerOnH200Measurements, Moe) { ExpectEfficient(Evaluate("moe", ""), 0.32, 0.91); }
 TEST(PlannerOnH200Measurements, MoeSecondRun) {
-  ExpectEfficient(Evaluate("moe", "-r2"), 0.40, 0.97);
+  ExpectEfficient(Evaluate("moe", "-r2"), 0.32, 0.97);
 }
 TEST(PlannerOnH200Measurements, MoeThirdRunAfterTheSwigluFix) {
-  ExpectEfficient(Evaluate("moe", "-r3"), 0.40, 0.97);
+  ExpectEfficient(Evaluate("moe", "-r3"), 0.32, 0.97);
 }
 // Likewise selective:[core_attn,layernorm] in the first MLA run: 5% faster than [core_attn].
-TEST(PlannerOnH200Measurements, Mla) { ExpectEfficient(Evaluate("mla", ""), 0.25, 0.93); }
+TEST(PlannerOnH200Measurements, Mla) { ExpectEfficient(Evaluate("mla", ""), 0.22, 0.93); }
 TEST(PlannerOnH200Measurements, MlaSecondRun) {
-  ExpectEfficient(Evaluate("mla", "-r2"), 0.25, 0.97);
+  ExpectEfficient(Evaluate("mla", "-r2"), 0.22, 0.97);
+}
+// The 96-policy MLA + MoE table was measured with every policy running (130 GiB), so it is
+// replayed at three budgets across its frontier: 46 GiB (42.2-45.7 GiB of it fits), 58 (the
+// spec's) and 68 GiB (all but the control and the single labels). 11-16 trials of 96.
+TEST(PlannerOnH200Measurements, MlaMoe16AtThreeBudgets) {
+  for (double gib : {46.0, 58.0, 68.0}) {
+    SCOPED_TRACE(gib);
+    ExpectEfficient(Evaluate("mla-moe16", "", Objective::kFrontier, gib), 0.17, 0.96);
+  }
 }
 
 // Megatron's code says the members of an equivalence class keep the same tensors
