@@ -68,7 +68,16 @@ def stage_of(role):
     return int(m.group(1)) if m else None
 
 
-def trial_rows(search, plan):
+def ranks_per_stage(spec):
+    p = spec.get("parallel", {})
+    n = 1
+    for k in ("tensor_model_parallel_size", "context_parallel_size", "data_parallel_size"):
+        v = p.get(k, "1")
+        n *= int(v) if v.isdigit() else 1
+    return n
+
+
+def trial_rows(search, plan, per_stage):
     planned = {c["policy"]: c for c in (plan or {}).get("candidates", [])}
     rows = []
     for t in search.get("trials", []):
@@ -76,8 +85,12 @@ def trial_rows(search, plan):
         pred = {s["stage"]: s["predicted_peak_bytes"] for s in cand["stages"]} if cand else {}
         stages = []
         for p in t.get("proxies") or []:
-            s = stage_of(p.get("role"))
             for r in p.get("ranks", []):
+                # A layout proxy names the stage it stood for; else the rank places it
+                # (search/rank_layout.h: the stage's ranks are consecutive).
+                s = stage_of(p.get("role"))
+                if s is None:
+                    s = r["rank"] // per_stage
                 stages.append({
                     "stage": s, "rank": r["rank"],
                     "measured_allocated_gib": r["peak_allocated_bytes"] / GIB,
@@ -117,7 +130,7 @@ def collect(folder, recipe):
     search = json.loads(search_text)
     rc = (read(os.path.join(d, "search.rc")) or "").split()
     row.update(state=search.get("state", "?"), recommendation=search.get("recommendation"),
-               frontier=search.get("frontier", []), trials=trial_rows(search, plan),
+               frontier=search.get("frontier", []), trials=trial_rows(search, plan, ranks_per_stage(spec)),
                search_wall_s=int(rc[1]) if len(rc) > 1 else None,
                note=search.get("message", ""))
     return row
@@ -142,7 +155,8 @@ def markdown(rows):
            "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if "trials" in r:
-            rec = "`%s`" % r["recommendation"] if r.get("recommendation") else "none (%s)" % r["state"]
+            rec = ("`%s`" % r["recommendation"] if r.get("recommendation")
+                   else "none (%s)" % r["state"])
             trials = "<br>".join(cell(t) for t in r["trials"]) or "no trial finished"
             note = r.get("note", "")
             if r.get("search_wall_s") is not None:
