@@ -83,6 +83,9 @@ for r in "${RECIPES[@]}"; do
   rc=$?; echo "$rc $(( $(date +%s) - t0 ))" > "$D/search.rc"
   # A bad spec is refused at submit with exit 2 and one line naming the field: that is the row.
   if [ $rc -eq 2 ] && [ ! -s "$D/search.json" ]; then grep -m1 '^error' "$D/search.txt" > "$D/refused.txt"; fi
+  # A trial still running past the kill (its worker gone) must not hold the GPU for the next
+  # recipe: end the remat-trial processes of this recipe's own work folder, by id.
+  for pid in $(pgrep -f -- "--request $D/work/" || true); do kill -KILL "$pid" 2>/dev/null; done
   rm -rf "$D/work"
   echo "$r: search rc $rc in $(( $(date +%s) - t0 )) s (cap $cap s)"
 done
