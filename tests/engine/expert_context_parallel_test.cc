@@ -7,7 +7,8 @@
 // layer (per token) does not mind. Checked here: the loss and gradient norm of CP 2 x EP 2 (the
 // EP group is the CP pair), TP 2 + SP x CP 2 x EP 2 with ETP 1 (the EP group is the TP pair) and
 // ETP 2 (the ETP x EP block spans both CP ranks), and TP 2 + SP x CP 2 x DP 2 x EP 4 (the EP
-// group spans CP and DP) equal those of the same model on one rank within 1e-5 (fp32), under both
+// group spans CP and DP) equal those of the same model on one rank (on DP 2 ranks for the last,
+// each data-parallel rank drawing its own tokens) within 1e-5 (fp32), under both
 // dispatchers and policies that replay the exchanges; and every rank run alone with the stand-in
 // collectives (a layout proxy) within 2% of its allocated peak in the real trial (3% with ETP 2,
 // see below).
