@@ -230,10 +230,6 @@ std::string BuiltinBackendProblem(const SearchSpec& spec) {
       return "model.attention_dropout: must be 0 with context_parallel_size > 1 in the builtin "
              "engine (its context-parallel attention has no dropout)";
     }
-    if (par.expert_model_parallel_size > 1) {
-      return "parallel.expert_model_parallel_size: > 1 with context_parallel_size > 1 is not "
-             "supported by the builtin engine (not checked against Megatron yet)";
-    }
   }
   // MoE runs on Megatron's expert grid with any TP, ETP and EP the spec's rules allow
   // (engine/moe_dispatch.h); the flex dispatcher is measured as the all-to-all one.
