@@ -181,14 +181,14 @@ void UseSlurm(remat::worker::SlurmLauncherOptions slurm, const std::string& work
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   slurm.worker_tag = remat::worker::SlurmWorkerTag(host, fs::absolute(work_dir).string());
-  std::string error;
-  const std::vector<std::string> orphans = remat::worker::CancelOrphanedSlurmJobs(
-      slurm, (fs::path(work_dir) / "slurm").string(), &error);
-  if (!error.empty()) {
-    spdlog::warn("could not look for jobs a previous worker left in Slurm: {}", error);
-  } else if (!orphans.empty()) {
+  const absl::StatusOr<std::vector<std::string>> orphans =
+      remat::worker::CancelOrphanedSlurmJobs(slurm, (fs::path(work_dir) / "slurm").string());
+  if (!orphans.ok()) {
+    spdlog::warn("could not look for jobs a previous worker left in Slurm: {}",
+                 std::string(orphans.status().message()));
+  } else if (!orphans->empty()) {
     spdlog::info("cancelled {} Slurm job(s) a previous worker on this work dir left: {}",
-                 orphans.size(), absl::StrJoin(orphans, " "));
+                 orphans->size(), absl::StrJoin(*orphans, " "));
   }
   options.launcher = remat::worker::MakeSlurmLauncher(slurm);
 }
