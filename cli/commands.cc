@@ -9,6 +9,7 @@
 #include <atomic>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include "absl/strings/ascii.h"
 #include "cli/client.h"
@@ -186,17 +187,10 @@ int RunSearchWithSignals(LocalSearchOptions options, const LocalSearchRunner& ru
   return code;
 }
 
-}  // namespace
-
-int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
-  CLI::App app{
-      "remat: finds the best activation-recompute policy for a Megatron job by "
-      "measuring it"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("remat ") + common::kVersion);
-
-  // `remat import megatron-lm ... -- ARGS`: everything after the `--` is Megatron-LM's, handed
-  // over unparsed (CLI11 would read its --flags as remat's).
+// `remat import megatron-lm ... -- ARGS`: everything after the `--` is Megatron-LM's, handed
+// over unparsed (CLI11 would read its --flags as remat's). Returns those arguments and cuts
+// argc before the `--`.
+std::vector<std::string> TakeMegatronLmArgs(int& argc, char** argv) {
   std::vector<std::string> mlm_args;
   if (argc >= 3 && std::string(argv[1]) == "import" && std::string(argv[2]) == "megatron-lm") {
     for (int i = 3; i < argc; ++i) {
@@ -207,88 +201,107 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
       }
     }
   }
+  return mlm_args;
+}
 
+// Every subcommand's options, and the subcommands (which one parsed says what to run).
+struct CliArgs {
   std::string spec_path, policy, id, json_path, svg_path, db_path, gpus, trial_binary;
   std::string templates, work_dir, log_level = "warn";
-  bool json = false;
+  std::string megatron_path, python = "python3";
+  bool json = false, fields_json = false;
   int limit = 100;
   ClientFlags client;
+  std::vector<std::string> mlm_args, import_args, import_settings;
+  std::string import_name = "megatron-lm";
+  CLI::App *plan, *validate, *fields, *search, *import_bridge, *import_mlm;
+  CLI::App *submit, *get, *watch, *cancel, *list;
+};
 
-  CLI::App* plan = app.add_subcommand("plan", "what the guided search will try, and why");
-  plan->add_option("SPEC", spec_path, "search spec (YAML)")->required();
-  plan->add_flag("--json", json, "the plan as JSON");
+// The commands that need no coordinator: plan, validate, fields and the local search.
+void AddLocalCommands(CLI::App& app, CliArgs& a) {
+  a.plan = app.add_subcommand("plan", "what the guided search will try, and why");
+  a.plan->add_option("SPEC", a.spec_path, "search spec (YAML)")->required();
+  a.plan->add_flag("--json", a.json, "the plan as JSON");
 
-  CLI::App* validate = app.add_subcommand("validate", "is a policy valid for this model?");
-  validate->add_option("SPEC", spec_path, "search spec (YAML)")->required();
-  validate->add_option("--policy", policy, "e.g. selective:[core_attn] or full:uniform:1")
+  a.validate = app.add_subcommand("validate", "is a policy valid for this model?");
+  a.validate->add_option("SPEC", a.spec_path, "search spec (YAML)")->required();
+  a.validate->add_option("--policy", a.policy, "e.g. selective:[core_attn] or full:uniform:1")
       ->required();
 
-  CLI::App* fields = app.add_subcommand(
+  a.fields = app.add_subcommand(
       "fields", "every spec field: default, values, Megatron's name for it (a Markdown table)");
-  bool fields_json = false;
-  fields->add_flag("--json", fields_json,
-                   "each field's Megatron home and default as JSON (what the megatron driver reads)");
+  a.fields->add_flag("--json", a.fields_json,
+                     "each field's Megatron home and default as JSON (what the megatron driver reads)");
 
-  CLI::App* search = app.add_subcommand(
+  CLI::App* search = a.search = app.add_subcommand(
       "search", "run a whole search on this machine (embedded coordinator and worker)");
-  search->add_option("SPEC", spec_path, "search spec (YAML)")->required();
-  search->add_option("--json", json_path, "write the result JSON here");
-  search->add_option("--svg", svg_path, "write the memory/throughput plot here");
-  search->add_option("--db", db_path, "keep the coordinator's SQLite database here");
-  search->add_option("--gpus", gpus, "GPUs to use, e.g. 0,1 (default: all)");
-  search->add_option("--trial-binary", trial_binary, "remat-trial (default: beside remat)");
-  search->add_option("--command-templates", templates, "command templates (backend command)");
-  std::string megatron_path, python = "python3";
-  search->add_option("--megatron-path", megatron_path,
+  search->add_option("SPEC", a.spec_path, "search spec (YAML)")->required();
+  search->add_option("--json", a.json_path, "write the result JSON here");
+  search->add_option("--svg", a.svg_path, "write the memory/throughput plot here");
+  search->add_option("--db", a.db_path, "keep the coordinator's SQLite database here");
+  search->add_option("--gpus", a.gpus, "GPUs to use, e.g. 0,1 (default: all)");
+  search->add_option("--trial-binary", a.trial_binary, "remat-trial (default: beside remat)");
+  search->add_option("--command-templates", a.templates, "command templates (backend command)");
+  search->add_option("--megatron-path", a.megatron_path,
                      "backend megatron: a Megatron-LM checkout (a folder holding megatron/core); "
                      "default: the installed megatron-core");
-  search->add_option("--python", python, "backend megatron: the Python with torch (default python3)");
-  search->add_option("--work-dir", work_dir, "keep the worker's trial folders here");
-  search->add_option("--log-level", log_level, "service logs: trace ... off (default warn)")
+  search->add_option("--python", a.python,
+                     "backend megatron: the Python with torch (default python3)");
+  search->add_option("--work-dir", a.work_dir, "keep the worker's trial folders here");
+  search->add_option("--log-level", a.log_level, "service logs: trace ... off (default warn)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
+}
 
-  std::vector<std::string> import_args, import_settings;
-  std::string import_name = "megatron-lm";
+// `remat import bridge` and `remat import megatron-lm`.
+void AddImportCommands(CLI::App& app, CliArgs& a) {
   CLI::App* import = app.add_subcommand(
       "import", "a Megatron Bridge config or Megatron-LM arguments as a remat spec (stdout)");
   import->require_subcommand(1);
-  CLI::App* import_bridge = import->add_subcommand(
+  a.import_bridge = import->add_subcommand(
       "bridge", "a Megatron Bridge ConfigContainer YAML, plus Hydra-style KEY=VALUE overrides");
-  import_bridge->add_option("FILE", spec_path, "the ConfigContainer YAML")->required();
-  import_bridge->add_option("OVERRIDES", import_args,
-                            "KEY=VALUE (e.g. model.tensor_model_parallel_size=4, "
-                            "parallel.data_parallel_size=8, search.memory_budget_gib=70)");
-  CLI::App* import_mlm = import->add_subcommand(
+  a.import_bridge->add_option("FILE", a.spec_path, "the ConfigContainer YAML")->required();
+  a.import_bridge->add_option("OVERRIDES", a.import_args,
+                              "KEY=VALUE (e.g. model.tensor_model_parallel_size=4, "
+                              "parallel.data_parallel_size=8, search.memory_budget_gib=70)");
+  a.import_mlm = import->add_subcommand(
       "megatron-lm", "Megatron-LM arguments, after --: remat import megatron-lm -- --num-layers 32 ...");
-  import_mlm->add_option("ARGS", import_args, "Megatron-LM's arguments, after --");
-  import_mlm->add_option("--set", import_settings,
-                         "a remat spec setting SECTION.KEY=VALUE, e.g. parallel.data_parallel_size=8");
-  import_mlm->add_option("--name", import_name, "the spec's name (default megatron-lm)");
+  a.import_mlm->add_option("ARGS", a.import_args, "Megatron-LM's arguments, after --");
+  a.import_mlm->add_option(
+      "--set", a.import_settings,
+      "a remat spec setting SECTION.KEY=VALUE, e.g. parallel.data_parallel_size=8");
+  a.import_mlm->add_option("--name", a.import_name, "the spec's name (default megatron-lm)");
+}
 
-  CLI::App* submit = app.add_subcommand("submit", "submit a search to a coordinator");
-  submit->add_option("SPEC", spec_path, "search spec (YAML)")->required();
-  client.AddTo(submit);
+// The commands that talk to a coordinator: submit, get, watch, cancel, list.
+void AddClientCommands(CLI::App& app, CliArgs& a) {
+  a.submit = app.add_subcommand("submit", "submit a search to a coordinator");
+  a.submit->add_option("SPEC", a.spec_path, "search spec (YAML)")->required();
+  a.client.AddTo(a.submit);
 
-  CLI::App* get = app.add_subcommand("get", "show a search and its result");
-  get->add_option("ID", id, "search id")->required();
-  get->add_flag("--json", json, "the result JSON");
-  get->add_option("--svg", svg_path, "write the memory/throughput plot here");
-  client.AddTo(get);
+  a.get = app.add_subcommand("get", "show a search and its result");
+  a.get->add_option("ID", a.id, "search id")->required();
+  a.get->add_flag("--json", a.json, "the result JSON");
+  a.get->add_option("--svg", a.svg_path, "write the memory/throughput plot here");
+  a.client.AddTo(a.get);
 
-  CLI::App* watch = app.add_subcommand("watch", "follow a search's progress live");
-  watch->add_option("ID", id, "search id")->required();
-  watch->add_option("--svg", svg_path, "when it ends, write the memory/throughput plot here");
-  client.AddTo(watch);
+  a.watch = app.add_subcommand("watch", "follow a search's progress live");
+  a.watch->add_option("ID", a.id, "search id")->required();
+  a.watch->add_option("--svg", a.svg_path, "when it ends, write the memory/throughput plot here");
+  a.client.AddTo(a.watch);
 
-  CLI::App* cancel = app.add_subcommand("cancel", "cancel a search");
-  cancel->add_option("ID", id, "search id")->required();
-  client.AddTo(cancel);
+  a.cancel = app.add_subcommand("cancel", "cancel a search");
+  a.cancel->add_option("ID", a.id, "search id")->required();
+  a.client.AddTo(a.cancel);
 
-  CLI::App* list =
-      app.add_subcommand("list", "list your searches (every user's with an admin token)");
-  list->add_option("--limit", limit, "at most this many")->check(CLI::PositiveNumber);
-  client.AddTo(list);
+  a.list = app.add_subcommand("list", "list your searches (every user's with an admin token)");
+  a.list->add_option("--limit", a.limit, "at most this many")->check(CLI::PositiveNumber);
+  a.client.AddTo(a.list);
+}
 
+// Parses the command line; an exit code when that is all there is to do (help, version, a
+// usage error), nullopt when a command is to run.
+std::optional<int> Parse(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -309,43 +322,67 @@ int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
     }
     return Fail(2, e.what());
   }
+  return std::nullopt;
+}
 
-  if (plan->parsed()) return RunPlan(spec_path, json, std::cout, std::cerr);
-  if (fields->parsed()) {
-    std::cout << (fields_json ? search::SpecFieldsJson() : search::SpecFieldsMarkdown());
+// `remat search`: the embedded coordinator and worker, logging to stderr.
+int RunLocal(const CliArgs& a, const LocalSearchRunner& local_search) {
+  if (!local_search) return Fail(1, "search: this build of remat has no embedded search");
+  // The embedded services log to stderr: stdout carries the progress and the result.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("remat"));
+  spdlog::set_level(spdlog::level::from_str(a.log_level));
+  LocalSearchOptions options;
+  options.spec_path = a.spec_path;
+  options.json_path = a.json_path;
+  options.svg_path = a.svg_path;
+  options.db_path = a.db_path;
+  options.gpus = a.gpus;
+  options.trial_binary = a.trial_binary;
+  options.command_templates = a.templates;
+  options.megatron_path = a.megatron_path;
+  options.python = a.python;
+  options.work_dir = a.work_dir;
+  return RunSearchWithSignals(options, local_search);
+}
+
+// Runs the command that parsed.
+int Dispatch(CliArgs& a, const LocalSearchRunner& local_search) {
+  if (a.plan->parsed()) return RunPlan(a.spec_path, a.json, std::cout, std::cerr);
+  if (a.fields->parsed()) {
+    std::cout << (a.fields_json ? search::SpecFieldsJson() : search::SpecFieldsMarkdown());
     return 0;
   }
-  if (validate->parsed()) return RunValidate(spec_path, policy, std::cout, std::cerr);
-  if (import_bridge->parsed()) return RunImportBridge(spec_path, import_args);
-  if (import_mlm->parsed()) {
-    return PrintImport(ImportMegatronLm(mlm_args, import_settings, import_name));
+  if (a.validate->parsed()) return RunValidate(a.spec_path, a.policy, std::cout, std::cerr);
+  if (a.import_bridge->parsed()) return RunImportBridge(a.spec_path, a.import_args);
+  if (a.import_mlm->parsed()) {
+    return PrintImport(ImportMegatronLm(a.mlm_args, a.import_settings, a.import_name));
   }
-  if (search->parsed()) {
-    if (!local_search) return Fail(1, "search: this build of remat has no embedded search");
-    // The embedded services log to stderr: stdout carries the progress and the result.
-    spdlog::set_default_logger(spdlog::stderr_color_mt("remat"));
-    spdlog::set_level(spdlog::level::from_str(log_level));
-    LocalSearchOptions options;
-    options.spec_path = spec_path;
-    options.json_path = json_path;
-    options.svg_path = svg_path;
-    options.db_path = db_path;
-    options.gpus = gpus;
-    options.trial_binary = trial_binary;
-    options.command_templates = templates;
-    options.megatron_path = megatron_path;
-    options.python = python;
-    options.work_dir = work_dir;
-    return RunSearchWithSignals(options, local_search);
-  }
+  if (a.search->parsed()) return RunLocal(a, local_search);
   ClientOptions options;
-  if (int code = client.Resolve(&options); code != 0) return code;
-  if (submit->parsed()) return RunSubmit(spec_path, options);
-  if (get->parsed()) return RunGet(id, json, svg_path, options);
-  if (watch->parsed()) return RunWatch(id, svg_path, options);
-  if (cancel->parsed()) return RunCancel(id, options);
-  if (list->parsed()) return RunList(limit, options);
+  if (int code = a.client.Resolve(&options); code != 0) return code;
+  if (a.submit->parsed()) return RunSubmit(a.spec_path, options);
+  if (a.get->parsed()) return RunGet(a.id, a.json, a.svg_path, options);
+  if (a.watch->parsed()) return RunWatch(a.id, a.svg_path, options);
+  if (a.cancel->parsed()) return RunCancel(a.id, options);
+  if (a.list->parsed()) return RunList(a.limit, options);
   return Fail(2, "no command given (remat --help lists them)");
+}
+
+}  // namespace
+
+int RunCli(int argc, char** argv, const LocalSearchRunner& local_search) {
+  CLI::App app{
+      "remat: finds the best activation-recompute policy for a Megatron job by "
+      "measuring it"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("remat ") + common::kVersion);
+  CliArgs args;
+  args.mlm_args = TakeMegatronLmArgs(argc, argv);
+  AddLocalCommands(app, args);
+  AddImportCommands(app, args);
+  AddClientCommands(app, args);
+  if (std::optional<int> code = Parse(app, argc, argv)) return *code;
+  return Dispatch(args, local_search);
 }
 
 }  // namespace remat::cli

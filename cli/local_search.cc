@@ -53,62 +53,126 @@ class ScratchDir {
   std::string path_;
 };
 
+int Fail(std::ostream& err, int code, const std::string& message) {
+  err << "error: " << message << std::endl;
+  return code;
+}
+
+// The slots of the embedded worker: the selected GPUs (enough for a trial's world), or plain CPU
+// slots where the spec runs on CPU or the machine has no GPU. 0, or the exit code (the error
+// written to `err`).
+int SelectLocalSlots(const search::SearchSpec& spec, const std::string& gpu_list,
+                     std::vector<worker::Slot>* slots, std::ostream& err) {
+  const int world = search::TrialSlots(spec);
+  std::vector<worker::Slot> gpus;
+  if (spec.search.device != search::Device::kCpu) gpus = worker::DiscoverGpus();
+  if (auto checked = worker::SelectSlots(gpus, gpu_list); !checked.ok()) {
+    return Fail(err, 2, std::string(checked.status().message()));
+  }
+  if (gpus.empty()) {
+    if (spec.search.device == search::Device::kCuda) {
+      return Fail(err, 1,
+                  "search.device is cuda, but this machine has no GPU (nvidia-smi found none)");
+    }
+    *slots = worker::PlainSlots(world);
+    return 0;
+  }
+  auto selected = worker::SelectSlots(gpus, gpu_list);
+  if (!selected.ok()) return Fail(err, 2, std::string(selected.status().message()));
+  *slots = *selected;
+  if (static_cast<int>(slots->size()) < world) {
+    return Fail(err, 1,
+                "parallel: a trial of world size " + std::to_string(world) + " needs " +
+                    std::to_string(world) + " GPUs; this machine offers " +
+                    std::to_string(slots->size()));
+  }
+  return 0;
+}
+
+// The backend the spec asks for (worker/worker_setup.h, shared with remat-worker), set in
+// `wopts`. 0, or the exit code (the error written to `err`).
+int SetUpLocalBackend(const search::SearchSpec& spec, const LocalSearchOptions& options,
+                      worker::WorkerDaemonOptions* wopts, std::ostream& err) {
+  worker::BackendFlags backends;
+  backends.builtin = spec.search.backend == search::Backend::kBuiltin
+                         ? worker::BackendFlags::Builtin::kRequired
+                         : worker::BackendFlags::Builtin::kOff;
+  backends.trial_binary = options.trial_binary;
+  backends.command_templates = options.command_templates;
+  backends.megatron = spec.search.backend == search::Backend::kMegatron;
+  backends.megatron_path = options.megatron_path;
+  backends.python = options.python;
+  std::string warning;
+  if (absl::Status set_up =
+          worker::SetUpBackends(backends, common::SelfDir(), "remat", wopts, &warning);
+      !set_up.ok()) {
+    return Fail(err, set_up.code() == absl::StatusCode::kInvalidArgument ? 2 : 1,
+                std::string(set_up.message()));
+  }
+  return 0;
+}
+
+// Follows search `id` to its end, its progress on `out`; on an interrupt, cancels it. Returns
+// the search as it ended.
+absl::StatusOr<v1::Search> Follow(RematClient& client, const std::string& id,
+                                  const LocalSearchOptions& options, const std::string& metric,
+                                  std::ostream& out, std::ostream& err) {
+  auto interrupted = [&] { return options.interrupted && options.interrupted->load(); };
+  ProgressPrinter printer(out, options.tty, metric);
+  absl::Status watched = client.Watch(
+      id, [&](const v1::SearchProgress& p) { printer.Update(p); }, interrupted);
+  printer.Finish();
+  // Should the stream fail, poll until the search is final.
+  absl::StatusOr<v1::Search> result = client.Get(id);
+  while (!interrupted() && result.ok() && !IsFinal(result->state())) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    result = client.Get(id);
+  }
+  if (interrupted()) {
+    err << "error: interrupted; cancelling search " << id << std::endl;
+    (void)client.Cancel(id);
+    result = client.Get(id);
+  }
+  return result;
+}
+
+// Writes the result JSON and SVG where asked; returns `code`, or 1 when a file cannot be written.
+int WriteResultFiles(const v1::Search& result, const LocalSearchOptions& options, int code,
+                     std::ostream& out, std::ostream& err) {
+  if (!options.json_path.empty()) {
+    if (WriteFile(options.json_path, ResultJson(result))) {
+      out << "\nwrote " << options.json_path << "\n";
+    } else {
+      err << "error: --json: cannot write " << options.json_path << std::endl;
+      code = 1;
+    }
+  }
+  if (!options.svg_path.empty()) {
+    if (WriteFile(options.svg_path, ResultSvg(result))) {
+      out << (options.json_path.empty() ? "\n" : "") << "wrote " << options.svg_path << "\n";
+    } else {
+      err << "error: --svg: cannot write " << options.svg_path << std::endl;
+      code = 1;
+    }
+  }
+  return code;
+}
+
 }  // namespace
 
 int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::ostream& err) {
-  auto fail = [&](int code, const std::string& message) {
-    err << "error: " << message << std::endl;
-    return code;
-  };
+  auto fail = [&](int code, const std::string& message) { return Fail(err, code, message); };
 
   // The spec (and its replay table), checked before anything starts.
   auto request = BuildSubmitRequest(options.spec_path);
   if (!request.ok()) return fail(2, std::string(request.status().message()));
   auto spec = proto::FromProto(request->spec());
   if (!spec.ok()) return fail(2, spec.status().message());
-  const int world = search::TrialSlots(*spec);
 
-  // The slots of the embedded worker.
   std::vector<worker::Slot> slots;
-  std::vector<worker::Slot> gpus;
-  if (spec->search.device != search::Device::kCpu) gpus = worker::DiscoverGpus();
-  if (auto checked = worker::SelectSlots(gpus, options.gpus); !checked.ok()) {
-    return fail(2, std::string(checked.status().message()));
-  }
-  if (gpus.empty()) {
-    if (spec->search.device == search::Device::kCuda) {
-      return fail(1, "search.device is cuda, but this machine has no GPU (nvidia-smi found none)");
-    }
-    slots = worker::PlainSlots(world);
-  } else {
-    auto selected = worker::SelectSlots(gpus, options.gpus);
-    if (!selected.ok()) return fail(2, std::string(selected.status().message()));
-    slots = *selected;
-    if (static_cast<int>(slots.size()) < world) {
-      return fail(1, "parallel: a trial of world size " + std::to_string(world) + " needs " +
-                         std::to_string(world) + " GPUs; this machine offers " +
-                         std::to_string(slots.size()));
-    }
-  }
-
-  // The backend the spec asks for (worker/worker_setup.h, shared with remat-worker).
+  if (int code = SelectLocalSlots(*spec, options.gpus, &slots, err); code != 0) return code;
   worker::WorkerDaemonOptions wopts;
-  worker::BackendFlags backends;
-  backends.builtin = spec->search.backend == search::Backend::kBuiltin
-                         ? worker::BackendFlags::Builtin::kRequired
-                         : worker::BackendFlags::Builtin::kOff;
-  backends.trial_binary = options.trial_binary;
-  backends.command_templates = options.command_templates;
-  backends.megatron = spec->search.backend == search::Backend::kMegatron;
-  backends.megatron_path = options.megatron_path;
-  backends.python = options.python;
-  std::string warning;
-  if (absl::Status set_up =
-          worker::SetUpBackends(backends, common::SelfDir(), "remat", &wopts, &warning);
-      !set_up.ok()) {
-    return fail(set_up.code() == absl::StatusCode::kInvalidArgument ? 2 : 1,
-                std::string(set_up.message()));
-  }
+  if (int code = SetUpLocalBackend(*spec, options, &wopts, err); code != 0) return code;
 
   ScratchDir scratch;
   if (scratch.path().empty()) return fail(1, "cannot create a temporary folder");
@@ -159,21 +223,8 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
       << " of this machine" << std::endl;
 
   auto interrupted = [&] { return options.interrupted && options.interrupted->load(); };
-  ProgressPrinter printer(out, options.tty, search::Name(spec->search.memory_metric));
-  absl::Status watched = client->Watch(
-      *id, [&](const v1::SearchProgress& p) { printer.Update(p); }, interrupted);
-  printer.Finish();
-  // Should the stream fail, poll until the search is final.
-  absl::StatusOr<v1::Search> result = client->Get(*id);
-  while (!interrupted() && result.ok() && !IsFinal(result->state())) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    result = client->Get(*id);
-  }
-  if (interrupted()) {
-    err << "error: interrupted; cancelling search " << *id << std::endl;
-    (void)client->Cancel(*id);
-    result = client->Get(*id);
-  }
+  const absl::StatusOr<v1::Search> result =
+      Follow(*client, *id, options, search::Name(spec->search.memory_metric), out, err);
   if (!result.ok()) {
     stop_all();
     return fail(1, DescribeError(result.status(), client_options));
@@ -187,22 +238,7 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
                      result->state() == v1::SEARCH_STATE_FAILED
                  ? 0
                  : 1;
-  if (!options.json_path.empty()) {
-    if (WriteFile(options.json_path, ResultJson(*result))) {
-      out << "\nwrote " << options.json_path << "\n";
-    } else {
-      err << "error: --json: cannot write " << options.json_path << std::endl;
-      code = 1;
-    }
-  }
-  if (!options.svg_path.empty()) {
-    if (WriteFile(options.svg_path, ResultSvg(*result))) {
-      out << (options.json_path.empty() ? "\n" : "") << "wrote " << options.svg_path << "\n";
-    } else {
-      err << "error: --svg: cannot write " << options.svg_path << std::endl;
-      code = 1;
-    }
-  }
+  code = WriteResultFiles(*result, options, code, out, err);
   out << std::flush;
   stop_all();
   if (interrupted()) return 1;

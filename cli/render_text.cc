@@ -53,36 +53,83 @@ void RenderStagePeaks(const v1::Search& s, const std::string& metric, const MemU
   }
 }
 
-}  // namespace
-
-void RenderReport(const v1::Search& s, std::ostream& out) {
-  const std::string& metric = s.memory_metric();
-  const uint64_t budget = s.memory_budget_bytes();
-  const std::set<std::string> frontier(s.frontier().begin(), s.frontier().end());
-  const std::string recommended = s.has_recommendation() ? s.recommendation() : "";
-
-  out << "search " << s.id();
-  if (!s.spec().name().empty()) out << " (" << s.spec().name() << ")";
-  out << ": " << StateName(s.state()) << ", " << s.trials_done() << " of "
-      << std::max(s.trials_planned(), s.trials_done()) << " trials done, budget " << Memory(budget)
-      << " per rank (" << metric << " memory)\n\n";
-
-  size_t policy_width = 6;
-  uint64_t max_bytes = 0;
-  for (const auto& t : s.trials()) {
-    policy_width = std::max(policy_width, t.policy().canonical().size());
-    max_bytes = std::max({max_bytes, MaxAllocated(t.result()), MaxReserved(t.result())});
-  }
-  const MemUnit unit = UnitFor(max_bytes);
-  out << "    " << Pad("policy", policy_width) << "  " << Pad("status", 9)
-      << Pad(std::string("alloc ") + unit.name, 10, true)
-      << Pad(std::string("resv ") + unit.name, 10, true) << Pad("step s", 10, true)
-      << Pad("tokens/s", 12, true) << Pad("warm-up", 9, true) << "\n";
+// What the trial table saw, for the lines under it.
+struct TableTally {
   bool any_reused = false, any_predicted = false, any_layout_proxy = false;
   int noisy = 0, unsettled = 0;
   int warmup_lo = 0, warmup_hi = 0;
   double worst_spread = 0;
-  std::vector<std::string> notes;
+  std::vector<std::string> notes;  // failed trials' messages
+};
+
+// The marks after a trial's row (reused, predicted, over budget, noisy, ...), counted in `tally`.
+std::vector<std::string> TrialMarks(const v1::Search& s, const v1::Trial& t, bool last_of_policy,
+                                    TableTally& tally) {
+  const std::string& metric = s.memory_metric();
+  const std::string recommended = s.has_recommendation() ? s.recommendation() : "";
+  const v1::TrialResult& r = t.result();
+  const bool ok = StatusOf(t) == v1::TRIAL_STATUS_OK;
+  const bool has_memory = r.ranks_size() > 0 && (MaxAllocated(r) > 0 || MaxReserved(r) > 0);
+  std::vector<std::string> marks;
+  if (r.reused()) {
+    marks.push_back("reused");
+    tally.any_reused = true;
+  }
+  if (r.predicted()) {
+    std::string mark = "predicted";
+    if (IsLayoutProxy(r)) {
+      mark += " from " + std::to_string(r.proxies_size()) + " stage prox" +
+              (r.proxies_size() == 1 ? "y" : "ies");
+      tally.any_layout_proxy = true;
+    } else {
+      for (int i = 0; i < r.proxies_size(); ++i) {
+        mark += (i == 0 ? " from " : " and ") + std::to_string(r.proxies(i).num_layers());
+      }
+      if (r.proxies_size() > 0) mark += " layers";
+    }
+    marks.push_back(mark);
+    tally.any_predicted = true;
+  }
+  if (ok && has_memory && MemoryOf(r, metric) > s.memory_budget_bytes()) {
+    marks.push_back("over budget");
+  }
+  if (ok && !r.predicted() && r.step_time_s() > 0 &&
+      r.step_time_spread_s() > search::kNoisyStepSpread * r.step_time_s()) {
+    marks.push_back("noisy");
+    ++tally.noisy;
+    tally.worst_spread = std::max(tally.worst_spread, r.step_time_spread_s() / r.step_time_s());
+  }
+  if (ok && !r.predicted() && r.step_time_high_s() > 0 && r.step_time_s() > 0) {
+    // The median's 90% interval (search/noise.h) and the steps it took to get there.
+    marks.push_back(Format("median +-%.1f%%", 50 * (r.step_time_high_s() - r.step_time_low_s()) /
+                                                  r.step_time_s()) +
+                    (r.measured_steps() > 0 ? " of " + std::to_string(r.measured_steps()) +
+                                                  " steps"
+                                            : std::string()));
+  }
+  if (r.forced_load_balancing()) marks.push_back("forced expert balance");
+  if (t.remeasure()) marks.push_back("re-measure");
+  if (ok && r.warmup_steps_taken() > 0 && !r.warmup_settled()) {
+    marks.push_back("warm-up unsettled");
+    ++tally.unsettled;
+  }
+  if (!t.numerics_mismatch().empty()) marks.push_back("NUMERICS OFF");
+  if (!recommended.empty() && t.policy().canonical() == recommended && last_of_policy) {
+    marks.push_back("<- recommended");
+  }
+  return marks;
+}
+
+// The table of trials, one row each in the order they ran (frontier policies starred), with
+// each row's marks; failed trials' messages go to the tally's notes.
+TableTally RenderTrialTable(const v1::Search& s, const MemUnit& unit, size_t policy_width,
+                            std::ostream& out) {
+  const std::set<std::string> frontier(s.frontier().begin(), s.frontier().end());
+  out << "    " << Pad("policy", policy_width) << "  " << Pad("status", 9)
+      << Pad(std::string("alloc ") + unit.name, 10, true)
+      << Pad(std::string("resv ") + unit.name, 10, true) << Pad("step s", 10, true)
+      << Pad("tokens/s", 12, true) << Pad("warm-up", 9, true) << "\n";
+  TableTally tally;
   std::map<std::string, const v1::Trial*> last_trial;  // a re-measured policy is marked once
   for (const v1::Trial& t : s.trials()) last_trial[t.policy().canonical()] = &t;
   for (const v1::Trial& t : s.trials()) {
@@ -92,8 +139,9 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
     const bool has_memory = r.ranks_size() > 0 && (MaxAllocated(r) > 0 || MaxReserved(r) > 0);
     const bool ok = status == v1::TRIAL_STATUS_OK;
     if (ok && r.warmup_steps_taken() > 0) {
-      warmup_lo = warmup_lo == 0 ? r.warmup_steps_taken() : std::min(warmup_lo, r.warmup_steps_taken());
-      warmup_hi = std::max(warmup_hi, r.warmup_steps_taken());
+      tally.warmup_lo = tally.warmup_lo == 0 ? r.warmup_steps_taken()
+                                             : std::min(tally.warmup_lo, r.warmup_steps_taken());
+      tally.warmup_hi = std::max(tally.warmup_hi, r.warmup_steps_taken());
     }
     out << "  " << (on_frontier ? "* " : "  ") << Pad(t.policy().canonical(), policy_width) << "  "
         << Pad(TrialStatusName(status), 9)
@@ -103,116 +151,81 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
         << Pad(ok ? Tokens(r.tokens_per_s()) : "-", 12, true)
         << Pad(ok && r.warmup_steps_taken() > 0 ? std::to_string(r.warmup_steps_taken()) : "-", 9,
                true);
-    std::vector<std::string> marks;
-    if (r.reused()) {
-      marks.push_back("reused");
-      any_reused = true;
-    }
-    if (r.predicted()) {
-      std::string mark = "predicted";
-      if (IsLayoutProxy(r)) {
-        mark += " from " + std::to_string(r.proxies_size()) + " stage prox" +
-                (r.proxies_size() == 1 ? "y" : "ies");
-        any_layout_proxy = true;
-      } else {
-        for (int i = 0; i < r.proxies_size(); ++i) {
-          mark += (i == 0 ? " from " : " and ") + std::to_string(r.proxies(i).num_layers());
-        }
-        if (r.proxies_size() > 0) mark += " layers";
-      }
-      marks.push_back(mark);
-      any_predicted = true;
-    }
-    if (ok && has_memory && MemoryOf(r, metric) > budget) marks.push_back("over budget");
-    if (ok && !r.predicted() && r.step_time_s() > 0 &&
-        r.step_time_spread_s() > search::kNoisyStepSpread * r.step_time_s()) {
-      marks.push_back("noisy");
-      ++noisy;
-      worst_spread = std::max(worst_spread, r.step_time_spread_s() / r.step_time_s());
-    }
-    if (ok && !r.predicted() && r.step_time_high_s() > 0 && r.step_time_s() > 0) {
-      // The median's 90% interval (search/noise.h) and the steps it took to get there.
-      marks.push_back(Format("median +-%.1f%%", 50 * (r.step_time_high_s() - r.step_time_low_s()) /
-                                                    r.step_time_s()) +
-                      (r.measured_steps() > 0 ? " of " + std::to_string(r.measured_steps()) +
-                                                    " steps"
-                                              : std::string()));
-    }
-    if (r.forced_load_balancing()) marks.push_back("forced expert balance");
-    if (t.remeasure()) marks.push_back("re-measure");
-    if (ok && r.warmup_steps_taken() > 0 && !r.warmup_settled()) {
-      marks.push_back("warm-up unsettled");
-      ++unsettled;
-    }
-    if (!t.numerics_mismatch().empty()) marks.push_back("NUMERICS OFF");
-    if (!recommended.empty() && t.policy().canonical() == recommended &&
-        last_trial[recommended] == &t) {
-      marks.push_back("<- recommended");
-    }
-    for (const auto& m : marks) out << "  " << m;
+    const bool last = last_trial[t.policy().canonical()] == &t;
+    for (const auto& m : TrialMarks(s, t, last, tally)) out << "  " << m;
     out << "\n";
     if (IsFinalStatus(status) && !ok && !r.message().empty()) {
       std::string msg = r.message();
       if (msg.size() > 300) msg = msg.substr(0, 297) + "...";
-      notes.push_back(t.policy().canonical() + " (" + TrialStatusName(status) + "): " + msg);
+      tally.notes.push_back(t.policy().canonical() + " (" + TrialStatusName(status) + "): " + msg);
     }
   }
+  return tally;
+}
+
+// The table's key and the notes: failed trials, noisy trials, the warm-up, numerics.
+void RenderNotes(const v1::Search& s, TableTally tally, std::ostream& out) {
   out << "  * on the frontier";
-  if (any_reused) out << "; reused: taken from the results cache";
-  if (any_predicted) {
-    out << "; predicted: a " << (any_layout_proxy ? "layout" : "depth") << "-proxy prediction, not a measurement";
+  if (tally.any_reused) out << "; reused: taken from the results cache";
+  if (tally.any_predicted) {
+    out << "; predicted: a " << (tally.any_layout_proxy ? "layout" : "depth")
+        << "-proxy prediction, not a measurement";
   }
   out << "\n";
-  if (noisy > 0) {
-    notes.push_back("noisy: " + std::to_string(noisy) +
+  std::vector<std::string>& notes = tally.notes;
+  if (tally.noisy > 0) {
+    notes.push_back("noisy: " + std::to_string(tally.noisy) +
                     " trial(s) whose measured steps spread by more than " +
                     Format("%.0f%%", 100 * search::kNoisyStepSpread) + " of the step time (up to " +
-                    Format("%.0f%%", 100 * worst_spread) +
+                    Format("%.0f%%", 100 * tally.worst_spread) +
                     "); their tokens/s may be off by as much: raise search.measure_steps for "
                     "steadier figures");
   }
-  if (warmup_hi > 0) {
+  if (tally.warmup_hi > 0) {
     notes.push_back("warm-up: " +
-                    (warmup_lo == warmup_hi ? std::to_string(warmup_hi)
-                                            : std::to_string(warmup_lo) + "-" +
-                                                  std::to_string(warmup_hi)) +
+                    (tally.warmup_lo == tally.warmup_hi ? std::to_string(tally.warmup_hi)
+                                                        : std::to_string(tally.warmup_lo) + "-" +
+                                                              std::to_string(tally.warmup_hi)) +
                     " steps before the measured ones (until the last " +
                     std::to_string(s.spec().search().steady_window()) + " agreed within " +
                     Format("%.0f%%", 100 * s.spec().search().steady_tolerance()) + ")" +
-                    (unsettled > 0 ? "; " + std::to_string(unsettled) +
-                                         " trial(s) reached search.warmup_max_steps unsettled "
-                                         "(marked): raise it for steadier figures"
-                                   : ""));
+                    (tally.unsettled > 0 ? "; " + std::to_string(tally.unsettled) +
+                                               " trial(s) reached search.warmup_max_steps "
+                                               "unsettled (marked): raise it for steadier figures"
+                                         : ""));
   }
   for (const std::string& m : s.numerics_mismatches()) notes.push_back("NUMERICS OFF: " + m);
   if (!notes.empty()) {
     out << "\nnotes:\n";
     for (const auto& n : notes) out << "  " << n << "\n";
   }
+}
 
-  // The frontier, memory ascending, with its figures: a policy measured twice shows its runs
-  // combined (what the frontier and the recommendation used).
-  std::map<std::string, const v1::TrialResult*> by_policy;
-  for (const auto& t : s.trials()) {
-    by_policy[t.policy().canonical()] = t.has_combined() ? &t.combined() : &t.result();
-  }
-  if (s.frontier_size() > 0) {
-    out << "\nfrontier (" << metric << " memory ascending):\n";
-    for (const std::string& p : s.frontier()) {
-      out << "  " << Pad(p, policy_width);
-      auto it = by_policy.find(p);
-      if (it != by_policy.end()) {
-        out << "  " << Pad(unit.Of(MemoryOf(*it->second, metric)), 8, true) << " "
-            << unit.name << "  " << Pad(Tokens(it->second->tokens_per_s()), 10, true)
-            << " tokens/s";
-      }
-      out << "\n";
+using ResultsByPolicy = std::map<std::string, const v1::TrialResult*>;
+
+// The frontier, memory ascending, with its figures.
+void RenderFrontier(const v1::Search& s, const ResultsByPolicy& by_policy, const MemUnit& unit,
+                    size_t policy_width, std::ostream& out) {
+  if (s.frontier_size() == 0) return;
+  const std::string& metric = s.memory_metric();
+  out << "\nfrontier (" << metric << " memory ascending):\n";
+  for (const std::string& p : s.frontier()) {
+    out << "  " << Pad(p, policy_width);
+    auto it = by_policy.find(p);
+    if (it != by_policy.end()) {
+      out << "  " << Pad(unit.Of(MemoryOf(*it->second, metric)), 8, true) << " "
+          << unit.name << "  " << Pad(Tokens(it->second->tokens_per_s()), 10, true)
+          << " tokens/s";
     }
+    out << "\n";
   }
+}
 
-  if (any_layout_proxy) RenderStagePeaks(s, metric, unit, policy_width, out);
-
-  out << "\n";
+// The recommendation with why, its ties and how to apply it; or why there is none (yet).
+void RenderRecommendation(const v1::Search& s, const ResultsByPolicy& by_policy,
+                          std::ostream& out) {
+  const std::string& metric = s.memory_metric();
+  const std::string recommended = s.has_recommendation() ? s.recommendation() : "";
   if (s.state() == v1::SEARCH_STATE_FAILED) {
     out << "search failed" << (s.message().empty() ? "" : ": " + s.message()) << "\n";
   } else if (s.state() == v1::SEARCH_STATE_CANCELLED) {
@@ -258,8 +271,10 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
     out << "no recommendation yet\n";
     if (!s.message().empty()) out << s.message() << "\n";  // why it waits
   }
+}
 
-  // Numerical sanity and provenance.
+// Numerical sanity and provenance: the numerics check, the versions, the fragmentation notes.
+void RenderProvenance(const v1::Search& s, std::ostream& out) {
   if (s.numerics_compared() > 0) {
     const std::string precision = s.spec().train().precision();
     const std::string whose =
@@ -283,11 +298,43 @@ void RenderReport(const v1::Search& s, std::ostream& out) {
     }
     out << "\n";
   }
-
   if (s.fragmentation_size() > 0) {
     out << "\nfragmentation:\n";
     for (const auto& f : s.fragmentation()) out << "  " << f << "\n";
   }
+}
+
+}  // namespace
+
+void RenderReport(const v1::Search& s, std::ostream& out) {
+  const std::string& metric = s.memory_metric();
+  out << "search " << s.id();
+  if (!s.spec().name().empty()) out << " (" << s.spec().name() << ")";
+  out << ": " << StateName(s.state()) << ", " << s.trials_done() << " of "
+      << std::max(s.trials_planned(), s.trials_done()) << " trials done, budget "
+      << Memory(s.memory_budget_bytes()) << " per rank (" << metric << " memory)\n\n";
+
+  size_t policy_width = 6;
+  uint64_t max_bytes = 0;
+  for (const auto& t : s.trials()) {
+    policy_width = std::max(policy_width, t.policy().canonical().size());
+    max_bytes = std::max({max_bytes, MaxAllocated(t.result()), MaxReserved(t.result())});
+  }
+  const MemUnit unit = UnitFor(max_bytes);
+  const TableTally tally = RenderTrialTable(s, unit, policy_width, out);
+  RenderNotes(s, tally, out);
+
+  // A policy measured twice shows its runs combined (what the frontier and the recommendation
+  // used).
+  ResultsByPolicy by_policy;
+  for (const auto& t : s.trials()) {
+    by_policy[t.policy().canonical()] = t.has_combined() ? &t.combined() : &t.result();
+  }
+  RenderFrontier(s, by_policy, unit, policy_width, out);
+  if (tally.any_layout_proxy) RenderStagePeaks(s, metric, unit, policy_width, out);
+  out << "\n";
+  RenderRecommendation(s, by_policy, out);
+  RenderProvenance(s, out);
 }
 
 void RenderList(const v1::ListSearchesResponse& list, std::ostream& out) {

@@ -1,5 +1,6 @@
 #include "common/process_metrics.h"
 
+#include <prometheus/collectable.h>
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
@@ -8,6 +9,38 @@
 #include "common/process_stats.h"
 
 namespace remat::common {
+namespace {
+
+class Refreshing : public prometheus::Collectable {
+ public:
+  Refreshing(std::shared_ptr<prometheus::Registry> registry, std::function<void()> before_collect)
+      : registry_(std::move(registry)), before_collect_(std::move(before_collect)) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    before_collect_();
+    return registry_->Collect();
+  }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::function<void()> before_collect_;
+};
+
+}  // namespace
+
+void RegisterBuildInfo(prometheus::Registry& registry, const std::string& name,
+                       const std::string& program, const std::string& version) {
+  prometheus::BuildGauge()
+      .Name(name)
+      .Help("Build information of " + program + "; value 1")
+      .Register(registry)
+      .Add({{"version", version}})
+      .Set(1);
+}
+
+std::shared_ptr<prometheus::Collectable> RefreshingCollectable(
+    std::shared_ptr<prometheus::Registry> registry, std::function<void()> before_collect) {
+  return std::make_shared<Refreshing>(std::move(registry), std::move(before_collect));
+}
 
 ProcessMetrics::ProcessMetrics(prometheus::Registry& r) {
   using prometheus::BuildCounter;

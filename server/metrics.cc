@@ -4,27 +4,12 @@
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
-#include <prometheus/collectable.h>
 #include <prometheus/registry.h>
 
 #include "common/process_metrics.h"
 
 namespace remat::server {
 namespace {
-
-class HookedCollectable : public prometheus::Collectable {
- public:
-  HookedCollectable(Metrics* metrics, std::shared_ptr<prometheus::Registry> registry)
-      : metrics_(metrics), registry_(std::move(registry)) {}
-  std::vector<prometheus::MetricFamily> Collect() const override {
-    metrics_->RunCollectHook();
-    return registry_->Collect();
-  }
-
- private:
-  Metrics* metrics_;
-  std::shared_ptr<prometheus::Registry> registry_;
-};
 
 constexpr const char* kRpcMethods[] = {"SubmitSearch", "GetSearch",  "WatchSearch",
                                        "CancelSearch", "ListSearches", "Register",
@@ -64,12 +49,7 @@ Metrics::Metrics(const std::string& version)
   using prometheus::BuildHistogram;
   prometheus::Registry& r = *registry_;
 
-  BuildGauge()
-      .Name("remat_build_info")
-      .Help("Build information of rematd; value 1")
-      .Register(r)
-      .Add({{"version", version}})
-      .Set(1);
+  common::RegisterBuildInfo(r, "remat_build_info", "rematd", version);
 
   auto& searches = BuildGauge().Name("remat_searches").Help("Searches by state").Register(r);
   for (v1::SearchState s : {v1::SEARCH_STATE_QUEUED, v1::SEARCH_STATE_RUNNING,
@@ -161,7 +141,9 @@ prometheus::Histogram* Metrics::ObserveRpcSeries(const std::string& method,
 }
 
 std::shared_ptr<prometheus::Collectable> Metrics::collectable() {
-  if (!collectable_) collectable_ = std::make_shared<HookedCollectable>(this, registry_);
+  if (!collectable_) {
+    collectable_ = common::RefreshingCollectable(registry_, [this] { RunCollectHook(); });
+  }
   return collectable_;
 }
 

@@ -271,9 +271,8 @@ std::unique_ptr<Launcher> MakeSlurmLauncher(SlurmLauncherOptions options) {
   return std::make_unique<SlurmLauncher>(std::move(options));
 }
 
-std::vector<std::string> CancelOrphanedSlurmJobs(const SlurmLauncherOptions& options,
-                                                 const std::string& scratch_dir,
-                                                 std::string* error) {
+absl::StatusOr<std::vector<std::string>> CancelOrphanedSlurmJobs(
+    const SlurmLauncherOptions& options, const std::string& scratch_dir) {
   std::vector<std::string> cancelled;
   if (options.worker_tag.empty()) return cancelled;
   std::error_code ec;
@@ -281,8 +280,7 @@ std::vector<std::string> CancelOrphanedSlurmJobs(const SlurmLauncherOptions& opt
   SlurmCommandResult listed = RunSlurmCommand({options.squeue, "--me", "-h", "-o", "%i|%k"},
                                               scratch_dir, "squeue", options.command_timeout_s);
   if (!listed.ok) {
-    *error = "squeue " + listed.how + ": " + LastLine(listed.err);
-    return cancelled;
+    return absl::UnavailableError("squeue " + listed.how + ": " + LastLine(listed.err));
   }
   const std::string mark = "remat:worker=" + options.worker_tag;
   std::istringstream lines(listed.out);

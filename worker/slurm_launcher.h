@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "worker/launcher.h"
 #include "worker/slurm_job.h"
 
@@ -50,11 +51,11 @@ std::unique_ptr<Launcher> MakeSlurmLauncher(SlurmLauncherOptions options);
 
 // Cancels this user's queued or running jobs whose comment carries options.worker_tag: trials of
 // a previous worker on the same host and work dir that died without ending them (its leases
-// expire and the coordinator runs those trials again). Returns the job ids cancelled, or an
-// error message in *error when squeue could not be asked. Call before the daemon starts.
-std::vector<std::string> CancelOrphanedSlurmJobs(const SlurmLauncherOptions& options,
-                                                 const std::string& scratch_dir,
-                                                 std::string* error);
+// expire and the coordinator runs those trials again). Returns the job ids cancelled, or
+// Unavailable (saying how squeue failed) when squeue could not be asked. Call before the daemon
+// starts.
+absl::StatusOr<std::vector<std::string>> CancelOrphanedSlurmJobs(
+    const SlurmLauncherOptions& options, const std::string& scratch_dir);
 
 // The batch script and the rank script of one run (exposed for tests).
 std::string SlurmJobScript(const std::string& trial_id, int attempt, const SlurmLayout& layout,

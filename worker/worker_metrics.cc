@@ -3,7 +3,6 @@
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <prometheus/collectable.h>
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/family.h>
@@ -24,19 +23,6 @@ namespace {
 
 constexpr char kReadinessService[] = "remat.v1.WorkerService";
 
-// Refreshes the gauges of state, then collects: what /metrics serves.
-class RefreshingCollectable : public prometheus::Collectable {
- public:
-  explicit RefreshingCollectable(WorkerMetrics* metrics) : metrics_(metrics) {}
-  std::vector<prometheus::MetricFamily> Collect() const override {
-    metrics_->Refresh();
-    return metrics_->registry()->Collect();
-  }
-
- private:
-  WorkerMetrics* metrics_;
-};
-
 absl::Status CheckHostPort(const std::string& flag, const std::string& value) {
   const std::string problem = common::HostPortProblem(flag, value);
   return problem.empty() ? absl::OkStatus() : absl::InvalidArgumentError(problem);
@@ -50,12 +36,7 @@ WorkerMetrics::WorkerMetrics(const std::string& version)
   using prometheus::BuildGauge;
   using prometheus::BuildHistogram;
   prometheus::Registry& r = *registry_;
-  BuildGauge()
-      .Name("remat_worker_build_info")
-      .Help("Build information of remat-worker; value 1")
-      .Register(r)
-      .Add({{"version", version}})
-      .Set(1);
+  common::RegisterBuildInfo(r, "remat_worker_build_info", "remat-worker", version);
   registered_ = &BuildGauge()
                      .Name("remat_worker_registered")
                      .Help("1 while the worker is registered with the coordinator")
@@ -184,7 +165,8 @@ absl::StatusOr<std::unique_ptr<WorkerEndpoints>> WorkerEndpoints::Start(
                                                  options.metrics_listen, ": ", ex.what()));
     }
     // The exposer holds collectables weakly: this object keeps it alive.
-    e->collectable_ = std::make_shared<RefreshingCollectable>(metrics);
+    e->collectable_ =
+        common::RefreshingCollectable(metrics->registry(), [metrics] { metrics->Refresh(); });
     e->exposer_->RegisterCollectable(e->collectable_);
     auto ports = e->exposer_->GetListeningPorts();
     e->metrics_port_ = ports.empty() ? 0 : ports.front();

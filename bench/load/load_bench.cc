@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <random>
 #include <set>
@@ -401,10 +402,13 @@ remat::search::SearchSpec BenchSpec(int layers) {
   return s;
 }
 
-}  // namespace
+int Bad(const std::string& m) {
+  std::fprintf(stderr, "error: %s\n", m.c_str());
+  return 2;
+}
 
-int main(int argc, char** argv) {
-  Options o;
+// Reads the flags into `o`; an exit code when the program is to end (help, a bad flag).
+std::optional<int> ParseOptions(int argc, char** argv, Options& o) {
   CLI::App app{"remat-load-bench: simulated workers and queued trials against one rematd",
                "remat-load-bench"};
   app.add_option("--workers", o.workers, "simulated workers")->capture_default_str();
@@ -439,36 +443,31 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
   }
-  auto bad = [](const std::string& m) {
-    std::fprintf(stderr, "error: %s\n", m.c_str());
-    return 2;
-  };
-  if (o.workers < 1) return bad("--workers: must be at least 1");
-  if (o.trials < 1) return bad("--trials: must be at least 1");
-  if (o.slots < 1) return bad("--slots: must be at least 1");
+  if (o.workers < 1) return Bad("--workers: must be at least 1");
+  if (o.trials < 1) return Bad("--trials: must be at least 1");
+  if (o.slots < 1) return Bad("--slots: must be at least 1");
   if (o.wall_min_s < 0 || o.wall_max_s < o.wall_min_s) {
-    return bad("--wall-min/--wall-max: need 0 <= min <= max");
+    return Bad("--wall-min/--wall-max: need 0 <= min <= max");
   }
   if (o.rematd.empty()) o.rematd = SelfDir() + "/rematd";
-  if (access(o.rematd.c_str(), X_OK) != 0) return bad("--rematd: cannot run " + o.rematd);
+  if (access(o.rematd.c_str(), X_OK) != 0) return Bad("--rematd: cannot run " + o.rematd);
+  return std::nullopt;
+}
+
+// A thousand workers' connections: no SIGPIPE, as many open files as allowed, and Abseil's
+// deadlock detection off (as in rematd).
+void PrepareProcess() {
   signal(SIGPIPE, SIG_IGN);
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // as in rematd
   rlimit nofile{};
   getrlimit(RLIMIT_NOFILE, &nofile);
   nofile.rlim_cur = nofile.rlim_max;
   setrlimit(RLIMIT_NOFILE, &nofile);
+}
 
-  // The searches: exhaustive over every valid policy of the benchmark model.
-  remat::search::SearchSpec spec = BenchSpec(o.layers);
-  if (auto st = remat::search::ValidateSpec(spec); !st.ok()) return bad(st.message());
-  const auto policies = remat::search::EnumerateValidPolicies(spec);
-  const int per_search = static_cast<int>(policies.size());
-  const int searches = (o.trials + per_search - 1) / per_search;
-  const int64_t expected = static_cast<int64_t>(searches) * per_search;
-  // A replay table per search: the same figures, but wall_s drawn afresh for every trial, so
-  // trials of different searches do not finish in lock step.
-  std::mt19937 rng(42);
-  std::uniform_real_distribution<double> wall(o.wall_min_s, o.wall_max_s);
+// The submission of one search: a replay table with an ok entry for every policy, its figures
+// falling with the policy's index (the spec and each entry's wall_s are set per search).
+v1::SubmitSearchRequest ReplaySubmission(const std::vector<remat::search::Policy>& policies) {
   v1::SubmitSearchRequest submit;
   int i = 0;
   for (const auto& p : policies) {
@@ -482,6 +481,143 @@ int main(int argc, char** argv) {
     rank->set_peak_allocated_bytes(static_cast<uint64_t>(60 - 0.3 * i) << 30);
     rank->set_peak_reserved_bytes(static_cast<uint64_t>(62 - 0.3 * i) << 30);
   }
+  return submit;
+}
+
+// Submits `searches` searches, each with a seed of its own and its wall_s drawn afresh for every
+// trial (so trials of different searches do not finish in lock step). False on an error (said).
+bool SubmitSearches(const std::string& address, remat::search::SearchSpec spec,
+                    v1::SubmitSearchRequest submit, int searches, const Options& o) {
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<double> wall(o.wall_min_s, o.wall_max_s);
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto users = v1::RematService::NewStub(channel);
+  for (int s = 0; s < searches; ++s) {
+    spec.train.seed = 1000 + static_cast<uint64_t>(s);
+    spec.name = "load-bench-" + std::to_string(s);
+    *submit.mutable_spec() = remat::proto::ToProto(spec);
+    for (auto& [policy, entry] : *submit.mutable_replay_table()->mutable_trials()) {
+      entry.set_wall_s(wall(rng));
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::SubmitSearchResponse resp;
+    grpc::Status st = users->SubmitSearch(&ctx, submit, &resp);
+    if (!st.ok()) {
+      std::fprintf(stderr, "error: SubmitSearch: %s\n", st.error_message().c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+// The workers' stubs over `connections` connections of their own (and the channels they use).
+struct WorkerStubs {
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
+};
+WorkerStubs ConnectWorkers(const std::string& address, int connections) {
+  WorkerStubs w;
+  for (int c = 0; c < connections; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own
+    w.channels.push_back(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    w.stubs.push_back(v1::WorkerService::NewStub(w.channels.back()));
+  }
+  return w;
+}
+
+// What the run measured on the coordinator's side.
+struct RunFigures {
+  double submit_s = 0, run_s = 0;
+  int64_t done = 0, expected = 0;
+  double cpu_s = 0, peak_mib = 0, rss_mib = 0;
+};
+
+// The results: throughput, the latencies the workers saw, the coordinator's CPU and memory
+// against the goal, and the coordinator's own view of its latencies (from its /metrics page).
+void PrintResults(Bench& bench, const RunFigures& f, const std::string& page) {
+  Samples& with_work = bench.lease_with_work;
+  const double p50 = with_work.Quantile(0.50) * 1000, p99 = with_work.Quantile(0.99) * 1000;
+  std::printf("\nresults\n");
+  std::printf("  completed: %lld/%lld trials in %.1f s = %.0f trials/s (searches submitted "
+              "in %.1f s)\n",
+              static_cast<long long>(f.done), static_cast<long long>(f.expected), f.run_s,
+              static_cast<double>(f.done) / f.run_s, f.submit_s);
+  std::printf("  lease latency, calls answered with a trial (n=%zu): p50 %.2f ms, p99 %.2f ms, "
+              "max %.2f ms\n",
+              with_work.size(), p50, p99, with_work.Quantile(1.0) * 1000);
+  std::printf("  lease calls answered empty after the long poll: %zu\n", bench.lease_empty.size());
+  std::printf("  report latency (n=%zu): p50 %.2f ms, p99 %.2f ms\n", bench.report.size(),
+              bench.report.Quantile(0.5) * 1000, bench.report.Quantile(0.99) * 1000);
+  std::printf("  heartbeat latency (n=%zu): p50 %.2f ms, p99 %.2f ms\n", bench.heartbeat.size(),
+              bench.heartbeat.Quantile(0.5) * 1000, bench.heartbeat.Quantile(0.99) * 1000);
+  std::printf("  errors (retried): %lld, reports not accepted: %lld, cancels: %lld\n",
+              static_cast<long long>(bench.errors.load()),
+              static_cast<long long>(bench.rejected.load()),
+              static_cast<long long>(bench.cancels.load()));
+  std::printf("  coordinator: CPU %.1f s (user+sys) over %.1f s = %.2f cores; peak RSS %.0f MiB "
+              "(now %.0f MiB)\n",
+              f.cpu_s, f.run_s + f.submit_s, f.cpu_s / (f.run_s + f.submit_s), f.peak_mib,
+              f.rss_mib);
+  std::printf("  goal (1,000 workers, 10,000 trials): p99 lease latency < 20 ms: %s; "
+              "coordinator < 512 MiB: %s\n",
+              p99 < 20 ? "met" : "NOT met", f.peak_mib < 512 ? "met" : "NOT met");
+  std::fflush(stdout);
+  std::printf("  coordinator's view (remat_rpc_duration_seconds bucket bounds): LeaseTrial p50 "
+              "<= %.1f ms, p99 <= %.1f ms; ReportTrial p50 <= %.1f ms, p99 <= %.1f ms\n",
+              ServerQuantileMs(page, "LeaseTrial", 0.5), ServerQuantileMs(page, "LeaseTrial", 0.99),
+              ServerQuantileMs(page, "ReportTrial", 0.5),
+              ServerQuantileMs(page, "ReportTrial", 0.99));
+  std::fflush(stdout);
+}
+
+// Runs the simulated workers until every trial is reported or the timeout, with progress every
+// 5 s; prints the results and stops the coordinator. 0, or 1 on the timeout.
+int RunWorkers(const Options& o, RematdProcess& rematd, RunFigures f, double cpu_start) {
+  const int connections = o.connections > 0 ? std::min(o.connections, o.workers) : o.workers;
+  WorkerStubs workers = ConnectWorkers(rematd.address, connections);
+  auto bench = std::make_unique<Bench>(o, &workers.stubs, f.expected);
+  const auto t1 = Clock::now();
+  bench->Start();
+  const auto deadline = t1 + std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
+  bool finished = false;
+  while (!finished && Clock::now() < deadline) {
+    finished = bench->Wait(std::min(deadline, Clock::now() + std::chrono::seconds(5)));
+    std::printf("  %6.1f s: %lld/%lld trials reported, coordinator RSS %.0f MiB\n",
+                Seconds(Clock::now() - t1), static_cast<long long>(bench->done()),
+                static_cast<long long>(f.expected), rematd.StatusMiB("VmRSS"));
+    std::fflush(stdout);
+  }
+  f.run_s = Seconds(Clock::now() - t1);
+  f.done = bench->done();
+  f.cpu_s = rematd.CpuSeconds() - cpu_start;
+  f.peak_mib = rematd.StatusMiB("VmHWM");
+  f.rss_mib = rematd.StatusMiB("VmRSS");
+  // Stop the coordinator first, so long polls in flight end and the workers' calls return.
+  PrintResults(*bench, f, rematd.metrics_port ? ScrapeMetrics(rematd.metrics_port) : "");
+  const int stopped = rematd.Stop();
+  if (stopped != 0) std::printf("  rematd exited %d\n", stopped);
+  bench->Stop(std::chrono::seconds(10));
+  return finished ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (std::optional<int> code = ParseOptions(argc, argv, o)) return *code;
+  PrepareProcess();
+
+  // The searches: exhaustive over every valid policy of the benchmark model.
+  remat::search::SearchSpec spec = BenchSpec(o.layers);
+  if (auto st = remat::search::ValidateSpec(spec); !st.ok()) return Bad(st.message());
+  const auto policies = remat::search::EnumerateValidPolicies(spec);
+  const int per_search = static_cast<int>(policies.size());
+  const int searches = (o.trials + per_search - 1) / per_search;
+  RunFigures f;
+  f.expected = static_cast<int64_t>(searches) * per_search;
 
   char tmpl[] = "/tmp/remat-load-bench-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
@@ -496,7 +632,7 @@ int main(int argc, char** argv) {
   }
   std::printf("remat-load-bench: %d workers x %d slot(s) (online over %.1f s), %lld trials in "
               "%d searches (%d policies each), replayed wall_s %.1f-%.1f s, lease wait_s %.1f\n",
-              o.workers, o.slots, o.ramp_s, static_cast<long long>(expected), searches,
+              o.workers, o.slots, o.ramp_s, static_cast<long long>(f.expected), searches,
               per_search, o.wall_min_s, o.wall_max_s, o.lease_wait_s);
   std::printf("coordinator: rematd pid %d (separate process) on %s, db %s, log level %s\n",
               rematd.pid, rematd.address.c_str(),
@@ -505,105 +641,12 @@ int main(int argc, char** argv) {
 
   const double cpu_start = rematd.CpuSeconds();
   const auto t0 = Clock::now();
-  {
-    auto channel = grpc::CreateChannel(rematd.address, grpc::InsecureChannelCredentials());
-    auto users = v1::RematService::NewStub(channel);
-    for (int s = 0; s < searches; ++s) {
-      spec.train.seed = 1000 + static_cast<uint64_t>(s);
-      spec.name = "load-bench-" + std::to_string(s);
-      *submit.mutable_spec() = remat::proto::ToProto(spec);
-      for (auto& [policy, entry] : *submit.mutable_replay_table()->mutable_trials()) {
-        entry.set_wall_s(wall(rng));
-      }
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-      v1::SubmitSearchResponse resp;
-      grpc::Status st = users->SubmitSearch(&ctx, submit, &resp);
-      if (!st.ok()) {
-        std::fprintf(stderr, "error: SubmitSearch: %s\n", st.error_message().c_str());
-        rematd.Stop();
-        return 1;
-      }
-    }
+  if (!SubmitSearches(rematd.address, spec, ReplaySubmission(policies), searches, o)) {
+    rematd.Stop();
+    return 1;
   }
-  const double submit_s = Seconds(Clock::now() - t0);
-
-  const int connections = o.connections > 0 ? std::min(o.connections, o.workers) : o.workers;
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
-  std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
-  for (int c = 0; c < connections; ++c) {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own
-    channels.push_back(grpc::CreateCustomChannel(rematd.address,
-                                                 grpc::InsecureChannelCredentials(), args));
-    stubs.push_back(v1::WorkerService::NewStub(channels.back()));
-  }
-
-  int rc = 0;
-  double run_s = 0;
-  int64_t done = 0;
-  double cpu_end = 0, peak_mib = 0, rss_mib = 0;
-  Samples* with_work = nullptr;
-  {
-    auto bench = std::make_unique<Bench>(o, &stubs, expected);
-    const auto t1 = Clock::now();
-    bench->Start();
-    const auto deadline = t1 + std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
-    // Progress every 5 s.
-    bool finished = false;
-    while (!finished && Clock::now() < deadline) {
-      finished = bench->Wait(std::min(deadline, Clock::now() + std::chrono::seconds(5)));
-      std::printf("  %6.1f s: %lld/%lld trials reported, coordinator RSS %.0f MiB\n",
-                  Seconds(Clock::now() - t1), static_cast<long long>(bench->done()),
-                  static_cast<long long>(expected), rematd.StatusMiB("VmRSS"));
-      std::fflush(stdout);
-    }
-    run_s = Seconds(Clock::now() - t1);
-    done = bench->done();
-    cpu_end = rematd.CpuSeconds();
-    peak_mib = rematd.StatusMiB("VmHWM");
-    rss_mib = rematd.StatusMiB("VmRSS");
-    if (!finished) rc = 1;
-
-    with_work = &bench->lease_with_work;
-    const double p50 = with_work->Quantile(0.50) * 1000, p99 = with_work->Quantile(0.99) * 1000;
-    std::printf("\nresults\n");
-    std::printf("  completed: %lld/%lld trials in %.1f s = %.0f trials/s (searches submitted "
-                "in %.1f s)\n",
-                static_cast<long long>(done), static_cast<long long>(expected), run_s,
-                static_cast<double>(done) / run_s, submit_s);
-    std::printf("  lease latency, calls answered with a trial (n=%zu): p50 %.2f ms, p99 %.2f ms, "
-                "max %.2f ms\n",
-                with_work->size(), p50, p99, with_work->Quantile(1.0) * 1000);
-    std::printf("  lease calls answered empty after the long poll: %zu\n", bench->lease_empty.size());
-    std::printf("  report latency (n=%zu): p50 %.2f ms, p99 %.2f ms\n", bench->report.size(),
-                bench->report.Quantile(0.5) * 1000, bench->report.Quantile(0.99) * 1000);
-    std::printf("  heartbeat latency (n=%zu): p50 %.2f ms, p99 %.2f ms\n", bench->heartbeat.size(),
-                bench->heartbeat.Quantile(0.5) * 1000, bench->heartbeat.Quantile(0.99) * 1000);
-    std::printf("  errors (retried): %lld, reports not accepted: %lld, cancels: %lld\n",
-                static_cast<long long>(bench->errors.load()),
-                static_cast<long long>(bench->rejected.load()),
-                static_cast<long long>(bench->cancels.load()));
-    std::printf("  coordinator: CPU %.1f s (user+sys) over %.1f s = %.2f cores; peak RSS %.0f MiB "
-                "(now %.0f MiB)\n",
-                cpu_end - cpu_start, run_s + submit_s, (cpu_end - cpu_start) / (run_s + submit_s),
-                peak_mib, rss_mib);
-    std::printf("  goal (1,000 workers, 10,000 trials): p99 lease latency < 20 ms: %s; "
-                "coordinator < 512 MiB: %s\n",
-                p99 < 20 ? "met" : "NOT met", peak_mib < 512 ? "met" : "NOT met");
-    std::fflush(stdout);
-    // Stop the coordinator first, so long polls in flight end and the workers' calls return.
-    const std::string page = rematd.metrics_port ? ScrapeMetrics(rematd.metrics_port) : "";
-    std::printf("  coordinator's view (remat_rpc_duration_seconds bucket bounds): LeaseTrial p50 "
-                "<= %.1f ms, p99 <= %.1f ms; ReportTrial p50 <= %.1f ms, p99 <= %.1f ms\n",
-                ServerQuantileMs(page, "LeaseTrial", 0.5), ServerQuantileMs(page, "LeaseTrial", 0.99),
-                ServerQuantileMs(page, "ReportTrial", 0.5),
-                ServerQuantileMs(page, "ReportTrial", 0.99));
-    std::fflush(stdout);
-    const int stopped = rematd.Stop();
-    if (stopped != 0) std::printf("  rematd exited %d\n", stopped);
-    bench->Stop(std::chrono::seconds(10));
-  }
+  f.submit_s = Seconds(Clock::now() - t0);
+  const int rc = RunWorkers(o, rematd, f, cpu_start);
   std::filesystem::remove_all(dir);
   if (rc != 0) std::fprintf(stderr, "error: timed out after %.0f s\n", o.timeout_s);
   return rc;

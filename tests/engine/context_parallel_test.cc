@@ -19,9 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using testing::Output;
 using testing::RelDiff;
-using testing::Sh;
 
 const std::string kTrial = REMAT_TRIAL_PATH;
 
@@ -38,23 +36,11 @@ std::string Yaml(const ModelEdits& edits, const std::string& train, const std::s
                 ? model + prefix + value + "\n"
                 : model.replace(at, model.find('\n', at) - at, prefix + value);
   }
-  return "name: tiny-cp\n" + model +
-         "train:\n"
-         "  precision: fp32\n" + train +
-         "parallel:\n" + (parallel.empty() ? "  tensor_model_parallel_size: 1\n" : parallel) +
-         "search:\n"
-         "  memory_budget_gib: 1\n"
-         "  warmup_steps: 1\n"
-         "  measure_steps: 1\n"
-         "  device: cpu\n";
+  return testing::TinyRankSpecYaml("tiny-cp", model, train, parallel);
 }
 
 std::vector<nlohmann::json> Run(const fs::path& spec, const std::string& policy, int world) {
-  if (world == 1) {
-    Output o = Sh(kTrial + " --spec " + spec.string() + " --policy '" + policy + "' --json");
-    EXPECT_EQ(o.exit_code, 0) << o.out;
-    return {nlohmann::json::parse(o.out)};
-  }
+  if (world == 1) return {testing::RunAlone(kTrial, spec, policy)};
   return testing::RunRanks(kTrial, spec, policy, world, 60);
 }
 

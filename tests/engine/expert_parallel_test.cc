@@ -4,19 +4,14 @@
 // layer and full recompute, for grouped and sequential experts; each rank reports its own peak.
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cmath>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "tests/engine/test_models.h"
 #include "tests/engine/test_process.h"
 
 namespace remat::engine {
@@ -24,54 +19,22 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using testing::Output;
 using testing::RelDiff;
-using testing::Sh;
 using testing::WriteSpec;
 fs::path TempDir() { return testing::TempDir("remat-ep-test"); }
 
 const std::string kTrial = REMAT_TRIAL_PATH;
 
-// hidden 64, 4 experts, top-2, 2 MoE layers, seq 64, fp32, dropout 0.
-std::string MoeYaml(bool grouped, const std::string& parallel) {
-  return std::string(R"(name: tiny-moe-ep
-model:
-  num_layers: 2
-  hidden_size: 64
-  num_attention_heads: 4
-  num_query_groups: 2
-  ffn_hidden_size: 128
-  gated_linear_unit: true
-  normalization: RMSNorm
-  seq_length: 64
-  vocab_size: 256
-  attention_dropout: 0.0
-  hidden_dropout: 0.0
-  add_bias_linear: false
-  position_embedding_type: rope
-  num_moe_experts: 4
-  moe_router_topk: 2
-  moe_ffn_hidden_size: 64
-  moe_shared_expert_intermediate_size: 32
-  moe_grouped_gemm: )") +
-         (grouped ? "true" : "false") + "\nparallel:\n" + parallel + R"(train:
-  micro_batch_size: 2
-  precision: fp32
-search:
-  memory_budget_gib: 1
-  warmup_steps: 1
-  measure_steps: 1
-  noise_target: 0
-  device: cpu
-)";
+// hidden 64, 4 experts, top-2, 2 MoE layers, seq 64, fp32, dropout 0; `train` adds train: lines.
+std::string MoeYaml(bool grouped, const std::string& parallel, const std::string& train = "") {
+  return testing::TinyRankSpecYaml(
+      "tiny-moe-ep", testing::TinyRankModelYaml(2, 64, testing::TinyRankMoeLines(grouped)),
+      "  micro_batch_size: 2\n" + train, parallel, "  noise_target: 0\n");
 }
 
-
-std::vector<nlohmann::json> RunRanks(const fs::path& spec, const std::string& policy, int world,
-                                     double timeout_s = 60) {
-  return testing::RunRanks(kTrial, spec, policy, world, timeout_s);
+std::vector<nlohmann::json> RunRanks(const fs::path& spec, const std::string& policy, int world) {
+  return testing::RunRanks(kTrial, spec, policy, world);
 }
-
 
 void ExpectExpertParallelMatches(bool grouped, const std::vector<std::string>& policies) {
   const fs::path dir = TempDir();
@@ -113,16 +76,12 @@ TEST(ExpertParallelTest, SequentialExpertsMatchOneExpertRank) {
 // run matches DP 2 without EP or PP.
 TEST(ExpertParallelTest, ExpertParallelInsidePipelineStagesMatches) {
   const fs::path dir = TempDir();
-  auto with_batch = [](std::string yaml) {
-    yaml.replace(yaml.find("  micro_batch_size: 2\n"), 0, "  global_batch_size: 8\n");
-    return yaml;
-  };
-  const fs::path dp2 =
-      WriteSpec(dir, "dp2.yaml", with_batch(MoeYaml(true, "  data_parallel_size: 2\n")));
+  const std::string batch = "  global_batch_size: 8\n";
+  const fs::path dp2 = WriteSpec(dir, "dp2.yaml", MoeYaml(true, "  data_parallel_size: 2\n", batch));
   const fs::path ep_pp = WriteSpec(
       dir, "ep2pp2.yaml",
-      with_batch(MoeYaml(true, "  data_parallel_size: 2\n  expert_model_parallel_size: 2\n"
-                               "  pipeline_model_parallel_size: 2\n")));
+      MoeYaml(true, "  data_parallel_size: 2\n  expert_model_parallel_size: 2\n"
+                    "  pipeline_model_parallel_size: 2\n", batch));
   for (const std::string policy : {"selective:[]", "selective:[moe]"}) {
     const std::vector<nlohmann::json> base = RunRanks(dp2, policy, 2);
     ASSERT_EQ(base[0]["status"], "ok") << base[0].dump();

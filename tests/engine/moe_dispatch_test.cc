@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/engine/test_models.h"
 #include "tests/engine/test_process.h"
 
 namespace remat::engine {
@@ -29,44 +30,9 @@ const std::string kTrial = REMAT_TRIAL_PATH;
 // hidden 64, 4 experts (top-2, 64 wide) with a shared expert, 2 MoE layers, seq 32, fp32,
 // dropout 0, 8 sequences a step in micro-batches of 2.
 std::string MoeYaml(bool grouped, const std::string& dispatcher, const std::string& parallel) {
-  return std::string(R"(name: tiny-moe-etp
-model:
-  num_layers: 2
-  hidden_size: 64
-  num_attention_heads: 4
-  num_query_groups: 2
-  ffn_hidden_size: 128
-  gated_linear_unit: true
-  normalization: RMSNorm
-  seq_length: 32
-  vocab_size: 256
-  attention_dropout: 0.0
-  hidden_dropout: 0.0
-  add_bias_linear: false
-  position_embedding_type: rope
-  num_moe_experts: 4
-  moe_router_topk: 2
-  moe_ffn_hidden_size: 64
-  moe_shared_expert_intermediate_size: 32
-  moe_token_dispatcher_type: )") +
-         dispatcher + "\n  moe_grouped_gemm: " + (grouped ? "true" : "false") + "\nparallel:\n" +
-         parallel + R"(train:
-  micro_batch_size: 2
-  global_batch_size: 8
-  precision: fp32
-search:
-  memory_budget_gib: 1
-  warmup_steps: 1
-  measure_steps: 1
-  device: cpu
-)";
-}
-
-std::string ExpertGrid(int etp) {
-  return "  tensor_model_parallel_size: 2\n  sequence_parallel: true\n"
-         "  pipeline_model_parallel_size: 2\n  data_parallel_size: 2\n"
-         "  expert_model_parallel_size: 2\n  expert_tensor_parallel_size: " +
-         std::to_string(etp) + "\n";
+  const std::string moe = testing::TinyRankMoeLines(grouped, dispatcher);
+  return testing::TinyRankSpecYaml("tiny-moe-etp", testing::TinyRankModelYaml(2, 32, moe),
+      "  micro_batch_size: 2\n  global_batch_size: 8\n", parallel);
 }
 
 // The TP 1 / EP 1 / PP 1 run of a policy: without expert or tensor parallelism both dispatchers
@@ -84,7 +50,7 @@ const nlohmann::json& Base(bool grouped, const std::string& policy) {
 void ExpectMatchesOneRankLayout(bool grouped, const std::string& dispatcher, int etp,
                                 const std::vector<std::string>& policies) {
   const fs::path grid_spec = WriteSpec(testing::TempDir("remat-etp-test"), "grid.yaml",
-                                       MoeYaml(grouped, dispatcher, ExpertGrid(etp)));
+                                       MoeYaml(grouped, dispatcher, testing::ExpertGridYaml(etp)));
   for (const std::string& policy : policies) {
     const nlohmann::json& base = Base(grouped, policy);
     ASSERT_EQ(base["status"], "ok") << base.dump();

@@ -2,13 +2,14 @@
 // trial of TP 2 (sequence parallel) x EP 2 x PP 2 with ETP 1 and ETP 2, under each dispatcher,
 // against every one of its ranks run alone with the stand-in collectives (RunStandInRank):
 // every rank's allocated peak within 2% (3% with ETP 2, see below) and its static bytes equal,
-// and the expert grid's groups recorded; and the memory model's per-stage peak against the same
-// ranks.
+// and the expert grid's groups recorded; and the memory model's per-layer activations against
+// the real trial's first stage at 2 and 4 layers.
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,33 +31,42 @@ namespace fs = std::filesystem;
 const std::string kTrial = REMAT_TRIAL_PATH;
 
 // 512 tokens per rank and micro-batch: a stand-in rank routes like its peers only up to the routing's
-// noise, which shrinks as the tokens grow (docs/layout-proxies.md).
-std::string Yaml(const std::string& dispatcher, int etp) {
-  return "name: tiny-moe-etp-proxy\n" +
-         testing::TinyRankModelYaml(
-             2, 512,
-             "  num_moe_experts: 4\n  moe_router_topk: 2\n  moe_ffn_hidden_size: 64\n"
-             "  moe_grouped_gemm: true\n  moe_token_dispatcher_type: " + dispatcher + "\n") +
-         "train:\n  micro_batch_size: 2\n  global_batch_size: 8\n  precision: fp32\n"
-         "parallel:\n  tensor_model_parallel_size: 2\n  sequence_parallel: true\n"
-         "  pipeline_model_parallel_size: 2\n  data_parallel_size: 2\n"
-         "  expert_model_parallel_size: 2\n  expert_tensor_parallel_size: " +
-         std::to_string(etp) +
-         "\nsearch:\n  memory_budget_gib: 1\n  warmup_steps: 1\n  warmup_max_steps: 1\n"
-         "  steady_window: 1\n  measure_steps: 1\n  device: cpu\n";
+// noise, which shrinks as the tokens grow (docs/layout-proxies.md). One warm-up step and exactly
+// one measured step (noise_target 0) on both sides: the stand-in ranks and the real ones measure
+// the same step, and a real 8-rank trial on two cores stays short.
+std::string Yaml(const std::string& dispatcher, int etp, int layers = 2) {
+  return testing::TinyRankSpecYaml(
+      "tiny-moe-etp-proxy",
+      testing::TinyRankModelYaml(layers, 512, testing::TinyRankMoeLines(true, dispatcher, false)),
+      "  micro_batch_size: 2\n  global_batch_size: 8\n", testing::ExpertGridYaml(etp),
+      "  warmup_max_steps: 1\n  steady_window: 1\n  noise_target: 0\n");
+}
+
+// The real 8-rank trial of `dispatcher` and `etp` with `layers` layers under `policy`, run once
+// per test process (the proxy and the layer checks of one grid share it).
+const std::vector<nlohmann::json>& RealRun(const std::string& dispatcher, int etp, int layers,
+                                           const std::string& policy) {
+  static std::map<std::string, std::vector<nlohmann::json>> runs;
+  const std::string key =
+      dispatcher + " " + std::to_string(etp) + " " + std::to_string(layers) + " " + policy;
+  auto it = runs.find(key);
+  if (it != runs.end()) return it->second;
+  const fs::path file = testing::WriteSpec(testing::TempDir("remat-etp-proxy"),
+                                           dispatcher + std::to_string(etp) + "-" +
+                                               std::to_string(layers) + ".yaml",
+                                           Yaml(dispatcher, etp, layers));
+  return runs[key] = testing::RunRanks(kTrial, file, policy, 8);
 }
 
 void ExpectProxiesMatch(const std::string& dispatcher, int etp, const std::string& text,
                         const std::vector<std::string>& groups, double tolerance = 0.02) {
-  const std::string yaml = Yaml(dispatcher, etp);
-  const fs::path file = testing::WriteSpec(testing::TempDir("remat-etp-proxy"),
-                                           dispatcher + std::to_string(etp) + ".yaml", yaml);
-  auto spec = spec::ParseSpecYaml(yaml);
+  auto spec = spec::ParseSpecYaml(Yaml(dispatcher, etp));
   ASSERT_TRUE(spec.ok()) << spec.status().message();
   auto policy = search::ParsePolicy(text);
   ASSERT_TRUE(policy.ok()) << text;
   const int world = spec->parallel.WorldSize();
-  const std::vector<nlohmann::json> real = testing::RunRanks(kTrial, file, text, world);
+  ASSERT_EQ(world, 8);
+  const std::vector<nlohmann::json>& real = RealRun(dispatcher, etp, 2, text);
   for (int r = 0; r < world; ++r) {
     ASSERT_EQ(real[r]["status"], "ok") << dispatcher << " " << text << ": " << real[r].dump();
     TrialOptions o;
@@ -82,44 +92,22 @@ void ExpectProxiesMatch(const std::string& dispatcher, int etp, const std::strin
   }
 }
 
-// With ETP 2 the two ranks of an expert-TP pair process the same gathered tokens in the real
-// trial (equal peaks); run alone, each sees copies of its own sequence shard, so its expert load
-// carries the routing noise of half the tokens: rank 1 was 2.5% above the real peak under both
-// dispatchers (512 tokens per rank), every other rank within 2%.
-TEST(MoeLayoutProxyTest, AllgatherEtp2) {
-  ExpectProxiesMatch("allgather", 2, "selective:[]", {"tp", "pp", "expert_tp_ep"}, 0.03);
-}
-
-TEST(MoeLayoutProxyTest, AlltoallEtp1) {
-  ExpectProxiesMatch("alltoall", 1, "selective:[moe_act]", {"tp", "pp", "ep", "expert_dp"});
-}
-
-TEST(MoeLayoutProxyTest, AlltoallEtp2) {
-  ExpectProxiesMatch("alltoall", 2, "selective:[]", {"tp", "pp", "ep", "expert_tp"}, 0.03);
-}
-
 // The memory model's per-layer activations under TP, ETP and each dispatcher
 // (search::EstimateLayerActivations, no recompute) against the engine: one MoE layer more per
 // stage (2 -> 4 layers) adds, on the first stage, its activations for each of the 2 micro-batches
 // in flight (1F1B) to the peak above the static bytes.
 void ExpectLayerActivationsFollow(const std::string& dispatcher, int etp, double tolerance) {
   double measured[2] = {0, 0};
-  search::SearchSpec deep;
   for (int k = 0; k < 2; ++k) {
-    std::string yaml = Yaml(dispatcher, etp);
-    yaml.replace(yaml.find("num_layers: 2"), 13, k == 0 ? "num_layers: 2" : "num_layers: 4");
-    const fs::path file = testing::WriteSpec(testing::TempDir("remat-etp-layers"),
-                                             dispatcher + std::to_string(k) + ".yaml", yaml);
-    auto spec = spec::ParseSpecYaml(yaml);
-    ASSERT_TRUE(spec.ok()) << spec.status().message();
-    deep = *spec;
-    const std::vector<nlohmann::json> real = testing::RunRanks(kTrial, file, "selective:[]", 8);
+    const std::vector<nlohmann::json>& real = RealRun(dispatcher, etp, 2 + 2 * k, "selective:[]");
     ASSERT_EQ(real[0]["status"], "ok") << real[0].dump();
     const nlohmann::json& r0 = real[0]["ranks"][0];
     measured[k] = r0["peak_allocated_bytes"].get<double>() - r0["static_bytes"].get<double>();
   }
+  auto deep = spec::ParseSpecYaml(Yaml(dispatcher, etp, 4));
+  ASSERT_TRUE(deep.ok()) << deep.status().message();
   const double per_layer = (measured[1] - measured[0]) / 2;  // 2 micro-batches in flight
-  const double predicted = search::EstimateLayerActivations(deep, 0).Total();
+  const double predicted = search::EstimateLayerActivations(*deep, 0).Total();
   std::printf("%s ETP %d: per MoE layer measured %.0f bytes, memory model %.0f (%.4f)\n",
               dispatcher.c_str(), etp, per_layer, predicted, predicted / per_layer);
   EXPECT_LT(testing::RelDiff(predicted, per_layer), tolerance)
@@ -127,10 +115,26 @@ void ExpectLayerActivationsFollow(const std::string& dispatcher, int etp, double
       << per_layer;
 }
 
-TEST(MoeLayoutProxyTest, LayerActivationsFollowTheMemoryModel) {
+// Each grid's test checks its proxies and, on the same process's real runs (the 2-layer trial
+// under selective:[] is both checks' run), the memory model's per-layer activations.
+//
+// With ETP 2 the two ranks of an expert-TP pair process the same gathered tokens in the real
+// trial (equal peaks); run alone, each sees copies of its own sequence shard, so its expert load
+// carries the routing noise of half the tokens: rank 1 was 2.5% above the real peak under both
+// dispatchers (512 tokens per rank), every other rank within 2%.
+TEST(MoeLayoutProxyTest, AllgatherEtp2) {
+  ExpectProxiesMatch("allgather", 2, "selective:[]", {"tp", "pp", "expert_tp_ep"}, 0.03);
   ExpectLayerActivationsFollow("allgather", 2, 0.05);
-  ExpectLayerActivationsFollow("alltoall", 2, 0.05);
+}
+
+TEST(MoeLayoutProxyTest, AlltoallEtp1) {
+  ExpectProxiesMatch("alltoall", 1, "selective:[moe_act]", {"tp", "pp", "ep", "expert_dp"});
   ExpectLayerActivationsFollow("alltoall", 1, 0.05);
+}
+
+TEST(MoeLayoutProxyTest, AlltoallEtp2) {
+  ExpectProxiesMatch("alltoall", 2, "selective:[]", {"tp", "pp", "ep", "expert_tp"}, 0.03);
+  ExpectLayerActivationsFollow("alltoall", 2, 0.05);
 }
 
 }  // namespace

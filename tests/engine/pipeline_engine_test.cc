@@ -24,30 +24,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using testing::Output;
 using testing::RelDiff;
-using testing::Sh;
 
 const std::string kTrial = REMAT_TRIAL_PATH;
 
 // A tiny dense model; `train` and `parallel` are YAML lines added to their sections.
 std::string Yaml(const std::string& train, const std::string& parallel, int layers = 4) {
-  return "name: tiny-pp\n" + testing::TinyRankModelYaml(layers, 32) +
-         "train:\n"
-         "  precision: fp32\n" + train +
-         "parallel:\n" + (parallel.empty() ? "  tensor_model_parallel_size: 1\n" : parallel) +
-         "search:\n"
-         "  memory_budget_gib: 1\n"
-         "  warmup_steps: 1\n"
-         "  measure_steps: 1\n"
-         "  noise_target: 0\n"
-         "  device: cpu\n";
+  return testing::TinyRankSpecYaml("tiny-pp", testing::TinyRankModelYaml(layers, 32), train,
+                                   parallel, "  noise_target: 0\n");
 }
 
 nlohmann::json RunOne(const fs::path& spec, const std::string& policy) {
-  Output o = Sh(kTrial + " --spec " + spec.string() + " --policy '" + policy + "' --json");
-  EXPECT_EQ(o.exit_code, 0) << o.out;
-  return nlohmann::json::parse(o.out);
+  return testing::RunAlone(kTrial, spec, policy);
 }
 
 // Gradient accumulation: 4 micro-batches of 2 sequences give the loss and gradient norm of one

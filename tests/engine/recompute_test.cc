@@ -24,25 +24,14 @@ using search::Policy;
 using search::TrialResult;
 using search::TrialStatus;
 
-TrialResult RunOne(const search::SearchSpec& spec, const Policy& policy) {
-  TrialOptions o;
-  o.spec = spec;
-  o.policy = policy;
-  return RunTrial(o);
-}
-
-Policy P(const std::string& text) {
-  auto p = search::ParsePolicy(text);
-  EXPECT_TRUE(p.ok()) << text;
-  return *p;
-}
-
-double RelDiff(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+using testing::RelDiff;
+using testing::RunInProcess;
+Policy P(const std::string& text) { return testing::ParsedPolicy(text); }
 
 // Runs every valid policy; checks each against the control; returns peaks by policy string.
 std::map<std::string, uint64_t> RunAllPolicies(const search::SearchSpec& spec) {
   EXPECT_TRUE(search::ValidateSpec(spec).ok()) << search::ValidateSpec(spec).message();
-  const TrialResult control = RunOne(spec, Policy::None());
+  const TrialResult control = RunInProcess(spec, Policy::None());
   EXPECT_EQ(control.status, TrialStatus::kOk) << control.message;
   EXPECT_TRUE(std::isfinite(control.loss));
   EXPECT_GT(control.grad_norm, 0);
@@ -52,7 +41,7 @@ std::map<std::string, uint64_t> RunAllPolicies(const search::SearchSpec& spec) {
   EXPECT_GT(policies.size(), 8u);
   for (const Policy& policy : policies) {
     if (policy.IsNone()) continue;
-    const TrialResult r = RunOne(spec, policy);
+    const TrialResult r = RunInProcess(spec, policy);
     const std::string name = policy.ToString();
     EXPECT_EQ(r.status, TrialStatus::kOk) << spec.name << " " << name << ": " << r.message;
     EXPECT_LT(RelDiff(r.loss, control.loss), 1e-5) << spec.name << " " << name;
@@ -108,7 +97,7 @@ TEST(RecomputeTest, MlaWithoutQCompressionOrRopeEveryPolicyMatchesControl) {
   // The memory model counts the same parameters (linear_q_proj, the learned position table);
   // the engine's static bytes are the optimizer's (weights, gradients, Adam), without the
   // unfused attention's persistent buffer.
-  const TrialResult control = RunOne(spec, Policy::None());
+  const TrialResult control = RunInProcess(spec, Policy::None());
   ASSERT_EQ(control.status, TrialStatus::kOk) << control.message;
   const search::MemoryEstimate est = search::EstimateMemory(spec, Policy::None());
   EXPECT_EQ(static_cast<double>(control.ranks.at(0).static_bytes),
@@ -130,10 +119,10 @@ TEST(RecomputeTest, SequentialMoeMatchesControl) {
   spec.model.moe_grouped_gemm = false;
   spec.model.add_bias_linear = true;  // SequentialMLP experts take biases
   spec.model.moe_shared_expert_intermediate_size.reset();  // shared experts do not (Megatron)
-  const TrialResult control = RunOne(spec, Policy::None());
+  const TrialResult control = RunInProcess(spec, Policy::None());
   ASSERT_EQ(control.status, TrialStatus::kOk) << control.message;
   for (const char* text : {"selective:[moe]", "selective:[layernorm,moe]", "full:uniform:2"}) {
-    const TrialResult r = RunOne(spec, P(text));
+    const TrialResult r = RunInProcess(spec, P(text));
     ASSERT_EQ(r.status, TrialStatus::kOk) << text << ": " << r.message;
     EXPECT_LT(RelDiff(r.loss, control.loss), 1e-5) << text;
     EXPECT_LT(RelDiff(r.grad_norm, control.grad_norm), 1e-5) << text;
@@ -145,9 +134,9 @@ TEST(RecomputeTest, TiedEmbeddingsAndBf16Run) {
   search::SearchSpec spec = testing::TinyDense();
   spec.model.share_embeddings_and_output_weights = true;
   spec.train.precision = search::Precision::kBf16;
-  const TrialResult control = RunOne(spec, Policy::None());
+  const TrialResult control = RunInProcess(spec, Policy::None());
   ASSERT_EQ(control.status, TrialStatus::kOk) << control.message;
-  const TrialResult full = RunOne(spec, P("full:uniform:1"));
+  const TrialResult full = RunInProcess(spec, P("full:uniform:1"));
   ASSERT_EQ(full.status, TrialStatus::kOk) << full.message;
   EXPECT_LT(RelDiff(full.loss, control.loss), 1e-3);
   // bf16 weights, fp32 main gradients, fp32 master weights and Adam moments: 18 bytes/parameter.
@@ -159,24 +148,26 @@ TEST(RecomputeTest, TrialsLeaveNoMemoryBehind) {
   MemoryTracker* tracker = CpuMemoryTracker();
   const uint64_t before = tracker->Stats().current_allocated_bytes;
   for (const char* text : {"selective:[]", "selective:[core_attn,layernorm]", "full:block:2"}) {
-    ASSERT_EQ(RunOne(testing::TinyDense(), P(text)).status, TrialStatus::kOk) << text;
+    ASSERT_EQ(RunInProcess(testing::TinyDense(), P(text)).status, TrialStatus::kOk) << text;
   }
-  ASSERT_EQ(RunOne(testing::TinyMla(), P("selective:[mla_up_proj,layernorm]")).status, TrialStatus::kOk);
-  ASSERT_EQ(RunOne(testing::TinyMoe(), P("selective:[moe_act,moe]")).status, TrialStatus::kOk);
+  ASSERT_EQ(RunInProcess(testing::TinyMla(), P("selective:[mla_up_proj,layernorm]")).status,
+            TrialStatus::kOk);
+  ASSERT_EQ(RunInProcess(testing::TinyMoe(), P("selective:[moe_act,moe]")).status,
+            TrialStatus::kOk);
   EXPECT_EQ(tracker->Stats().current_allocated_bytes, before);
 }
 
 TEST(RecomputeTest, BudgetBelowTheNeedIsOom) {
   search::SearchSpec spec = testing::TinyDense();
   spec.search.memory_budget_gib = 2.0 / 1024;  // 2 MiB: the weights fit, a step does not
-  const TrialResult r = RunOne(spec, Policy::None());
+  const TrialResult r = RunInProcess(spec, Policy::None());
   EXPECT_EQ(r.status, TrialStatus::kOom) << r.message;
   ASSERT_EQ(r.ranks.size(), 1u);
   EXPECT_GT(r.ranks[0].failing_request_bytes, 0u);
   EXPECT_LE(r.ranks[0].peak_allocated_bytes, spec.search.MemoryBudgetBytes());
   // The process is fine afterwards: the next trial runs.
   spec.search.memory_budget_gib = 1;
-  EXPECT_EQ(RunOne(spec, Policy::None()).status, TrialStatus::kOk);
+  EXPECT_EQ(RunInProcess(spec, Policy::None()).status, TrialStatus::kOk);
 }
 
 // flash runs everywhere: SDPA on a GPU with LibTorch >= 2.5, else the memory-equivalent
@@ -184,17 +175,17 @@ TEST(RecomputeTest, BudgetBelowTheNeedIsOom) {
 TEST(RecomputeTest, FlashAttention) {
   search::SearchSpec spec = testing::TinyDense();
   spec.model.attention_backend = search::AttentionBackend::kFlash;
-  const TrialResult r = RunOne(spec, Policy::None());
+  const TrialResult r = RunInProcess(spec, Policy::None());
   ASSERT_EQ(r.status, TrialStatus::kOk) << r.message;
-  const TrialResult c = RunOne(spec, P("selective:[core_attn]"));
+  const TrialResult c = RunInProcess(spec, P("selective:[core_attn]"));
   EXPECT_LT(RelDiff(c.loss, r.loss), 1e-5);
-  EXPECT_LT(RelDiff(r.loss, RunOne(testing::TinyDense(), Policy::None()).loss), 1e-5);
+  EXPECT_LT(RelDiff(r.loss, RunInProcess(testing::TinyDense(), Policy::None()).loss), 1e-5);
 }
 
 TEST(RecomputeTest, RefusesWhatItCannotRun) {
   search::SearchSpec gdn = testing::TinyDense();
   gdn.model.experimental_attention_variant = "gdn";
-  TrialResult r = RunOne(gdn, P("selective:[gdn_norm_out]"));
+  TrialResult r = RunInProcess(gdn, P("selective:[gdn_norm_out]"));
   EXPECT_EQ(r.status, TrialStatus::kInvalid);
   EXPECT_NE(r.message.find("Gated DeltaNet"), std::string::npos) << r.message;
 
@@ -203,22 +194,23 @@ TEST(RecomputeTest, RefusesWhatItCannotRun) {
   cp.model.attention_backend = search::AttentionBackend::kFlash;
   cp.parallel.context_parallel_size = 2;
   cp.parallel.cp_comm_type = search::CpCommType::kA2aP2p;
-  r = RunOne(cp, Policy::None());
+  r = RunInProcess(cp, Policy::None());
   EXPECT_EQ(r.status, TrialStatus::kInvalid);
   EXPECT_NE(r.message.find("cp_comm_type"), std::string::npos) << r.message;
 
-  r = RunOne(testing::TinyDense(), P("selective:[moe_act]"));  // no experts: Megatron refuses
+  // No experts: Megatron refuses.
+  r = RunInProcess(testing::TinyDense(), P("selective:[moe_act]"));
   EXPECT_EQ(r.status, TrialStatus::kInvalid);
 
   // The spec-wide rules the coordinator refuses at submit hold here too (one home each).
   search::SearchSpec biased = testing::TinyMoe();
   biased.model.add_bias_linear = true;  // grouped-GEMM experts take no biases
-  r = RunOne(biased, Policy::None());
+  r = RunInProcess(biased, Policy::None());
   EXPECT_EQ(r.status, TrialStatus::kInvalid);
   EXPECT_EQ(r.message.rfind("model.add_bias_linear:", 0), 0u) << r.message;
   search::SearchSpec fp8 = testing::TinyDense();
   fp8.model.fp8 = "hybrid";
-  r = RunOne(fp8, Policy::None());
+  r = RunInProcess(fp8, Policy::None());
   EXPECT_EQ(r.status, TrialStatus::kInvalid);
   EXPECT_EQ(r.message.rfind("model.fp8:", 0), 0u) << r.message;
 }

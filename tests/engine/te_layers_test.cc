@@ -24,20 +24,9 @@ using search::Policy;
 using search::TrialResult;
 using search::TrialStatus;
 
-double RelDiff(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
-
-TrialResult RunSpec(const search::SearchSpec& spec, const Policy& policy) {
-  TrialOptions o;
-  o.spec = spec;
-  o.policy = policy;
-  return RunTrial(o);
-}
-
-Policy P(const std::string& text) {
-  auto p = search::ParsePolicy(text);
-  EXPECT_TRUE(p.ok()) << text;
-  return *p;
-}
+using testing::RelDiff;
+using testing::RunInProcess;
+Policy P(const std::string& text) { return testing::ParsedPolicy(text); }
 
 // Megatron's fused path: fused SwiGLU, RoPE and bias-dropout-add, the native cross-entropy
 // fusion, a fused attention kernel; with `te` the Transformer Engine layer (norms fused into the
@@ -59,7 +48,7 @@ search::SearchSpec Fused(search::SearchSpec s, bool te) {
 void ExpectSameTraining(const search::SearchSpec& local, const search::SearchSpec& fused,
                         size_t limit = 1000) {
   ASSERT_EQ(search::BuiltinBackendProblem(fused), "");
-  const TrialResult control = RunSpec(local, Policy::None());
+  const TrialResult control = RunInProcess(local, Policy::None());
   ASSERT_EQ(control.status, TrialStatus::kOk) << control.message;
   std::vector<Policy> policies;
   for (const Policy& p : search::EnumerateValidPolicies(fused)) {
@@ -67,7 +56,7 @@ void ExpectSameTraining(const search::SearchSpec& local, const search::SearchSpe
   }
   if (policies.size() > limit) policies.resize(limit);
   for (const Policy& policy : policies) {
-    const TrialResult r = RunSpec(fused, policy);
+    const TrialResult r = RunInProcess(fused, policy);
     const std::string name = fused.name + " " + policy.ToString();
     ASSERT_EQ(r.status, TrialStatus::kOk) << name << ": " << r.message;
     EXPECT_LT(RelDiff(r.loss, control.loss), 1e-5) << name;
@@ -105,10 +94,10 @@ TEST(TeLayersTest, MoeAndMlaTrainAsTheUnfusedLayer) {
 // they train and recompute replays them exactly.
 TEST(TeLayersTest, DropoutIsReplayedExactly) {
   const search::SearchSpec fused = Fused(testing::TinyDenseDropout(), /*te=*/true);
-  const TrialResult control = RunSpec(fused, Policy::None());
+  const TrialResult control = RunInProcess(fused, Policy::None());
   ASSERT_EQ(control.status, TrialStatus::kOk) << control.message;
   for (const char* policy : {"selective:[core_attn]", "selective:[mlp]", "full:uniform:1"}) {
-    const TrialResult r = RunSpec(fused, P(policy));
+    const TrialResult r = RunInProcess(fused, P(policy));
     ASSERT_EQ(r.status, TrialStatus::kOk) << policy << ": " << r.message;
     EXPECT_LT(RelDiff(r.loss, control.loss), 1e-5) << policy;
     EXPECT_LT(RelDiff(r.grad_norm, control.grad_norm), 1e-5) << policy;
@@ -126,7 +115,7 @@ PerLayer MeasurePerLayer(search::SearchSpec spec, const Policy& policy) {
   const int depths[2] = {4, 2};
   for (int i = 0; i < 2; ++i) {
     spec.model.num_layers = depths[i];
-    const TrialResult r = RunSpec(spec, policy);
+    const TrialResult r = RunInProcess(spec, policy);
     EXPECT_EQ(r.status, TrialStatus::kOk) << r.message;
     held[i] = static_cast<double>(r.PeakAllocatedBytes()) - r.ranks.at(0).static_bytes;
     model[i] = search::EstimateMemory(spec, policy).layer_activation_bytes;

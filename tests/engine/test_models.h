@@ -5,8 +5,14 @@
 // layer's backward transient.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <string>
 
+#include "engine/trial_runner.h"
+#include "search/policy.h"
 #include "search/spec.h"
 
 namespace remat::engine::testing {
@@ -30,6 +36,45 @@ inline std::string TinyRankModelYaml(int layers, int seq_length, const std::stri
          "  hidden_dropout: 0.0\n"
          "  add_bias_linear: false\n"
          "  position_embedding_type: rope\n" + extra;
+}
+
+// The `model:` lines of the tiny MoE the multi-rank tests add to TinyRankModelYaml: 4 experts,
+// top-2, 64 wide, grouped or sequential, with a 32-wide shared expert when `shared_expert`, and
+// the token dispatcher named when `dispatcher` is not empty (else Megatron's default).
+inline std::string TinyRankMoeLines(bool grouped, const std::string& dispatcher = "",
+                                    bool shared_expert = true) {
+  return "  num_moe_experts: 4\n"
+         "  moe_router_topk: 2\n"
+         "  moe_ffn_hidden_size: 64\n" +
+         std::string(shared_expert ? "  moe_shared_expert_intermediate_size: 32\n" : "") +
+         (dispatcher.empty() ? "" : "  moe_token_dispatcher_type: " + dispatcher + "\n") +
+         "  moe_grouped_gemm: " + (grouped ? "true" : "false") + "\n";
+}
+
+// The `parallel:` lines of the 8-rank expert grid: TP 2 (sequence parallel) x PP 2 x DP 2 on the
+// dense side, EP 2 x ETP `etp` on the expert side.
+inline std::string ExpertGridYaml(int etp) {
+  return "  tensor_model_parallel_size: 2\n  sequence_parallel: true\n"
+         "  pipeline_model_parallel_size: 2\n  data_parallel_size: 2\n"
+         "  expert_model_parallel_size: 2\n  expert_tensor_parallel_size: " +
+         std::to_string(etp) + "\n";
+}
+
+// A whole spec for a remat-trial process: `name`, a `model:` section (TinyRankModelYaml), the
+// `train:` lines beyond fp32 precision, the `parallel:` lines (none: one rank, TP 1), and a
+// `search:` section of one warm-up and one measured step on CPU plus the `search_extra` lines.
+inline std::string TinyRankSpecYaml(const std::string& name, const std::string& model,
+                                    const std::string& train, const std::string& parallel,
+                                    const std::string& search_extra = "") {
+  return "name: " + name + "\n" + model +
+         "train:\n"
+         "  precision: fp32\n" + train +
+         "parallel:\n" + (parallel.empty() ? "  tensor_model_parallel_size: 1\n" : parallel) +
+         "search:\n"
+         "  memory_budget_gib: 1\n"
+         "  warmup_steps: 1\n"
+         "  measure_steps: 1\n"
+         "  device: cpu\n" + search_extra;
 }
 
 inline search::SearchSpec TinyBase() {
@@ -105,6 +150,25 @@ inline search::SearchSpec TinyMoe() {
   m.moe_grouped_gemm = true;
   m.moe_layer_freq.pattern = {0, 1, 1, 1};  // a dense first layer, as DeepSeek-V2-Lite
   return s;
+}
+
+// |a - b| relative to |b| (b = 0 counts as 1e-30: any difference from exact zero is large).
+inline double RelDiff(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+
+// The policy `text` names; a test failure (and the default policy) when it does not parse.
+inline search::Policy ParsedPolicy(const std::string& text) {
+  auto p = search::ParsePolicy(text);
+  EXPECT_TRUE(p.ok()) << text;
+  return p.ok() ? *p : search::Policy();
+}
+
+// One in-process trial of `spec` under `policy` on one rank (the counting allocator measures).
+inline search::TrialResult RunInProcess(const search::SearchSpec& spec,
+                                        const search::Policy& policy) {
+  TrialOptions o;
+  o.spec = spec;
+  o.policy = policy;
+  return RunTrial(o);
 }
 
 }  // namespace remat::engine::testing

@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/engine/test_models.h"  // RelDiff
+
 namespace remat::engine::testing {
 
 // A new, empty folder under the system's temporary folder, unique per call and process.
@@ -56,6 +58,14 @@ inline std::filesystem::path WriteSpec(const std::filesystem::path& dir, const s
   return p;
 }
 
+// Runs a one-rank trial as one `trial` process (remat-trial) and returns its JSON result.
+inline nlohmann::json RunAlone(const std::string& trial, const std::filesystem::path& spec,
+                               const std::string& policy) {
+  const Output o = Sh(trial + " --spec " + spec.string() + " --policy '" + policy + "' --json");
+  EXPECT_EQ(o.exit_code, 0) << o.out;
+  return nlohmann::json::parse(o.out);
+}
+
 // Starts every rank of a trial as its own `trial` process (remat-trial), meeting in a fresh
 // rendezvous folder; returns each rank's JSON result, in rank order.
 inline std::vector<nlohmann::json> RunRanks(const std::string& trial,
@@ -82,7 +92,5 @@ inline std::vector<nlohmann::json> RunRanks(const std::string& trial,
   }
   return results;
 }
-
-inline double RelDiff(double a, double b) { return std::abs(a - b) / std::abs(b); }
 
 }  // namespace remat::engine::testing

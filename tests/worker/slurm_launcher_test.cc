@@ -270,10 +270,10 @@ TEST_F(FakeSlurmTest, OrphanedJobsOfThisWorkerTagAreCancelledOthersKept) {
   WriteText(fake_ / "orphans", "5|remat:trial=t-1.1 remat:worker=" + tag +
                                   "\n6|a user job\n7|remat:trial=t-2.1 remat:worker=0123456789abcdef\n");
   options_.worker_tag = tag;
-  std::string error;
-  std::vector<std::string> cancelled = CancelOrphanedSlurmJobs(options_, trial_ / "s", &error);
-  EXPECT_EQ(error, "");
-  EXPECT_EQ(cancelled, std::vector<std::string>{"5"});
+  absl::StatusOr<std::vector<std::string>> cancelled =
+      CancelOrphanedSlurmJobs(options_, trial_ / "s");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(*cancelled, std::vector<std::string>{"5"});
   EXPECT_EQ(ReadText(fake_ / "scancel.args"), "5\n");
   // Jobs carry the tag.
   WriteText(fake_ / "state", "COMPLETED\n");
