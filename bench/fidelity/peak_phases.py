@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Where Megatron Core's allocated peak is, phase by phase, for one fidelity family and policy.
+
+The fidelity bench compares each policy's change of the allocated peak against the control; when
+the control's peak sits at a different point of the step than the policy's (the loss against a
+layer's backward), a difference in that one transient reads as a miss under every label. This
+probe runs the family's model through the megatron driver's own Session (worker/megatron_driver/
+runner.py: the same build, batches and steps as the bench) and splits each step's peak into
+segments, resetting the allocator's peak at each boundary:
+
+  forward    step start (zero_grad) -> entry of the loss (compute_language_model_loss)
+  loss_fwd   the cross-entropy's forward (native fused or unfused, as the spec says)
+  loss_bwd   end of the loss's forward -> the gradient of the logits (the cross-entropy's backward
+             and the schedule's own loss arithmetic)
+  head_bwd   the logits' gradient -> the last layer output's gradient (output layer, final norm)
+  layerN_bwd the gradient of layer N's output -> that of layer N-1's (layer 0: -> optimizer.step)
+  optimizer  optimizer.step
+
+Each segment: the allocated bytes at its start and its peak (MiB). One JSON line per step on
+stdout and a table of the last step. One policy per process: Megatron Core's MoE layers leave
+memory behind when a process runs several (bench/fidelity/megatron_side.py).
+
+  peak_phases.py --megatron DIR --family moe-seq-fused --policy 'selective:[]' [--steps 2]
+"""
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "worker"))
+
+import fidelity  # noqa: E402
+from megatron_side import _free_port  # noqa: E402
+
+MIB = 2 ** 20
+
+
+class Recorder:
+    """Closes a segment at each boundary: its start's allocated bytes and its peak."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.steps = []
+        self.segments = None
+        self.name = None
+        self.start = 0
+        self.layer_seen = set()
+
+    def begin_step(self):
+        self.segments = []
+        self.layer_seen = set()
+        self._open("forward")
+
+    def boundary(self, next_name):
+        """Ends the open segment and opens `next_name` (None: the step is done)."""
+        torch = self.torch
+        if self.segments is None:
+            return
+        self.segments.append({"segment": self.name, "start_mib": self.start / MIB,
+                              "peak_mib": torch.cuda.max_memory_allocated() / MIB})
+        if next_name is None:
+            self.steps.append(self.segments)
+            self.segments = None
+            return
+        self._open(next_name)
+
+    def _open(self, name):
+        torch = self.torch
+        self.name = name
+        self.start = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def instrument(session_cls, rec, torch):
+    """A Session whose builds hook the loss, the layers' outputs and the optimizer step."""
+    from megatron.core.models.common.language_module.language_module import (  # noqa: PLC0415
+        LanguageModule,
+    )
+    from megatron.core.transformer.transformer_layer import TransformerLayer  # noqa: PLC0415
+
+    original_loss = LanguageModule.compute_language_model_loss
+
+    def loss(self, labels, logits):
+        rec.boundary("loss_fwd")
+        if logits.requires_grad:
+            logits.register_hook(lambda g: rec.boundary("head_bwd"))
+        out = original_loss(self, labels, logits)
+        rec.boundary("loss_bwd")
+        return out
+
+    LanguageModule.compute_language_model_loss = loss
+
+    class Probed(session_cls):
+        def _build(self, plan):
+            config, model, optimizer, notes = super()._build(plan)
+            layers = [m for m in model.modules() if isinstance(m, TransformerLayer)]
+            for i, layer in enumerate(layers):
+                layer.register_forward_hook(_layer_hook(rec, i, len(layers)))
+            original_step = optimizer.step
+            original_zero = optimizer.zero_grad
+
+            def step(*args, **kwargs):
+                rec.boundary("optimizer")
+                out = original_step(*args, **kwargs)
+                rec.boundary(None)
+                return out
+
+            def zero_grad(*args, **kwargs):
+                out = original_zero(*args, **kwargs)
+                rec.begin_step()
+                return out
+
+            optimizer.step = step
+            optimizer.zero_grad = zero_grad
+            return config, model, optimizer, notes
+
+    return Probed
+
+
+def _layer_hook(rec, index, count):
+    def hook(_module, _inputs, output):
+        # The first call of a step is the layer's forward; a recompute calls it again.
+        if rec.segments is None or index in rec.layer_seen:
+            return
+        rec.layer_seen.add(index)
+        hidden = output[0] if isinstance(output, tuple) else output
+        if hidden.requires_grad:
+            nxt = "layer%d_bwd" % index
+            hidden.register_hook(lambda g: rec.boundary(nxt))
+    del count
+    return hook
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--megatron", required=True)
+    p.add_argument("--family", default="moe-seq-fused")
+    p.add_argument("--policy", default="selective:[]")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--layers", type=int, default=0)
+    a = p.parse_args()
+    sys.path.insert(0, a.megatron)
+    import torch  # noqa: PLC0415
+    from megatron_driver import mapping, runner  # noqa: PLC0415
+
+    spec = fidelity.spec_of(a.family)
+    if a.layers:
+        spec["model"]["num_layers"] = a.layers
+    spec["search"]["warmup_steps"] = spec["search"]["warmup_max_steps"] = 1
+    spec["search"]["measure_steps"] = max(1, a.steps - 1)
+    plan = mapping.map_trial(spec, a.policy, have_te=False, have_apex=False)
+    rec = Recorder(torch)
+    session_cls = instrument(runner.Session, rec, torch)
+    session = session_cls(plan["parallel"], 0, 1, "tcp://127.0.0.1:%d" % _free_port(), 300,
+                          lambda m: print("#", m, file=sys.stderr))
+    entry = session.run(plan)
+    session.close()
+    for i, segs in enumerate(rec.steps):
+        print(json.dumps({"family": a.family, "policy": a.policy, "step": i,
+                          "status": entry.get("status"), "segments": segs}))
+    if not rec.steps:
+        print("# no step completed: %s %s" % (entry.get("status"), entry.get("message")))
+        return 1
+    last = rec.steps[-1]
+    top = max(last, key=lambda s: s["peak_mib"])
+    print("# %s %s, last step: peak %.0f MiB in %s" % (a.family, a.policy, top["peak_mib"],
+                                                        top["segment"]))
+    for s in last:
+        print("#   %-12s start %9.1f  peak %9.1f  (+%.1f)" % (
+            s["segment"], s["start_mib"], s["peak_mib"], s["peak_mib"] - s["start_mib"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
