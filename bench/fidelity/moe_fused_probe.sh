@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Why the MoE families miss with Megatron's fusions on (docs/fidelity.md, "Why the MoE families
 # miss"): on one GPU, Megatron Core's allocated peak split by phase (peak_phases.py) for the
-# sequential MoE family fused and unfused under the control, core_attn and moe, and what one
+# sequential MoE family fused and unfused under the control, core_attn and moe, the loss alone
+# (native fused against unfused cross-entropy, with Inductor's generated code), and what one
 # forward keeps (census.py, 2 layers) fused against unfused. All processes run at once (one
 # policy per process; memory is read per process). About 1-2 minutes on one H200; nothing is
 # built (Megatron Core's side only).
@@ -27,6 +28,10 @@ python3 -c 'import torch; print("pytorch=" + torch.__version__)' > "$DIR/version
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$DIR/versions.txt" 2>&1
 
 pids=()
+# The loss alone, fused native against unfused, with Inductor's generated code (its buffers).
+TORCH_LOGS=output_code timeout "$T" python3 bench/fidelity/peak_phases.py --megatron "$MEGATRON" \
+  --family moe-seq-fused --cross-entropy > "$DIR/cross-entropy.txt" 2> "$DIR/cross-entropy.log" &
+pids+=($!)
 for fam in moe-seq-fused moe-seq; do
   for pol in 'selective:[]' 'selective:[core_attn]' 'selective:[moe]'; do
     tag="phases-$fam-$(echo "$pol" | tr -c 'a-z_\n' '_')"
@@ -35,18 +40,19 @@ for fam in moe-seq-fused moe-seq; do
     pids+=($!)
   done
   timeout "$T" python3 bench/fidelity/census.py --megatron "$MEGATRON" --family "$fam" \
-    --layers 2 --policies 'selective:[];selective:[moe];selective:[shared_experts]' \
+    --layers 2 --policies 'selective:[];selective:[moe]' \
     > "$DIR/census-$fam.txt" 2> "$DIR/census-$fam.log" &
   pids+=($!)
 done
 rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=1; done
 echo "== done in $(( $(date +%s) - START )) s (rc $rc)"
+echo "-- cross-entropy.txt"; grep '^#' "$DIR/cross-entropy.txt" || tail -5 "$DIR/cross-entropy.log"
 for f in "$DIR"/phases-*.txt; do
   echo "-- $(basename "$f")"; grep '^#' "$f" || tail -5 "${f%.txt}.log"
 done
 for f in "$DIR"/census-*.txt; do
-  echo "-- $(basename "$f")"; head -4 "$f"; grep -E 'experts|mlp|output_layer|\(model\)' "$f" | head -40
+  echo "-- $(basename "$f") (the groups: in the tarball)"; head -2 "$f"
 done
 tar -czf "$OUT_DIR/moefused-probe.tar.gz" -C "$OUT_DIR" moefused-probe
 exit $rc

@@ -21,6 +21,12 @@ stdout and a table of the last step. One policy per process: Megatron Core's MoE
 memory behind when a process runs several (bench/fidelity/megatron_side.py).
 
   peak_phases.py --megatron DIR --family moe-seq-fused --policy 'selective:[]' [--steps 2]
+
+With --cross-entropy it measures the loss alone instead: Megatron Core's native fused
+cross-entropy (megatron/core/fusions/fused_cross_entropy.py, torch.compile'd) against its unfused
+vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py) on the family's
+bf16 logits [s, 1, V]: the allocated bytes each adds above the logits in its forward and its
+backward (peak) and what it holds between them (the softmax), three runs each (the first compiles).
 """
 
 import argparse
@@ -134,6 +140,54 @@ def _layer_hook(rec, index, count):
     return hook
 
 
+def cross_entropy(session, spec, torch):
+    """The loss alone, fused native against unfused (see the module comment)."""
+    from megatron.core import parallel_state, tensor_parallel  # noqa: PLC0415
+    from megatron.core.fusions.fused_cross_entropy import (  # noqa: PLC0415
+        fused_vocab_parallel_cross_entropy,
+    )
+
+    del session
+    tp = parallel_state.get_tensor_model_parallel_group()
+    s, v = spec["model"]["seq_length"], spec["model"]["vocab_size"]
+    impls = {
+        "native-fused": lambda x, t: fused_vocab_parallel_cross_entropy(x, t, tp),
+        "unfused": lambda x, t: tensor_parallel.vocab_parallel_cross_entropy(x, t, tp_group=tp),
+    }
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1)
+    target = torch.randint(0, v, (s, 1), device="cuda", generator=gen)
+    for run in range(3):
+        for name, fn in impls.items():
+            base_x = torch.randn(s, 1, v, device="cuda", dtype=torch.bfloat16, generator=gen)
+            x = base_x.clone().requires_grad_(True)
+            # The logits as the model has them: a non-leaf, so no .grad is kept.
+            logits = x * 1
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            loss = fn(logits, target)
+            torch.cuda.synchronize()
+            fwd_peak = torch.cuda.max_memory_allocated() - base
+            held = torch.cuda.memory_allocated() - base
+            del logits
+            held_after_free = torch.cuda.memory_allocated() - base
+            torch.cuda.reset_peak_memory_stats()
+            grads = torch.autograd.grad(loss.sum(), x)
+            torch.cuda.synchronize()
+            bwd_peak = torch.cuda.max_memory_allocated() - base
+            print(json.dumps({"cross_entropy": name, "run": run, "fwd_peak_mib": fwd_peak / MIB,
+                              "held_mib": held / MIB, "held_without_logits_mib":
+                              held_after_free / MIB, "bwd_peak_mib": bwd_peak / MIB,
+                              "logits_mib": s * v * 2 / MIB}))
+            print("# %-12s run %d: forward +%.0f MiB, holds %.0f (%.0f without the bf16 logits), "
+                  "backward peak +%.0f MiB (over the same base)" % (
+                      name, run, fwd_peak / MIB, held / MIB, held_after_free / MIB,
+                      bwd_peak / MIB), flush=True)
+            del loss, grads, x, base_x
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--megatron", required=True)
@@ -141,6 +195,7 @@ def main():
     p.add_argument("--policy", default="selective:[]")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--layers", type=int, default=0)
+    p.add_argument("--cross-entropy", action="store_true")
     a = p.parse_args()
     sys.path.insert(0, a.megatron)
     import torch  # noqa: PLC0415
@@ -152,6 +207,12 @@ def main():
     spec["search"]["warmup_steps"] = spec["search"]["warmup_max_steps"] = 1
     spec["search"]["measure_steps"] = max(1, a.steps - 1)
     plan = mapping.map_trial(spec, a.policy, have_te=False, have_apex=False)
+    if a.cross_entropy:
+        session = runner.Session(plan["parallel"], 0, 1, "tcp://127.0.0.1:%d" % _free_port(),
+                                 300, lambda m: print("#", m, file=sys.stderr))
+        rc = cross_entropy(session, spec, torch)
+        session.close()
+        return rc
     rec = Recorder(torch)
     session_cls = instrument(runner.Session, rec, torch)
     session = session_cls(plan["parallel"], 0, 1, "tcp://127.0.0.1:%d" % _free_port(), 300,
