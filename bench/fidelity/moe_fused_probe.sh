@@ -12,9 +12,12 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 1
-OUT_DIR=${1:-${OUT:-$ROOT/build-gpu/moefused-probe}}
-DIR="$OUT_DIR/moefused-probe"
-mkdir -p "$DIR"
+OUT_DIR=${1:-${OUT:-$ROOT/build-gpu/moefused-probe-out}}
+# The files are written outside OUT_DIR and only their tarball goes there (the GPU machine
+# returns few files from OUT).
+WORK=$(mktemp -d)
+DIR="$WORK/moefused-probe"
+mkdir -p "$DIR" "$OUT_DIR"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$ROOT/build-gpu/torch_extensions}
 export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}
@@ -54,5 +57,6 @@ done
 for f in "$DIR"/census-*.txt; do
   echo "-- $(basename "$f") (the groups: in the tarball)"; head -2 "$f"
 done
-tar -czf "$OUT_DIR/moefused-probe.tar.gz" -C "$OUT_DIR" moefused-probe
+tar -czf "$OUT_DIR/moefused-probe.tar.gz" -C "$WORK" moefused-probe
+echo "== $OUT_DIR/moefused-probe.tar.gz ($(du -h "$OUT_DIR/moefused-probe.tar.gz" | cut -f1))"
 exit $rc

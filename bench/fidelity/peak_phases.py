@@ -206,6 +206,7 @@ def main():
         spec["model"]["num_layers"] = a.layers
     spec["search"]["warmup_steps"] = spec["search"]["warmup_max_steps"] = 1
     spec["search"]["measure_steps"] = max(1, a.steps - 1)
+    spec["search"]["noise_target"] = 0  # exactly --steps steps (no extra steps for noise)
     plan = mapping.map_trial(spec, a.policy, have_te=False, have_apex=False)
     if a.cross_entropy:
         session = runner.Session(plan["parallel"], 0, 1, "tcp://127.0.0.1:%d" % _free_port(),
