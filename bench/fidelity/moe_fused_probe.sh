@@ -39,7 +39,7 @@ for fam in moe-seq-fused moe-seq; do
   for pol in 'selective:[]' 'selective:[core_attn]' 'selective:[moe]'; do
     tag="phases-$fam-$(echo "$pol" | tr -c 'a-z_\n' '_')"
     timeout "$T" python3 bench/fidelity/peak_phases.py --megatron "$MEGATRON" --family "$fam" \
-      --policy "$pol" --steps 2 > "$DIR/$tag.txt" 2> "$DIR/$tag.log" &
+      --policy "$pol" --steps 3 > "$DIR/$tag.txt" 2> "$DIR/$tag.log" &
     pids+=($!)
   done
   timeout "$T" python3 bench/fidelity/census.py --megatron "$MEGATRON" --family "$fam" \
