@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Why the MoE families miss with Megatron's fusions on (docs/fidelity.md, "Why the MoE families
 # miss"): on one GPU, Megatron Core's allocated peak split by phase (peak_phases.py) for the
-# sequential MoE family fused and unfused under the control, core_attn and moe, the loss alone
+# sequential MoE family fused and unfused under the control (with what is live at its peak,
+# from the allocator's history), core_attn and moe, the loss alone
 # (native fused against unfused cross-entropy, with Inductor's generated code), and what one
 # forward keeps (census.py, 2 layers) fused against unfused. All processes run at once (one
 # policy per process; memory is read per process). About 1-2 minutes on one H200; nothing is
@@ -38,8 +39,10 @@ pids+=($!)
 for fam in moe-seq-fused moe-seq; do
   for pol in 'selective:[]' 'selective:[core_attn]' 'selective:[moe]'; do
     tag="phases-$fam-$(echo "$pol" | tr -c 'a-z_\n' '_')"
+    live=""
+    [ "$pol" = 'selective:[]' ] && live=--live-at-peak  # the controls: what is live at the peak
     timeout "$T" python3 bench/fidelity/peak_phases.py --megatron "$MEGATRON" --family "$fam" \
-      --policy "$pol" --steps 3 > "$DIR/$tag.txt" 2> "$DIR/$tag.log" &
+      --policy "$pol" --steps 3 $live > "$DIR/$tag.txt" 2> "$DIR/$tag.log" &
     pids+=($!)
   done
   timeout "$T" python3 bench/fidelity/census.py --megatron "$MEGATRON" --family "$fam" \

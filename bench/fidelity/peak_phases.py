@@ -44,20 +44,65 @@ from megatron_side import _free_port  # noqa: E402
 MIB = 2 ** 20
 
 
-class Recorder:
-    """Closes a segment at each boundary: its start's allocated bytes and its peak."""
+def live_at_peak(trace, top=16):
+    """From a CUDA caching-allocator trace (torch.cuda.memory._snapshot()'s device trace: events
+    with action, addr, size, frames), the allocations made in the trace that are live when their
+    total is highest: (peak bytes, [(bytes, count, where)] largest first). `where` is the
+    innermost frame outside torch (file:line function) and the blocks' size."""
+    live, total, best, best_i = {}, 0, 0, -1
+    for i, ev in enumerate(trace):
+        if ev.get("action") == "alloc":
+            live[ev["addr"]] = ev["size"]
+            total += ev["size"]
+            if total > best:
+                best, best_i = total, i
+        elif ev.get("action") in ("free_requested", "free_completed") and ev["addr"] in live:
+            total -= live.pop(ev["addr"])
+    held = {}
+    for ev in trace[:best_i + 1]:
+        if ev.get("action") == "alloc":
+            held[ev["addr"]] = ev
+        elif ev.get("action") in ("free_requested", "free_completed"):
+            held.pop(ev["addr"], None)
+    # By frame and block size: the autograd engine's allocations have no Python frames, so the
+    # size tells them apart (e.g. a [s, V] logits-sized buffer).
+    groups = {}
+    for ev in held.values():
+        key = "%s [%.2f MiB each]" % (_where(ev.get("frames") or []), ev["size"] / MIB)
+        size, count = groups.get(key, (0, 0))
+        groups[key] = (size + ev["size"], count + 1)
+    rows = sorted(((b, c, k) for k, (b, c) in groups.items()), reverse=True)
+    return best, rows[:top]
 
-    def __init__(self, torch):
+
+def _where(frames):
+    for f in frames:
+        name = f.get("filename", "")
+        if "/torch/" not in name and "<" not in name:
+            return "%s:%s %s" % ("/".join(name.split("/")[-3:]), f.get("line"), f.get("name"))
+    return "(torch) " + (frames[0].get("name", "?") if frames else "?")
+
+
+class Recorder:
+    """Closes a segment at each boundary: its start's allocated bytes and its peak. With
+    `history_step`, records the allocator's history over that step (what is live at its peak)."""
+
+    def __init__(self, torch, history_step=-1):
         self.torch = torch
         self.steps = []
         self.segments = None
         self.name = None
         self.start = 0
         self.layer_seen = set()
+        self.history_step = history_step
+        self.history = None
 
     def begin_step(self):
         self.segments = []
         self.layer_seen = set()
+        if len(self.steps) == self.history_step:
+            self.torch.cuda.memory._record_memory_history(  # pylint: disable=protected-access
+                max_entries=500000, stacks="python")
         self._open("forward")
 
     def boundary(self, next_name):
@@ -68,6 +113,12 @@ class Recorder:
         self.segments.append({"segment": self.name, "start_mib": self.start / MIB,
                               "peak_mib": torch.cuda.max_memory_allocated() / MIB})
         if next_name is None:
+            if len(self.steps) == self.history_step:
+                mem = torch.cuda.memory
+                snap = mem._snapshot()  # pylint: disable=protected-access
+                mem._record_memory_history(enabled=None)  # pylint: disable=protected-access
+                traces = snap.get("device_traces") or [[]]
+                self.history = live_at_peak(traces[torch.cuda.current_device()])
             self.steps.append(self.segments)
             self.segments = None
             return
@@ -196,6 +247,8 @@ def main():
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--layers", type=int, default=0)
     p.add_argument("--cross-entropy", action="store_true")
+    p.add_argument("--live-at-peak", action="store_true",
+                   help="record the last step's allocations: what is live at its peak, by frame")
     a = p.parse_args()
     sys.path.insert(0, a.megatron)
     import torch  # noqa: PLC0415
@@ -214,7 +267,7 @@ def main():
         rc = cross_entropy(session, spec, torch)
         session.close()
         return rc
-    rec = Recorder(torch)
+    rec = Recorder(torch, a.steps - 1 if a.live_at_peak else -1)
     session_cls = instrument(runner.Session, rec, torch)
     session = session_cls(plan["parallel"], 0, 1, "tcp://127.0.0.1:%d" % _free_port(), 300,
                           lambda m: print("#", m, file=sys.stderr))
@@ -233,6 +286,11 @@ def main():
     for s in last:
         print("#   %-12s start %9.1f  peak %9.1f  (+%.1f)" % (
             s["segment"], s["start_mib"], s["peak_mib"], s["peak_mib"] - s["start_mib"]))
+    if rec.history is not None:
+        best, rows = rec.history
+        print("# live at the last step's peak, allocated during the step: %.1f MiB" % (best / MIB))
+        for size, count, where in rows:
+            print("#   %9.1f MiB %5d x  %s" % (size / MIB, count, where))
     return 0
 
 
