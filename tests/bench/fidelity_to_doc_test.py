@@ -99,6 +99,18 @@ class FusedTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             to_doc.into("# no markers\n", text)
 
+    def test_fused_moe_misses_name_the_controls_peak(self):
+        moe = to_doc.likely_causes("moe-seq-fused", "selective:[core_attn]")
+        self.assertTrue(any(c.startswith("the control's peak") for c in moe), moe)
+        grouped = to_doc.likely_causes("moe-grouped-fused", "selective:[moe]")
+        self.assertTrue(any(c.startswith("the control's peak") for c in grouped), grouped)
+        self.assertTrue(any("SequentialMLP" in c for c in grouped), grouped)
+        self.assertTrue(any(c.startswith("the fused bias-SwiGLU") for c in grouped), grouped)
+        # Not the dense family, nor the unfused MoE one (their controls' peaks agree).
+        for fam in ("dense-fused", "moe-seq"):
+            causes = to_doc.likely_causes(fam, "selective:[core_attn]")
+            self.assertFalse(any(c.startswith("the control's peak") for c in causes), causes)
+
     def test_whole_table_keeps_the_unfused_families_as_they_were(self):
         text = to_doc.render(to_doc.compare(report()), command="c")
         self.assertIn("local non-TE layer spec, fusions off,", text)
