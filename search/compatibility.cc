@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "search/compatibility.h"
+#include "search/mtp_model.h"
 #include "search/spec.h"
 
 namespace remat::search {
@@ -194,9 +195,6 @@ std::string BuiltinBackendProblem(const SearchSpec& spec) {
       {m.masked_softmax_fusion && unfused_core,
        "model.masked_softmax_fusion: the builtin engine's unfused attention does not run the "
        "fused scale-mask-softmax kernel (with fused or flash attention the flag has no effect)"},
-      {m.cross_entropy_loss_fusion && m.cross_entropy_fusion_impl == CrossEntropyFusionImpl::kTe,
-       "model.cross_entropy_fusion_impl: te (Transformer Engine's cross-entropy, which keeps the "
-       "gradient from the forward) is not run by the builtin engine; native is"},
       {spec.train.use_precision_aware_optimizer &&
            (spec.train.exp_avg_dtype == DType::kFp8 || spec.train.exp_avg_sq_dtype == DType::kFp8),
        "train.exp_avg_dtype: FP8 Adam moments (Transformer Engine's scaled uint8) are not run by "
@@ -209,10 +207,7 @@ std::string BuiltinBackendProblem(const SearchSpec& spec) {
                                 "backend";
     }
   }
-  if (m.mtp_num_layers.value_or(0) > 0) {
-    return "model.mtp_num_layers: the builtin engine has no multi-token prediction layer; MTP "
-           "models are validated and planned only (or run with the megatron or command backend)";
-  }
+  if (std::string mtp = MtpEngineProblem(spec); !mtp.empty()) return mtp;
   if (!m.fp8.empty()) {
     return "model.fp8: the builtin engine cannot run FP8 (it has no Transformer Engine); use the "
            "megatron or command backend, or plan and validate only";
@@ -239,10 +234,6 @@ std::string BuiltinBackendProblem(const SearchSpec& spec) {
   }
   // MoE runs on Megatron's expert grid with any TP, ETP and EP the spec's rules allow
   // (engine/moe_dispatch.h); the flex dispatcher is measured as the all-to-all one.
-  if (m.multi_latent_attention && par.sequence_parallel && tp > 1) {
-    return "parallel.sequence_parallel: multi_latent_attention with sequence parallelism is not "
-           "supported by the builtin engine";
-  }
   if (m.distribute_saved_activations && tp > 1) {
     return "model.distribute_saved_activations: not supported by the builtin engine";
   }

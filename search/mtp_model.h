@@ -15,6 +15,8 @@
 // under block, keeps it whole there). Pure functions.
 #pragma once
 
+#include <string>
+
 #include "search/spec.h"
 
 namespace remat::search {
@@ -37,5 +39,12 @@ double MtpHeldBytes(const SearchSpec& spec, double final_norm, double logits);
 // each MTP layer's norms and eh_proj, 3 x 2 x (3h + 2h^2) (training.py at d98e8a6; the
 // transformer layer and the extra logits are counted with the decoder's).
 double MtpFlopsPerToken(const SearchSpec& spec);
+
+// What of MTP the builtin engine (engine/mtp_block.h) does not run, or "": context parallelism
+// (roll_tensor's exchange between CP ranks), MTP layers on a stage without the loss (Megatron's
+// standalone MTP stage hands its hidden states on), and learned absolute positions with pipeline
+// parallelism (the MTP stage would need the position embedding too). Called by
+// BuiltinBackendProblem.
+std::string MtpEngineProblem(const SearchSpec& spec);
 
 }  // namespace remat::search
