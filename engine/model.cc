@@ -539,7 +539,9 @@ struct GptModel::Impl : ModelParams {
       };
       hooks.param = [this](int index) -> const at::Tensor& { return P(index); };
       const bool whole = rc.full && rc.method == search::RecomputeMethod::kUniform;
-      mtp_loss = MtpLoss(rt, spec, mtp, whole, hooks, hidden_states, tokens, labels);
+      MtpOutput out = MtpLoss(rt, spec, mtp, whole, hooks, hidden_states, tokens, labels);
+      hidden_states = out.main_hidden;
+      mtp_loss = out.loss;
     }
     at::Tensor target = LocalSequence(rt, labels, 1).transpose(0, 1).contiguous();
     at::Tensor loss = HeadLoss(hidden_states, target).mean();

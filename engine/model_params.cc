@@ -186,13 +186,13 @@ void ModelParams::Declare(const search::SearchSpec& spec, const Runtime& rt,
   }
   const size_t head_begin = params.size();
   AddNorm("decoder.final_layernorm", hidden, &final_w, &final_b);
-  held_from(head_begin, last_stage);
-  DeclareMtp(spec, rt, chunks);  // engine/mtp_params.cc: absent unless this rank builds them
-  const size_t output_begin = params.size();
   if (!m.share_embeddings_and_output_weights) {
     output_w = Add("output_layer.weight", {vocab_padded, hidden}, 0, std_dev);
   }
-  held_from(output_begin, last_stage);
+  held_from(head_begin, last_stage);
+  // Last, so that every other weight draws what it draws without MTP (GPTModel builds the MTP
+  // block before the output layer; only the initial values' order differs).
+  DeclareMtp(spec, rt, chunks);  // engine/mtp_params.cc: absent unless this rank builds them
   if (m.share_embeddings_and_output_weights && !(first_stage && last_stage)) {
     // Megatron's tied embedding under PP: the last stage keeps a copy of the word embedding as
     // its output weight, and the two gradients are summed before the optimizer step.

@@ -27,23 +27,19 @@ struct MtpLossScaler : public torch::autograd::Function<MtpLossScaler> {
 
 }  // namespace
 
-at::Tensor MtpLoss(const Runtime& rt, const search::SearchSpec& spec,
-                   const std::vector<ModelParams::MtpParams>& layers, bool checkpoint_whole,
-                   const MtpHooks& hooks, at::Tensor hidden, const at::Tensor& tokens,
-                   const at::Tensor& labels) {
+MtpOutput MtpLoss(const Runtime& rt, const search::SearchSpec&,
+                  const std::vector<ModelParams::MtpParams>& layers, bool checkpoint_whole,
+                  const MtpHooks& hooks, const at::Tensor& decoder_hidden,
+                  const at::Tensor& tokens, const at::Tensor& labels) {
   const bool sp = rt.sequence_parallel;
   at::Tensor ids = tokens;
-  at::Tensor mtp_labels = labels;
-  at::Tensor mask = at::ones(labels.sizes(), labels.options().dtype(at::kFloat));
-  at::Tensor total;
+  std::vector<at::Tensor> hiddens = {decoder_hidden};
   for (const ModelParams::MtpParams& p : layers) {
     ids = RollLeft(ids);
-    mtp_labels = RollLeft(mtp_labels);
-    mask = RollLeft(mask);
     at::Tensor embedding = hooks.embed(ids);
     // Regions may be replayed in backward, after this frame is gone: capture values only.
     const ModelParams::MtpParams mp = p;
-    const MtpHooks h = hooks;  // a copy: the replay outlives the caller's frame
+    const MtpHooks h = hooks;
     const Runtime* runtime = &rt;
     Region layer = [mp, h, runtime, sp](const std::vector<at::Tensor>& in) {
       at::Tensor e = h.norm(in[1], mp.enorm_w, mp.enorm_b);
@@ -55,15 +51,25 @@ at::Tensor MtpLoss(const Runtime& rt, const search::SearchSpec& spec,
       x = h.layer(mp.layer, x);
       return std::vector<at::Tensor>{h.norm(x, mp.final_w, mp.final_b)};
     };
-    hidden = checkpoint_whole ? Checkpoint(rt, layer, {hidden, embedding}).at(0)
-                              : layer({hidden, embedding}).at(0);
-    at::Tensor losses = hooks.head_loss(hidden, mtp_labels.transpose(0, 1).contiguous());
-    at::Tensor depth_mask = mask.transpose(0, 1);
-    at::Tensor loss = (losses * depth_mask).sum() / mask.sum().clamp_min(1);
+    const at::Tensor& previous = hiddens.back();
+    hiddens.push_back(checkpoint_whole ? Checkpoint(rt, layer, {previous, embedding}).at(0)
+                                       : layer({previous, embedding}).at(0));
+  }
+  // The block hands on the decoder's and every depth's hidden states concatenated along the
+  // sequence, and process_mtp_loss chunks them again: every head reads a view of that one copy.
+  std::vector<at::Tensor> heads = at::cat(hiddens, 0).chunk(static_cast<int64_t>(hiddens.size()), 0);
+  at::Tensor mtp_labels = labels;
+  at::Tensor mask = at::ones(labels.sizes(), labels.options().dtype(at::kFloat));
+  at::Tensor total;
+  for (size_t k = 1; k < heads.size(); ++k) {
+    mtp_labels = RollLeft(mtp_labels);
+    mask = RollLeft(mask);
+    at::Tensor losses = hooks.head_loss(heads[k], mtp_labels.transpose(0, 1).contiguous());
+    at::Tensor loss = (losses * mask.transpose(0, 1)).sum() / mask.sum().clamp_min(1);
     total = total.defined() ? total + loss : loss;
   }
-  const double scale = spec.model.mtp_loss_scaling_factor / static_cast<double>(layers.size());
-  return total * scale;
+  const double scale = kMtpLossScalingFactor / static_cast<double>(layers.size());
+  return {heads[0], total * scale};
 }
 
 at::Tensor AddMtpLoss(const at::Tensor& main, const at::Tensor& mtp) {

@@ -13,7 +13,9 @@
 // Full recompute with the uniform method checkpoints each MTP layer from its hidden input and
 // embedding (_checkpointed_forward); with the block method Megatron skips MTP (kept whole).
 // The losses' sum, scaled by mtp_loss_scaling_factor / mtp_num_layers, joins the gradient but not
-// the reported loss (MTPLossAutoScaler). Context parallelism is not supported here (roll_tensor
+// the reported loss (MTPLossAutoScaler). The spec has no mtp_loss_scaling_factor field yet: the
+// engine uses TransformerConfig's default, 0.1 (DeepSeek-V3's recipe sets 0.1 too); the factor
+// changes no memory. Context parallelism is not supported here (roll_tensor
 // would exchange the boundary tokens between CP ranks); search::BuiltinBackendProblem refuses it.
 #pragma once
 
@@ -27,6 +29,10 @@
 #include "search/spec.h"
 
 namespace remat::engine {
+
+// TransformerConfig.mtp_loss_scaling_factor's default (Megatron-LM transformer_config.py at
+// d98e8a6).
+constexpr double kMtpLossScalingFactor = 0.1;
 
 // What the MTP layers borrow from the GPT model.
 struct MtpHooks {
@@ -44,13 +50,20 @@ struct MtpHooks {
   std::function<const at::Tensor&(int index)> param;
 };
 
-// The MTP layers' scaled loss sum (fp32 scalar with its graph) for one micro-batch: `hidden` is
-// the decoder's normed output, `tokens` and `labels` [b, s] the micro-batch's. `checkpoint_whole`:
-// full recompute with the uniform method.
-at::Tensor MtpLoss(const Runtime& rt, const search::SearchSpec& spec,
-                   const std::vector<ModelParams::MtpParams>& layers, bool checkpoint_whole,
-                   const MtpHooks& hooks, at::Tensor hidden, const at::Tensor& tokens,
-                   const at::Tensor& labels);
+struct MtpOutput {
+  at::Tensor main_hidden;  // the decoder's hidden states as the main head reads them
+  at::Tensor loss;         // the MTP losses' sum, scaled (fp32 scalar with its graph)
+};
+
+// The MTP layers and their losses for one micro-batch, as Megatron runs them before the main
+// head: `decoder_hidden` is the decoder's normed output, `tokens` and `labels` [b, s] the
+// micro-batch's. The block's output concatenates the decoder's and every depth's hidden states
+// (one new tensor, which the heads then read chunk by chunk, as process_mtp_loss): the main head
+// must read `main_hidden`, its chunk. `checkpoint_whole`: full recompute with the uniform method.
+MtpOutput MtpLoss(const Runtime& rt, const search::SearchSpec& spec,
+                  const std::vector<ModelParams::MtpParams>& layers, bool checkpoint_whole,
+                  const MtpHooks& hooks, const at::Tensor& decoder_hidden,
+                  const at::Tensor& tokens, const at::Tensor& labels);
 
 // `main` in the forward; the backward passes its incoming gradient to `main` and to `mtp` alike
 // (Megatron's MTPLossAutoScaler, whose scale is the main loss's).

@@ -476,7 +476,7 @@ ChunkEstimate EstimateChunk(const SearchSpec& spec, const Policy& policy, const 
     const LayerWork w = EstimateLayerWork(spec, inner);
     double kept_inner = a.Total();
     if (uniform) {
-      kept_inner = a.input / (distribute ? t : 1);
+      kept_inner = 0;  // inside the MTP layer's checkpoint, which keeps its inputs only
       est.recompute_flops += EstimateLayerFlops(spec, inner).Forward();
     } else if (!full) {
       kept_inner -= SelectiveDiscard(spec, policy, a, inner).Total();
@@ -485,7 +485,7 @@ ChunkEstimate EstimateChunk(const SearchSpec& spec, const Policy& policy, const 
     est.layer_activation += kept_inner;
     est.logits += outer.logits;
     mtp_inner += kept_inner;
-    mtp_outer += MtpHeldBytes(spec, outer.final_norm, outer.logits);
+    mtp_outer += MtpHeldBytes(spec, outer.final_norm, outer.logits, uniform);
     mtp_replay = std::max(mtp_replay, a.Total() - kept_inner);
     mtp_layer_work = std::max(mtp_layer_work, std::max(w.mlp, w.attn - MlpSide(a)));
   }

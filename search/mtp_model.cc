@@ -16,7 +16,7 @@ double MtpExtraParams(const SearchSpec& spec) {
   return 3 * norm + 2 * h * h / t;
 }
 
-double MtpHeldBytes(const SearchSpec& spec, double final_norm, double logits) {
+double MtpHeldBytes(const SearchSpec& spec, double final_norm, double logits, bool checkpointed) {
   const ModelSpec& m = spec.model;
   const double e = spec.train.precision == Precision::kFp32 ? 4 : 2;
   const double t = std::max(1, spec.parallel.tensor_model_parallel_size);
@@ -27,6 +27,7 @@ double MtpHeldBytes(const SearchSpec& spec, double final_norm, double logits) {
   const double seq_tokens = sp ? tokens / t : tokens;
   const double h = m.hidden_size;
   const double stats = m.EffectiveNormalization() == Normalization::kLayerNorm ? 8 : 4;
+  if (checkpointed) return 16 * tokens + 3 * e * seq_tokens * h + logits;
   // enorm's and hnorm's inputs (the shifted embedding, the hidden states handed on) and their
   // statistics, then the concatenation eh_proj saves (its input, sequence-sharded under SP).
   const double norms = 2 * e * seq_tokens * h + 2 * stats * seq_tokens;
