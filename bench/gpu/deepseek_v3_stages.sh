@@ -19,7 +19,7 @@ TP=2; DP=64  # rank = tp + TP * (dp + DP * pp): tp = dp = 0 of the stage
 for stage in 2 7; do
   for policy in 'selective:[]' 'selective:[mla_up_proj,mlp]'; do
     tag="s${stage}-$(echo "$policy" | tr -dc 'a-z_')"
-    timeout 150 build-gpu/bin/remat-trial --spec "$SPEC" --policy "$policy" --stand-in \
+    timeout 120 build-gpu/bin/remat-trial --spec "$SPEC" --policy "$policy" --stand-in \
       --rank $(( stage * TP * DP )) --world-size 1024 --json 2> "$W/$tag.err" | tail -1 > "$W/$tag.json"
     echo "stage $stage $policy rc=$? at $(( $(date +%s) - S )) s"
   done
