@@ -230,6 +230,7 @@ TEST(MtpEngineTest, ShrunkenDeepSeekV3RunsAsALayoutProxy) {
   m.hidden_size = 64;
   m.ffn_hidden_size = 128;
   m.num_attention_heads = 4;
+  m.num_query_groups = 4;
   m.q_lora_rank = 32;
   m.kv_lora_rank = 32;
   m.qk_head_dim = 16;
