@@ -178,7 +178,16 @@ Discard SelectiveDiscard(const SearchSpec& spec, const Policy& policy, const Lay
   Discard d;
   if (policy.IsFull()) return d;
   if (policy.Has(Label::kCoreAttn)) d.attn += a.core_attn - TeCoreAttnPinned(spec);
-  if (policy.Has(Label::kMlaUpProj)) d.attn += a.mla_up_proj;
+  if (policy.Has(Label::kMlaUpProj)) {
+    d.attn += a.mla_up_proj;
+    // Under SP the key's position part is all-gathered along the sequence before the
+    // up-projections (Megatron-LM multi_latent_attention.py at d98e8a6), and the discarding
+    // checkpoint keeps it as one of its inputs: a full-sequence tensor the layer holds anyway.
+    const Dims x = MakeDims(spec);
+    if (spec.model.multi_latent_attention && x.sp) {
+      d.attn -= x.e * x.tokens * spec.model.qk_pos_emb_head_dim;
+    }
+  }
   if (policy.Has(Label::kLayernorm)) {
     // Under Transformer Engine a dense layer's norms are fused into the linears after them
     // (IdentityOp in the layer spec): only a separate norm is discarded, the input norm of MLA

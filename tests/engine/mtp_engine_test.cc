@@ -214,6 +214,44 @@ TEST(MtpEngineTest, TensorParallelWithSequenceParallelMatchesOneRank) {
       {"selective:[]", "selective:[mla_up_proj,layernorm,moe_act]"});
 }
 
+// MLA under TP 2 + SP: what two more layers add to each rank's peak against the memory model's
+// difference (dense MLA layers, bf16, policies that keep and that discard the up-projections).
+TEST(MtpEngineTest, MlaWithSequenceParallelLayerBytesFollowTheMemoryModel) {
+  auto yaml = [](int layers) {
+    std::string y = Yaml("  tensor_model_parallel_size: 2\n  sequence_parallel: true\n", "");
+    for (const char* moe : {"  num_moe_experts: 4\n", "  moe_router_topk: 2\n",
+                            "  moe_ffn_hidden_size: 64\n", "  moe_shared_expert_intermediate_size: 64\n",
+                            "  moe_grouped_gemm: true\n", "  moe_layer_freq: [0, 1]\n",
+                            "  mtp_num_layers: 1\n", "  precision: fp32\n"}) {
+      y.erase(y.find(moe), std::string(moe).size());
+    }
+    y.replace(y.find("  num_layers: 2"), 15, "  num_layers: " + std::to_string(layers));
+    y.replace(y.find("train:\n"), 7, "train:\n  precision: bf16\n");
+    return y;
+  };
+  const fs::path dir = testing::TempDir("remat-mla-sp");
+  for (const std::string policy : {"selective:[]", "selective:[mla_up_proj]"}) {
+    double measured[2], modelled[2];
+    for (int i = 0; i < 2; ++i) {
+      const int layers = 2 + 2 * i;
+      const std::string text = yaml(layers);
+      auto spec = spec::ParseSpecYaml(text);
+      ASSERT_TRUE(spec.ok()) << spec.status().message() << "\n" << text;
+      const fs::path file = testing::WriteSpec(dir, std::to_string(layers) + ".yaml", text);
+      const std::vector<nlohmann::json> ranks = testing::RunRanks(kTrial, file, policy, 2);
+      ASSERT_EQ(ranks[0]["status"], "ok") << ranks[0].dump();
+      measured[i] = ranks[0]["ranks"][0]["peak_allocated_bytes"].get<double>() -
+                    ranks[0]["ranks"][0]["static_bytes"].get<double>();
+      const search::MemoryEstimate e = search::EstimateMemory(*spec, P(policy));
+      modelled[i] = e.peak_bytes - e.static_bytes;
+    }
+    const double m = measured[1] - measured[0], p = modelled[1] - modelled[0];
+    std::printf("MLA+SP two layers %-26s measured %9.0f model %9.0f (%+.1f%%)\n", policy.c_str(),
+                m, p, 100 * (p / m - 1));
+    EXPECT_LT(testing::RelDiff(m, p), 0.02) << policy;
+  }
+}
+
 // The layout string's m on the last stage: the MTP stage's copy of the word embedding is summed
 // with the first stage's.
 TEST(MtpEngineTest, PipelineLayoutWithMtpMatchesOneRank) {
