@@ -495,7 +495,11 @@ ChunkEstimate EstimateChunk(const SearchSpec& spec, const Policy& policy, const 
     est.logits += outer.logits;
     mtp_inner += kept_inner;
     mtp_outer += MtpHeldBytes(spec, outer.final_norm, outer.logits, uniform);
-    mtp_replay = std::max(mtp_replay, a.Total() - kept_inner);
+    // Under full:uniform the checkpoint replays eh_proj's input (the [s, b, 2h] concatenation)
+    // and final_layernorm (its input and output) with the layer.
+    const Dims x = MakeDims(spec);
+    const double outer_replay = uniform ? 2 * x.e * x.seq_tokens * x.h + outer.final_norm : 0;
+    mtp_replay = std::max(mtp_replay, a.Total() - kept_inner + outer_replay);
     mtp_layer_work = std::max(mtp_layer_work, std::max(w.mlp, w.attn - MlpSide(a)));
   }
 
@@ -512,7 +516,9 @@ ChunkEstimate EstimateChunk(const SearchSpec& spec, const Policy& policy, const 
   if (chunk.has_loss || chunk.mtp_layers > 0) peak = std::max(peak, held + outer.logits_work);
   held -= (chunk.has_loss ? outer.logits : 0) + final_norm;
   if (chunk.mtp_layers > 0) {  // the MTP layers' backward runs first: their head, then the layer
-    peak = std::max(peak, held + mtp_replay + mtp_layer_work);
+    // Their heads' backward has freed their logits before the layers' replay.
+    const double mtp_logits = chunk.mtp_layers * outer.logits;
+    peak = std::max(peak, held - mtp_logits + mtp_replay + mtp_layer_work);
     held -= mtp_inner + mtp_outer;
   }
   // A checkpointed layer re-runs its whole forward at once; its MLP half is freed before the

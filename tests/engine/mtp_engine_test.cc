@@ -94,9 +94,9 @@ TEST(MtpEngineTest, TheMtpLossJoinsTheGradientNotTheReportedLoss) {
 }
 
 // What one MTP layer adds to the peak, measured (with MTP minus without) against the memory
-// model's difference. Without recompute they agree within 2%. Under recompute they do not yet
-// (docs/status.md: the model predicts 7-12% more on this tiny model, which of the two follows
-// Megatron there is not established); those figures are printed, not asserted.
+// model's difference: within 2% for no recompute, full recompute and the MoE checkpoint. Under
+// selective:[mla_up_proj,moe_act] the model is 2.5% above on this tiny model (docs/status.md: open);
+// that figure is printed, not asserted.
 TEST(MtpEngineTest, MtpBytesFollowTheMemoryModel) {
   for (const std::string policy : {"selective:[]", "selective:[mla_up_proj,moe_act]",
                                    "selective:[moe]", "full:uniform:1", "full:block:1"}) {
@@ -109,7 +109,7 @@ TEST(MtpEngineTest, MtpBytesFollowTheMemoryModel) {
                             search::EstimateMemory(TinyDeepSeek(0), P(policy)).peak_bytes;
     std::printf("MTP bytes %-34s measured %9.0f model %9.0f (%+.1f%%)\n", policy.c_str(),
                 measured, modelled, 100 * (modelled / measured - 1));
-    if (policy == "selective:[]") {
+    if (policy != "selective:[mla_up_proj,moe_act]") {
       EXPECT_LT(testing::RelDiff(measured, modelled), 0.02)
           << policy << ": measured " << measured << ", model " << modelled;
     }
