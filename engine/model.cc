@@ -5,6 +5,9 @@
 #include "engine/te_layers.h"
 #include "engine/model_params.h"
 #include "engine/moe_dispatch.h"
+#include "engine/mtp_block.h"
+#include "engine/te_cross_entropy.h"
+#include "search/pipeline_layout.h"
 
 #include <torch/version.h>
 
@@ -71,6 +74,12 @@ std::string UnsupportedReason(const search::SearchSpec& spec, const search::Poli
     return valid.message();
   }
   if (std::string problem = search::BuiltinBackendProblem(spec); !problem.empty()) return problem;
+  if (search::MtpLayerCount(spec) > 0 && policy.IsFull() &&
+      policy.method == search::RecomputeMethod::kUniform && policy.num_layers != 1) {
+    // Megatron-LM multi_token_prediction.py at d98e8a6 (_checkpointed_forward) asserts it.
+    return "recompute_num_layers must be 1 for MTP recompute (full:uniform:N with N != 1 and "
+           "model.mtp_num_layers > 0 fails in Megatron)";
+  }
   if (policy.Has(Label::kGdnNormOut)) {
     return "the builtin engine has no Gated DeltaNet model: gdn_norm_out cannot be measured here";
   }
@@ -288,7 +297,13 @@ struct GptModel::Impl : ModelParams {
     std::vector<at::Tensor> kv_parts =
         kv_combined.split_with_sizes({m.kv_lora_rank, pe}, -1);
     at::Tensor kv_in = Norm(kv_parts[0], lp.kv_norm_w, lp.kv_norm_b);
-    at::Tensor k_pos = CopyToTensorParallel(rt, kv_parts[1]);  // shared by every rank's heads
+    // k_pos is shared by every rank's heads. Under sequence parallelism the down-projections,
+    // q_layernorm and kv_layernorm run on this rank's sequence shard (the up-projections'
+    // column-parallel linears all-gather their inputs), and k_pos is all-gathered along the
+    // sequence (gradient reduce-scattered): Megatron-LM
+    // megatron/core/transformer/multi_latent_attention.py at d98e8a6, get_query_key_value_tensors.
+    at::Tensor k_pos = sp ? GatherFromSequenceParallel(rt, kv_parts[1])
+                          : CopyToTensorParallel(rt, kv_parts[1]);
 
     // Regions may be replayed in backward, after this frame is gone: capture values only.
     const LayerParams* layer = &lp;
@@ -453,7 +468,7 @@ struct GptModel::Impl : ModelParams {
     // A norm fused into the linear after it (Transformer Engine) keeps its output in the
     // linear's state: the same tensors as a separate norm, but `layernorm` cannot discard them.
     const bool discard_ln1 = rc.layernorm && !m.InputNormFused();
-    const bool discard_ln2 = rc.layernorm && !m.PreMlpNormFused(index);
+    const bool discard_ln2 = rc.layernorm && !m.PreMlpNormFused(lp.spec_layer);
     OutputDiscardingCheckpoint ln1_checkpoint;
     at::Tensor ln1 = discard_ln1 ? One(ln1_checkpoint.Run(rt, norm1, {x})) : One(norm1({x}));
     at::Tensor attn = m.multi_latent_attention ? MlaAttention(lp, ln1, freqs)
@@ -464,7 +479,7 @@ struct GptModel::Impl : ModelParams {
     auto norm2 = [this, &lp = lp](const std::vector<at::Tensor>& in) {
       return std::vector<at::Tensor>{Norm(in[0], lp.ln2_w, lp.ln2_b)};
     };
-    const bool mlp_from_residual = rc.mlp && !lp.moe && m.PreMlpNormFused(index);
+    const bool mlp_from_residual = rc.mlp && !lp.moe && m.PreMlpNormFused(lp.spec_layer);
     OutputDiscardingCheckpoint ln2_checkpoint;
     at::Tensor ln2 = mlp_from_residual ? h
                      : discard_ln2     ? One(ln2_checkpoint.Run(rt, norm2, {h}))
@@ -513,20 +528,7 @@ struct GptModel::Impl : ModelParams {
       causal_mask = at::ones({seq, seq}, at::TensorOptions().dtype(at::kBool).device(rt.device))
                         .triu(1);
     }
-    const int64_t vocab_start = static_cast<int64_t>(vocab_padded / tp) * tp_rank;
-    at::Tensor emb = input;
-    if (chunk.has_embedding) {
-      const at::Tensor local_tokens = LocalSequence(rt, tokens, 1);  // this CP rank's chunks
-      emb = VocabParallelEmbedding(rt, local_tokens, P(word_emb), vocab_start);
-      if (pos_emb >= 0) {
-        at::Tensor positions =
-            LocalPositions(rt, seq, tokens.options()).unsqueeze(0).expand_as(local_tokens);
-        emb = emb + at::embedding(P(pos_emb), positions);
-      }
-      emb = emb.transpose(0, 1).contiguous();  // [s, b, h]
-      if (sp) emb = ScatterToSequenceParallel(rt, emb);
-      emb = Dropout(emb, m.hidden_dropout);
-    }
+    at::Tensor emb = chunk.has_embedding ? Embed(tokens, P(word_emb)) : input;
 
     // MLA applies its own rotary embedding to the qk_pos_emb_head_dim part whatever
     // position_embedding_type says (Megatron's MultiLatentAttention builds it; GPTModel's rope is
@@ -540,11 +542,54 @@ struct GptModel::Impl : ModelParams {
     at::Tensor hidden_states = Block(emb, freqs, chunk.first_layer, chunk.num_layers);
     if (!chunk.has_loss) return hidden_states;
     hidden_states = Norm(hidden_states, final_w, final_b);
+    // Megatron runs the MTP layers and their losses first (GPTModel._postprocess).
+    at::Tensor mtp_loss;
+    if (chunk.mtp_layers > 0) {
+      MtpHooks hooks;
+      hooks.embed = [this](const at::Tensor& ids) { return Embed(ids, P(mtp_word_emb)); };
+      hooks.norm = [this](const at::Tensor& x, int w, int b) { return Norm(x, w, b); };
+      hooks.layer = [this, freqs](int layer, const at::Tensor& x) { return Layer(layer, x, freqs); };
+      hooks.head_loss = [this](const at::Tensor& h, const at::Tensor& target) {
+        return HeadLoss(h, target);
+      };
+      hooks.param = [this](int index) -> const at::Tensor& { return P(index); };
+      const bool whole = rc.full && rc.method == search::RecomputeMethod::kUniform;
+      MtpOutput out = MtpLoss(rt, spec, mtp, whole, hooks, hidden_states, tokens, labels);
+      hidden_states = out.main_hidden;
+      mtp_loss = out.loss;
+    }
+    at::Tensor target = LocalSequence(rt, labels, 1).transpose(0, 1).contiguous();
+    at::Tensor loss = HeadLoss(hidden_states, target).mean();
+    return mtp_loss.defined() ? AddMtpLoss(loss, mtp_loss) : loss;
+  }
+
+  // The embedding of token ids [b, s] with `word` (the first stage's, or the MTP stage's copy):
+  // [s (/ TP under SP), b, h], embedding dropout applied.
+  at::Tensor Embed(const at::Tensor& tokens, const at::Tensor& word) {
+    const int64_t vocab_start = static_cast<int64_t>(vocab_padded / tp) * tp_rank;
+    const at::Tensor local_tokens = LocalSequence(rt, tokens, 1);  // this CP rank's chunks
+    at::Tensor emb = VocabParallelEmbedding(rt, local_tokens, word, vocab_start);
+    if (pos_emb >= 0) {
+      at::Tensor positions =
+          LocalPositions(rt, seq, tokens.options()).unsqueeze(0).expand_as(local_tokens);
+      emb = emb + at::embedding(P(pos_emb), positions);
+    }
+    emb = emb.transpose(0, 1).contiguous();  // [s, b, h]
+    if (sp) emb = ScatterToSequenceParallel(rt, emb);
+    return Dropout(emb, m.hidden_dropout);
+  }
+
+  // The output layer and the vocab-parallel cross-entropy (Transformer Engine's with
+  // cross_entropy_fusion_impl te, engine/te_cross_entropy.h): per-token loss [s, b].
+  at::Tensor HeadLoss(const at::Tensor& hidden_states, const at::Tensor& target) {
+    const int64_t vocab_start = static_cast<int64_t>(vocab_padded / tp) * tp_rank;
     const at::Tensor& out_w = output_w >= 0 ? P(output_w) : P(word_emb);
     at::Tensor logits = Linear(rt, hidden_states, out_w, at::Tensor(), LinearMode::kColumn);
-    at::Tensor target = LocalSequence(rt, labels, 1).transpose(0, 1).contiguous();
-    at::Tensor losses = VocabParallelCrossEntropy(rt, logits, target, vocab_start);
-    return losses.mean();
+    if (m.cross_entropy_loss_fusion &&
+        m.cross_entropy_fusion_impl == search::CrossEntropyFusionImpl::kTe) {
+      return TeVocabParallelCrossEntropy(rt, logits, target, vocab_start);
+    }
+    return VocabParallelCrossEntropy(rt, logits, target, vocab_start);
   }
 };
 

@@ -30,10 +30,20 @@ struct ModelParams {
     int router = -1, w1 = -1, w2 = -1;
     std::vector<int> e_fc1_w, e_fc1_b, e_fc2_w, e_fc2_b;  // sequential experts
     int sh_fc1_w = -1, sh_fc1_b = -1, sh_fc2_w = -1, sh_fc2_b = -1;
+    int spec_layer = 0;  // the decoder layer whose spec it follows (an MTP layer's: the last)
+  };
+  // One multi-token-prediction layer (engine/mtp_block.h): its norms, eh_proj and the index of
+  // its transformer layer in `layers` (after the decoder's).
+  struct MtpParams {
+    int enorm_w = -1, enorm_b = -1, hnorm_w = -1, hnorm_b = -1, eh_proj = -1, final_w = -1,
+        final_b = -1;
+    int layer = -1;
   };
   std::vector<ParamInfo> params;
   std::vector<LayerParams> layers;  // every layer of the model; this rank runs its chunks' only
   int word_emb = -1, pos_emb = -1, final_w = -1, final_b = -1, output_w = -1;
+  std::vector<MtpParams> mtp;  // every MTP layer of the model; absent unless this rank builds them
+  int mtp_word_emb = -1;       // the word embedding this rank's MTP layers read
 
   // Declares every parameter of the model, in Megatron Core's order and with its names (so every
   // rank, whatever its layout, draws the same initialisation stream): the layers of every stage
@@ -54,11 +64,21 @@ struct ModelParams {
                 std::vector<int64_t> view, int expert_dim, int etp_dim, double std_dev,
                 int owner = -1);
   void AddNorm(const std::string& name, int64_t size, int* w, int* b);
+  // One transformer layer's parameters, named `pre`..., built as decoder layer `spec_layer`.
+  LayerParams DeclareLayer(const search::SearchSpec& spec, const Runtime& rt,
+                           const std::string& pre, int spec_layer);
+  // engine/mtp_params.cc: the MTP layers (after the decoder, as GPTModel builds them) and the word
+  // embedding they read on a stage other than the first (a copy summed with the first stage's, as
+  // Megatron's embedding group with MTP).
+  void DeclareMtp(const search::SearchSpec& spec, const Runtime& rt,
+                  const std::vector<search::StageChunk>& chunks);
+  void MtpEmbedding(const search::SearchSpec& spec, bool first_stage);
 
   int tp_ = 1;
   bool sp_ = false;
   int ep_rank_ = 0;
   bool layer_norm_ = true;
+  bool mtp_held_ = false;  // this rank builds the MTP layers
 };
 
 }  // namespace remat::engine

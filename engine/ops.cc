@@ -435,6 +435,41 @@ struct ScatterToSequenceFunction : public torch::autograd::Function<ScatterToSeq
   }
 };
 
+// Megatron's gather_from_sequence_parallel_region: all-gather along dim 0, reduce-scatter of
+// the gradient. Nothing is saved.
+struct GatherFromSequenceFunction : public torch::autograd::Function<GatherFromSequenceFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t rt_addr) {
+    ctx->saved_data["rt"] = rt_addr;
+    return AllGatherDim0(*reinterpret_cast<const Runtime*>(rt_addr), x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {ReduceScatterDim0(*RuntimeOf(ctx), grads[0]), at::Tensor()};
+  }
+};
+
+// Megatron's gather_from_tensor_model_parallel_region: all-gather along the last dimension, the
+// gradient's own slice in backward. Nothing is saved.
+struct GatherLastDimFunction : public torch::autograd::Function<GatherLastDimFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t rt_addr) {
+    const auto* rt = reinterpret_cast<const Runtime*>(rt_addr);
+    ctx->saved_data["rt"] = rt_addr;
+    const int64_t tp = rt->tp_size();
+    std::vector<int64_t> shape = x.sizes().vec();
+    at::Tensor stacked = AllGatherDim0(*rt, x.unsqueeze(0));  // [tp, ..., d]
+    std::vector<int64_t> order;
+    for (int64_t d = 1; d < stacked.dim() - 1; ++d) order.push_back(d);
+    order.push_back(0);
+    order.push_back(stacked.dim() - 1);
+    shape.back() *= tp;
+    return stacked.permute(order).reshape(shape);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const Runtime* rt = RuntimeOf(ctx);
+    const int64_t chunk = grads[0].size(-1) / rt->tp_size();
+    return {grads[0].narrow(-1, chunk * rt->tp_rank(), chunk).contiguous(), at::Tensor()};
+  }
+};
+
 struct CopyToTensorParallelFunction
     : public torch::autograd::Function<CopyToTensorParallelFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t rt_addr) {
@@ -575,6 +610,16 @@ at::Tensor VocabParallelCrossEntropy(const Runtime& rt, const at::Tensor& logits
 at::Tensor ScatterToSequenceParallel(const Runtime& rt, const at::Tensor& x) {
   if (rt.tp_size() == 1) return x;
   return ScatterToSequenceFunction::apply(x, Address(rt));
+}
+
+at::Tensor GatherFromSequenceParallel(const Runtime& rt, const at::Tensor& x) {
+  if (rt.tp_size() == 1) return x;
+  return GatherFromSequenceFunction::apply(x, Address(rt));
+}
+
+at::Tensor GatherFromTensorParallel(const Runtime& rt, const at::Tensor& x) {
+  if (rt.tp_size() == 1) return x;
+  return GatherLastDimFunction::apply(x, Address(rt));
 }
 
 at::Tensor CopyToTensorParallel(const Runtime& rt, const at::Tensor& x) {

@@ -124,6 +124,10 @@ at::Tensor VocabParallelCrossEntropy(const Runtime& rt, const at::Tensor& logits
 
 // Sequence parallel: keep this rank's slice of dim 0 (backward: all-gather).
 at::Tensor ScatterToSequenceParallel(const Runtime& rt, const at::Tensor& x);
+// Sequence parallel: all-gather along dim 0 over TP (backward: reduce-scatter).
+at::Tensor GatherFromSequenceParallel(const Runtime& rt, const at::Tensor& x);
+// All-gather along the last dimension over TP (backward: this rank's slice of the gradient).
+at::Tensor GatherFromTensorParallel(const Runtime& rt, const at::Tensor& x);
 // Identity forward, all-reduce of the gradient over TP in backward.
 at::Tensor CopyToTensorParallel(const Runtime& rt, const at::Tensor& x);
 

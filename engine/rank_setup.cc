@@ -5,6 +5,7 @@
 
 #include "engine/fp8_linear.h"
 #include "engine/model.h"
+#include "search/pipeline_layout.h"
 #include "search/rank_layout.h"
 #include "search/rules.h"
 
@@ -104,8 +105,9 @@ Runtime MakeRuntime(const TrialOptions& o, Collectives* comm, StandInCollectives
   if (pp > 1) {
     rt.pp = comm->CreateGroup(groups.pp);
     name(rt.pp, "pp");
-    if (spec.model.share_embeddings_and_output_weights) {
-      // Megatron's embedding group: the first and the last stage of each pipeline.
+    if (spec.model.share_embeddings_and_output_weights || search::MtpLayerCount(spec) > 0) {
+      // Megatron's embedding group: the first and the last stage of each pipeline (with MTP,
+      // whose stage is the last here, builds the embedding too: engine/mtp_params.cc).
       std::vector<std::vector<int>> emb_groups;
       for (const auto& g : groups.pp) {
         emb_groups.push_back({g.front(), g.back()});

@@ -207,6 +207,10 @@ at::Tensor RunPipelineSchedule(const search::SearchSpec& spec, const Runtime& rt
       }
       if (last_virtual(op.chunk)) {
         labels = all_labels.narrow(0, static_cast<int64_t>(op.microbatch) * b, b).to(rt.device);
+        // The MTP layers there embed the tokens again (engine/mtp_block.h).
+        if (!tokens.defined()) {
+          tokens = all_tokens.narrow(0, static_cast<int64_t>(op.microbatch) * b, b).to(rt.device);
+        }
       }
       at::Tensor out = model.Forward(op.chunk, input, tokens, labels);
       if (last_virtual(op.chunk)) {

@@ -7,6 +7,7 @@
 
 #include "search/compatibility.h"
 #include "search/fp8_support.h"
+#include "search/mtp_model.h"
 #include "search/spec.h"
 
 namespace remat::search {
@@ -195,9 +196,6 @@ std::string BuiltinBackendProblem(const SearchSpec& spec) {
       {m.masked_softmax_fusion && unfused_core,
        "model.masked_softmax_fusion: the builtin engine's unfused attention does not run the "
        "fused scale-mask-softmax kernel (with fused or flash attention the flag has no effect)"},
-      {m.cross_entropy_loss_fusion && m.cross_entropy_fusion_impl == CrossEntropyFusionImpl::kTe,
-       "model.cross_entropy_fusion_impl: te (Transformer Engine's cross-entropy, which keeps the "
-       "gradient from the forward) is not run by the builtin engine; native is"},
       {spec.train.use_precision_aware_optimizer &&
            (spec.train.exp_avg_dtype == DType::kFp8 || spec.train.exp_avg_sq_dtype == DType::kFp8),
        "train.exp_avg_dtype: FP8 Adam moments (Transformer Engine's scaled uint8) are not run by "
@@ -210,10 +208,7 @@ std::string BuiltinBackendProblem(const SearchSpec& spec) {
                                 "backend";
     }
   }
-  if (m.mtp_num_layers.value_or(0) > 0) {
-    return "model.mtp_num_layers: the builtin engine has no multi-token prediction layer; MTP "
-           "models are validated and planned only (or run with the megatron or command backend)";
-  }
+  if (std::string mtp = MtpEngineProblem(spec); !mtp.empty()) return mtp;
   if (std::string fp8 = Fp8BuiltinProblem(spec); !fp8.empty()) return fp8;
   if (m.HasCudaGraphs()) {
     return "model.cuda_graph_impl: the builtin engine cannot capture CUDA graphs (their static "
@@ -233,10 +228,6 @@ std::string BuiltinBackendProblem(const SearchSpec& spec) {
   }
   // MoE runs on Megatron's expert grid with any TP, ETP and EP the spec's rules allow
   // (engine/moe_dispatch.h); the flex dispatcher is measured as the all-to-all one.
-  if (m.multi_latent_attention && par.sequence_parallel && tp > 1) {
-    return "parallel.sequence_parallel: multi_latent_attention with sequence parallelism is not "
-           "supported by the builtin engine";
-  }
   if (m.distribute_saved_activations && tp > 1) {
     return "model.distribute_saved_activations: not supported by the builtin engine";
   }

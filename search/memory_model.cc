@@ -178,7 +178,16 @@ Discard SelectiveDiscard(const SearchSpec& spec, const Policy& policy, const Lay
   Discard d;
   if (policy.IsFull()) return d;
   if (policy.Has(Label::kCoreAttn)) d.attn += a.core_attn - TeCoreAttnPinned(spec);
-  if (policy.Has(Label::kMlaUpProj)) d.attn += a.mla_up_proj;
+  if (policy.Has(Label::kMlaUpProj)) {
+    d.attn += a.mla_up_proj;
+    // Under SP the key's position part is all-gathered along the sequence before the
+    // up-projections (Megatron-LM multi_latent_attention.py at d98e8a6), and the discarding
+    // checkpoint keeps it as one of its inputs: a full-sequence tensor the layer holds anyway.
+    const Dims x = MakeDims(spec);
+    if (spec.model.multi_latent_attention && x.sp) {
+      d.attn -= x.e * x.tokens * spec.model.qk_pos_emb_head_dim;
+    }
+  }
   if (policy.Has(Label::kLayernorm)) {
     // Under Transformer Engine a dense layer's norms are fused into the linears after them
     // (IdentityOp in the layer spec): only a separate norm is discarded, the input norm of MLA
@@ -476,7 +485,7 @@ ChunkEstimate EstimateChunk(const SearchSpec& spec, const Policy& policy, const 
     const LayerWork w = EstimateLayerWork(spec, inner);
     double kept_inner = a.Total();
     if (uniform) {
-      kept_inner = a.input / (distribute ? t : 1);
+      kept_inner = 0;  // inside the MTP layer's checkpoint, which keeps its inputs only
       est.recompute_flops += EstimateLayerFlops(spec, inner).Forward();
     } else if (!full) {
       kept_inner -= SelectiveDiscard(spec, policy, a, inner).Total();
@@ -485,8 +494,12 @@ ChunkEstimate EstimateChunk(const SearchSpec& spec, const Policy& policy, const 
     est.layer_activation += kept_inner;
     est.logits += outer.logits;
     mtp_inner += kept_inner;
-    mtp_outer += MtpHeldBytes(spec, outer.final_norm, outer.logits);
-    mtp_replay = std::max(mtp_replay, a.Total() - kept_inner);
+    mtp_outer += MtpHeldBytes(spec, outer.final_norm, outer.logits, uniform);
+    // Under full:uniform the checkpoint replays eh_proj's input (the [s, b, 2h] concatenation)
+    // and final_layernorm (its input and output) with the layer.
+    const Dims x = MakeDims(spec);
+    const double outer_replay = uniform ? 2 * x.e * x.seq_tokens * x.h + outer.final_norm : 0;
+    mtp_replay = std::max(mtp_replay, a.Total() - kept_inner + outer_replay);
     mtp_layer_work = std::max(mtp_layer_work, std::max(w.mlp, w.attn - MlpSide(a)));
   }
 
@@ -503,7 +516,9 @@ ChunkEstimate EstimateChunk(const SearchSpec& spec, const Policy& policy, const 
   if (chunk.has_loss || chunk.mtp_layers > 0) peak = std::max(peak, held + outer.logits_work);
   held -= (chunk.has_loss ? outer.logits : 0) + final_norm;
   if (chunk.mtp_layers > 0) {  // the MTP layers' backward runs first: their head, then the layer
-    peak = std::max(peak, held + mtp_replay + mtp_layer_work);
+    // Their heads' backward has freed their logits before the layers' replay.
+    const double mtp_logits = chunk.mtp_layers * outer.logits;
+    peak = std::max(peak, held - mtp_logits + mtp_replay + mtp_layer_work);
     held -= mtp_inner + mtp_outer;
   }
   // A checkpointed layer re-runs its whole forward at once; its MLP half is freed before the

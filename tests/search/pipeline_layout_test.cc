@@ -237,15 +237,17 @@ TEST(MtpFlops, FollowsMegatronLmsFormula) {
   EXPECT_NEAR(with - base, layers + logits + tokens * 6 * (3 * h + 2 * h * h), 1e-6 * base);
 }
 
-TEST(MtpEngine, TheBuiltinBackendRefusesMtpWithItsReason) {
+// The builtin engine runs MTP (engine/mtp_block.h) except with CP, which it refuses by name.
+TEST(MtpEngine, TheBuiltinBackendRunsMtpExceptWithContextParallelism) {
   SearchSpec s = testing::DenseSpec();
-  EXPECT_EQ(BuiltinBackendProblem(s), "");
   s.model.mtp_num_layers = 1;
   ASSERT_TRUE(ValidateSpec(s).ok()) << ValidateSpec(s).message();
+  EXPECT_EQ(BuiltinBackendProblem(s), "");
+  s.parallel.context_parallel_size = 2;
   EXPECT_EQ(BuiltinBackendProblem(s).rfind("model.mtp_num_layers: ", 0), 0u)
       << BuiltinBackendProblem(s);
   s.model.mtp_num_layers = 0;  // Megatron's None and 0 alike: no MTP
-  EXPECT_EQ(BuiltinBackendProblem(s), "");
+  EXPECT_EQ(BuiltinBackendProblem(s).find("mtp"), std::string::npos);
 }
 
 TEST(LayoutRules, DepthProxiesRefuseALayout) {

@@ -275,20 +275,16 @@ TEST(SpecValidationTest, BuiltinBackendProblemNamesTheField) {
       {"model.attention_backend:",  // Transformer Engine's own unfused attention
        [](SearchSpec& s) { s.model.transformer_impl = TransformerImpl::kTransformerEngine; }},
       {"model.masked_softmax_fusion:", [](SearchSpec& s) { s.model.masked_softmax_fusion = true; }},
-      {"model.cross_entropy_fusion_impl:",
-       [](SearchSpec& s) {
-         s.model.cross_entropy_loss_fusion = true;
-         s.model.cross_entropy_fusion_impl = CrossEntropyFusionImpl::kTe;
-       }},
       {"train.use_megatron_fsdp:", [](SearchSpec& s) { s.train.use_megatron_fsdp = true; }},
   };
-  // What the engine now runs: the TE layer with a fused kernel, the fusions, bf16 gradients and
-  // the precision-aware optimizer.
+  // What the engine now runs: the TE layer with a fused kernel, the fusions (TE's cross-entropy
+  // included), bf16 gradients and the precision-aware optimizer.
   SearchSpec te = DenseSpec();
   te.model.transformer_impl = TransformerImpl::kTransformerEngine;
   te.model.attention_backend = AttentionBackend::kFlash;
   te.model.bias_activation_fusion = te.model.apply_rope_fusion = te.model.bias_dropout_fusion = true;
   te.model.masked_softmax_fusion = te.model.cross_entropy_loss_fusion = true;
+  te.model.cross_entropy_fusion_impl = CrossEntropyFusionImpl::kTe;  // engine/te_cross_entropy.h
   te.train.grad_reduce_in_fp32 = false;
   te.train.use_precision_aware_optimizer = true;
   te.train.exp_avg_dtype = te.train.exp_avg_sq_dtype = DType::kBf16;
