@@ -8,7 +8,7 @@
 # cross-entropy), on the proxy's micro-batch count (examples/large/deepseek-v3-stages.yaml says
 # how it was cut). Prints measured allocated and reserved peaks against the plan's, per stage, and
 # writes OUT/deepseek-v3-stages.json.
-#   bench/gpu/deepseek_v3_stages.sh OUT_DIR
+#   [REMAT_STAGE_TIMEOUT_S=120] bench/gpu/deepseek_v3_stages.sh OUT_DIR   (the cap per trial)
 set -u; W=${1:?OUT_DIR}; mkdir -p "$W"; export NCCL_NVLS_ENABLE=0; S=$(date +%s)
 cd "$(dirname "$0")/../.." || exit 1
 SPEC=examples/large/deepseek-v3-stages.yaml
@@ -19,7 +19,7 @@ TP=2; DP=64  # rank = tp + TP * (dp + DP * pp): tp = dp = 0 of the stage
 for stage in 2 7; do
   for policy in 'selective:[]' 'selective:[mla_up_proj,mlp]'; do
     tag="s${stage}-$(echo "$policy" | tr -dc 'a-z_')"
-    timeout 120 build-gpu/bin/remat-trial --spec "$SPEC" --policy "$policy" --stand-in \
+    timeout "${REMAT_STAGE_TIMEOUT_S:-120}" build-gpu/bin/remat-trial --spec "$SPEC" --policy "$policy" --stand-in \
       --rank $(( stage * TP * DP )) --world-size 1024 --json 2> "$W/$tag.err" | tail -1 > "$W/$tag.json"
     echo "stage $stage $policy rc=$? at $(( $(date +%s) - S )) s"
   done
