@@ -198,16 +198,20 @@ void ModelParams::Declare(const search::SearchSpec& spec, const Runtime& rt,
     // its output weight, and the two gradients are summed before the optimizer step.
     params[word_emb].pipeline_tied = true;
     if (last_stage) {
-      ParamInfo copy = params[word_emb];
-      copy.name = "output_layer.weight (copy of the tied word embedding)";
-      copy.absent = false;
-      copy.copy_of = word_emb;
-      copy.shared = true;
-      params.push_back(copy);
-      output_w = static_cast<int>(params.size()) - 1;
+      output_w = AddWordEmbeddingCopy("output_layer.weight (copy of the tied word embedding)");
     }
   }
   MtpEmbedding(spec, first_stage);
+}
+
+int ModelParams::AddWordEmbeddingCopy(std::string name) {
+  ParamInfo copy = params[word_emb];
+  copy.name = std::move(name);
+  copy.absent = false;
+  copy.copy_of = word_emb;
+  copy.shared = true;
+  params.push_back(std::move(copy));
+  return static_cast<int>(params.size()) - 1;
 }
 
 }  // namespace remat::engine

@@ -64,6 +64,9 @@ struct ModelParams {
                 std::vector<int64_t> view, int expert_dim, int etp_dim, double std_dev,
                 int owner = -1);
   void AddNorm(const std::string& name, int64_t size, int* w, int* b);
+  // A present copy of the word embedding named `name`, whose gradient is summed with the first
+  // stage's before the optimizer step (the tied output layer, an MTP stage's embedding); its index.
+  int AddWordEmbeddingCopy(std::string name);
   // One transformer layer's parameters, named `pre`..., built as decoder layer `spec_layer`.
   LayerParams DeclareLayer(const search::SearchSpec& spec, const Runtime& rt,
                            const std::string& pre, int spec_layer);

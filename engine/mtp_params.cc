@@ -45,13 +45,7 @@ void ModelParams::MtpEmbedding(const search::SearchSpec& spec, bool first_stage)
   } else {
     // GPTModel builds the embedding on an MTP stage; its word embedding starts as the first
     // stage's and their gradients are summed over the embedding group.
-    ParamInfo copy = params[word_emb];
-    copy.name = "embedding.word_embeddings.weight (MTP stage copy)";
-    copy.absent = false;
-    copy.copy_of = word_emb;
-    copy.shared = true;
-    params.push_back(copy);
-    mtp_word_emb = static_cast<int>(params.size()) - 1;
+    mtp_word_emb = AddWordEmbeddingCopy("embedding.word_embeddings.weight (MTP stage copy)");
   }
 }
 

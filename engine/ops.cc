@@ -279,6 +279,24 @@ at::Tensor Dropout(const at::Tensor& x, double p) {
   return std::get<0>(at::native_dropout(x, p, true));
 }
 
+VocabParallelSoftmax SoftmaxInPlace(const Runtime& rt, at::Tensor& x, const at::Tensor& target,
+                                    int64_t vocab_start) {
+  const int64_t vocab_local = x.size(-1);
+  at::Tensor max = std::get<0>(x.max(-1));
+  AllReduceTensor(rt, rt.tp, max, ReduceOp::kMax);
+  x.sub_(max.unsqueeze(-1));
+  at::Tensor outside = target.lt(vocab_start).logical_or_(target.ge(vocab_start + vocab_local));
+  at::Tensor local = (target - vocab_start).masked_fill_(outside, 0);
+  at::Tensor predicted = x.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill_(outside, 0.0);
+  AllReduceTensor(rt, rt.tp, predicted, ReduceOp::kSum);
+  x.exp_();
+  at::Tensor sum_exp = x.sum(-1);
+  AllReduceTensor(rt, rt.tp, sum_exp, ReduceOp::kSum);
+  at::Tensor loss = at::log(sum_exp).sub_(predicted);
+  x.div_(sum_exp.unsqueeze(-1));
+  return {loss, local, outside};
+}
+
 namespace {
 
 struct LinearFunction : public torch::autograd::Function<LinearFunction> {
@@ -392,21 +410,9 @@ struct CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFunct
     ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
     // Megatron: logits.float() (the same tensor in fp32 runs, then changed in place).
     at::Tensor x = logits.to(at::kFloat);
-    const int64_t vocab_local = x.size(-1);
-    at::Tensor max = std::get<0>(x.max(-1));
-    AllReduceTensor(*rt, rt->tp, max, ReduceOp::kMax);
-    x.sub_(max.unsqueeze(-1));
-    at::Tensor outside = target.lt(vocab_start).logical_or_(target.ge(vocab_start + vocab_local));
-    at::Tensor local = (target - vocab_start).masked_fill_(outside, 0);
-    at::Tensor predicted = x.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill_(outside, 0.0);
-    AllReduceTensor(*rt, rt->tp, predicted, ReduceOp::kSum);
-    x.exp_();
-    at::Tensor sum_exp = x.sum(-1);
-    AllReduceTensor(*rt, rt->tp, sum_exp, ReduceOp::kSum);
-    at::Tensor loss = at::log(sum_exp).sub_(predicted);
-    x.div_(sum_exp.unsqueeze(-1));  // the softmax, kept for backward
-    ctx->save_for_backward({x, local, outside});
-    return loss;
+    VocabParallelSoftmax s = SoftmaxInPlace(*rt, x, target, vocab_start);  // kept for backward
+    ctx->save_for_backward({x, s.local, s.outside});
+    return s.loss;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

@@ -122,6 +122,18 @@ at::Tensor VocabParallelEmbedding(const Runtime& rt, const at::Tensor& ids,
 at::Tensor VocabParallelCrossEntropy(const Runtime& rt, const at::Tensor& logits,
                                      const at::Tensor& target, int64_t vocab_start);
 
+// The vocabulary-parallel softmax both cross-entropies share: `x` [s, b, vocab/tp] fp32 logits
+// becomes, in place, this shard's softmax (max and sum of exponentials combined over TP); the
+// per-token loss [s, b] fp32, and where each target falls in this shard (`local` index,
+// `outside` when another shard holds it).
+struct VocabParallelSoftmax {
+  at::Tensor loss;
+  at::Tensor local;
+  at::Tensor outside;
+};
+VocabParallelSoftmax SoftmaxInPlace(const Runtime& rt, at::Tensor& x, const at::Tensor& target,
+                                    int64_t vocab_start);
+
 // Sequence parallel: keep this rank's slice of dim 0 (backward: all-gather).
 at::Tensor ScatterToSequenceParallel(const Runtime& rt, const at::Tensor& x);
 // Sequence parallel: all-gather along dim 0 over TP (backward: reduce-scatter).

@@ -16,26 +16,12 @@ struct TeCrossEntropyFunction : public torch::autograd::Function<TeCrossEntropyF
     ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
     // TE's grad_input: an fp32 buffer the kernel fills from the (bf16) logits.
     at::Tensor grad = logits.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-    const int64_t vocab_local = grad.size(-1);
-    // The kernel's online max and sum of exponentials, combined over the vocabulary shards.
-    at::Tensor max = std::get<0>(grad.max(-1));
-    AllReduceTensor(*rt, rt->tp, max, ReduceOp::kMax);
-    grad.sub_(max.unsqueeze(-1));
-    at::Tensor outside = target.lt(vocab_start).logical_or_(target.ge(vocab_start + vocab_local));
-    at::Tensor local = (target - vocab_start).masked_fill_(outside, 0);
-    at::Tensor predicted =
-        grad.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill_(outside, 0.0);
-    AllReduceTensor(*rt, rt->tp, predicted, ReduceOp::kSum);
-    grad.exp_();
-    at::Tensor sum_exp = grad.sum(-1);
-    AllReduceTensor(*rt, rt->tp, sum_exp, ReduceOp::kSum);
-    at::Tensor loss = at::log(sum_exp).sub_(predicted);
+    VocabParallelSoftmax s = SoftmaxInPlace(*rt, grad, target, vocab_start);
     // d loss / d logits = softmax - one_hot(target), computed now: the targets are not kept.
-    grad.div_(sum_exp.unsqueeze(-1));
-    at::Tensor inside = outside.logical_not().to(at::kFloat).unsqueeze(-1);
-    grad.scatter_add_(-1, local.unsqueeze(-1), inside.neg());
+    at::Tensor inside = s.outside.logical_not().to(at::kFloat).unsqueeze(-1);
+    grad.scatter_add_(-1, s.local.unsqueeze(-1), inside.neg());
     ctx->save_for_backward({grad});
-    return loss;
+    return s.loss;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
