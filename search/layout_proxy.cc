@@ -20,23 +20,19 @@ std::string StageName(int stage, int stages) {
   return name;
 }
 
-// The middle stages (1 .. PP-2) build the same layers in the same chunks: they differ only in
-// the micro-batches they keep in flight.
-bool MiddleStagesAlike(const SearchSpec& spec) {
-  const int pp = spec.parallel.pipeline_model_parallel_size;
-  auto shape = [&](int stage) {
-    std::vector<int> layers;
-    for (const StageChunk& c : ChunksOf(spec, stage)) {
-      layers.push_back(c.num_layers);
-      layers.push_back(c.mtp_layers);  // an explicit layout may put MTP on a middle stage
+// What a stage builds, chunk by chunk: its layers (dense or MoE, by moe_layer_freq) and MTP
+// layers. Two middle stages that build the same differ only in the micro-batches they keep in
+// flight. DeepSeek-V3's first dense layers, for one, make stage 1 unlike the stages after it.
+std::vector<int> StageShape(const SearchSpec& spec, int stage) {
+  std::vector<int> shape;
+  for (const StageChunk& c : ChunksOf(spec, stage)) {
+    shape.push_back(c.num_layers);
+    shape.push_back(c.mtp_layers);  // an explicit layout may put MTP on a middle stage
+    for (int l = c.first_layer; l < c.first_layer + c.num_layers; ++l) {
+      shape.push_back(spec.model.IsMoeLayer(l) ? 1 : 0);
     }
-    return layers;
-  };
-  const std::vector<int> first_middle = shape(1);
-  for (int s = 2; s + 1 < pp; ++s) {
-    if (shape(s) != first_middle) return false;
   }
-  return true;
+  return shape;
 }
 
 bool SameStates(const InFlightStateList& a, const InFlightStateList& b) {
@@ -103,11 +99,14 @@ int TrialSlots(const SearchSpec& spec) {
 
 std::vector<ProxyRole> ProxyRoles(const SearchSpec& spec) {
   const int pp = std::max(1, spec.parallel.pipeline_model_parallel_size);
+  // The ends, and the first and last stage of every run of consecutive middle stages that build
+  // the same layers: CombineLayoutProxies interpolates only inside such a run.
   std::vector<int> stages;
-  if (pp <= 4 || !MiddleStagesAlike(spec)) {
-    for (int s = 0; s < pp; ++s) stages.push_back(s);
-  } else {
-    stages = {0, 1, pp - 2, pp - 1};
+  for (int s = 0; s < pp; ++s) {
+    const bool middle = s > 0 && s + 1 < pp;
+    const bool like_prev = middle && s - 1 > 0 && StageShape(spec, s - 1) == StageShape(spec, s);
+    const bool like_next = middle && s + 2 < pp && StageShape(spec, s + 1) == StageShape(spec, s);
+    if (pp <= 4 || !like_prev || !like_next) stages.push_back(s);
   }
   std::vector<ProxyRole> roles;
   for (int s : stages) roles.push_back({StageName(s, pp), s * RanksPerStage(spec.parallel), s});
@@ -235,7 +234,7 @@ TrialResult CombineLayoutProxies(const SearchSpec& spec,
     known[s] = true;
   }
   // Unmeasured middle stages: linear in the stage index between the nearest measured stages on
-  // either side (ProxyRoles measures stages 1 and PP-2, which bracket them).
+  // either side (ProxyRoles measures the ends of every run of alike stages, which bracket them).
   for (int s = 0; s < pp; ++s) {
     if (known[s]) continue;
     int lo = s - 1, hi = s + 1;

@@ -12,11 +12,12 @@
 //
 // Roles: every rank of one pipeline stage has the same shapes (TP, CP, DP and EP shards are
 // equal; Megatron pads the distributed optimizer's buffer to equal shards), so one rank per
-// stage (tp = dp = 0) stands for the stage. Middle stages differ only in the micro-batches their
-// schedule keeps in flight, which is linear in the stage index, so with more than four stages
-// the first, second, second-to-last and last are measured and the other middle stages are
-// interpolated linearly between the second and the second-to-last (when every middle stage
-// builds the same layers; otherwise every stage is measured).
+// stage (tp = dp = 0) stands for the stage. Middle stages that build the same layers (counts,
+// dense or MoE, MTP) differ only in the micro-batches their schedule keeps in flight, which is
+// linear in the stage index, so with more than four stages the first and last stage and the two
+// ends of every run of consecutive alike middle stages are measured, and the stages inside a run
+// are interpolated linearly between its ends (four roles when every middle stage is alike; five
+// for DeepSeek-V3's PP 8, whose stage 1 holds two of its three dense layers).
 //
 // Thread-safety: pure functions of their arguments.
 #pragma once

@@ -60,6 +60,29 @@ TEST(LayoutProxyTest, DeepPipelinesMeasureTheEndsAndTwoMiddles) {
   EXPECT_EQ(roles[2].pp_rank, 4);
 }
 
+TEST(LayoutProxyTest, AMiddleStageWithDenseLayersIsMeasuredApart) {
+  // DeepSeek-V3's shape of the problem: the first three layers dense, PP 8. Stage 1 holds two of
+  // them; stages 2..6 hold only MoE layers, so stage 1 does not bracket them: 0, 1, 2, 6, 7.
+  SearchSpec s = testing::MoeSpec();
+  s.model.num_layers = 24;
+  s.model.moe_layer_freq.pattern.assign(24, 1);
+  for (int l = 0; l < 4; ++l) s.model.moe_layer_freq.pattern[l] = 0;
+  s.parallel.pipeline_model_parallel_size = 8;
+  s.parallel.tensor_model_parallel_size = 1;
+  s.parallel.data_parallel_size = 1;
+  s.train.global_batch_size = 16LL * s.train.micro_batch_size;
+  s.search.layout_proxy = true;
+  ASSERT_TRUE(ValidateSpec(s).ok()) << ValidateSpec(s).message();
+  std::vector<int> stages;
+  for (const ProxyRole& r : ProxyRoles(s)) stages.push_back(r.pp_rank);
+  EXPECT_EQ(stages, (std::vector<int>{0, 1, 2, 6, 7}));
+  // Every layer MoE: the middle stages are alike again.
+  s.model.moe_layer_freq.pattern.assign(24, 1);
+  stages.clear();
+  for (const ProxyRole& r : ProxyRoles(s)) stages.push_back(r.pp_rank);
+  EXPECT_EQ(stages, (std::vector<int>{0, 1, 6, 7}));
+}
+
 TEST(LayoutProxyTest, ProxiesRunFewerMicrobatchesWithTheSamePeakStates) {
   // 1F1B on 4 stages keeps at most 4 in flight: 4 micro-batches reach every state of 64.
   SearchSpec s = Layout(16, 1, 4, 1, 1, 64);
