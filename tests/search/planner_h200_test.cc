@@ -93,6 +93,33 @@ TEST(PlannerOnH200Measurements, MlaMoe16AtThreeBudgets) {
   }
 }
 
+// The mla-moe16 table's further runs (docs/results/h200-mla-moe16-redraws-N.json, written by
+// bench/search/redraws.py from the trials' JSON lines): 24 policies measured three times. Each
+// redraw is another measurement of a policy of the table: the same allocated peak to the byte
+// (docs/results.md), other steps; so a replayed re-measure is served what a GPU measured again.
+TEST(PlannerOnH200Measurements, MlaMoe16RedrawsAreOtherRunsOfTheTablesPolicies) {
+  auto table = spec::LoadReplayTableFile(std::string(REMAT_SOURCE_DIR) +
+                                         "/docs/results/h200-mla-moe16-exhaustive-table.json");
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  for (int n : {1, 2}) {
+    SCOPED_TRACE(n);
+    auto draws = spec::LoadReplayTableFile(std::string(REMAT_SOURCE_DIR) +
+                                           "/docs/results/h200-mla-moe16-redraws-" +
+                                           std::to_string(n) + ".json");
+    ASSERT_TRUE(draws.ok()) << draws.status().message();
+    EXPECT_EQ(draws->size(), 24u);
+    for (const auto& [policy, entry] : *draws) {
+      ASSERT_EQ(table->count(policy), 1u) << policy;
+      const TrialResult& first = table->at(policy).result;
+      const TrialResult& again = entry.result;
+      EXPECT_EQ(again.PeakAllocatedBytes(), first.PeakAllocatedBytes()) << policy;
+      ASSERT_EQ(again.ranks.size(), 1u);
+      EXPECT_EQ(again.ranks[0].step_times_s.size(), 5u) << policy;
+      EXPECT_NE(again.ranks[0].step_times_s, first.ranks[0].step_times_s) << policy;
+    }
+  }
+}
+
 // Megatron's code says the members of an equivalence class keep the same tensors
 // (search/equivalence.h); every H200 table agrees: each member peaks where its representative
 // does, to the byte, or both run out of memory.
