@@ -140,9 +140,10 @@ std::vector<FrontierPoint> RaisedFrontier(const SearchSpec& spec,
 // The guided strategy. Both objectives walk the initial plan first (the contract's order); then
 // every untried valid policy is predicted from the measurements so far (search/predict.h) and only
 // one that is predicted to change the outcome is measured:
-//   frontier:  the policy predicted to add the most hypervolume to the measured frontier; the
-//              search ends when all untried policies together are predicted to add less than
-//              kStopHypervolumeGain of it;
+//   frontier:  the policy predicted to add the most hypervolume to the measured frontier; once
+//              all untried policies together are predicted to add less than
+//              kStopHypervolumeGain of it, what `recommend` would still measure (below), then
+//              the search ends;
 //   recommend: a policy that, measured as predicted, would become the recommendation
 //              (RecommendPolicy: it must beat the current one by more than the noise, or tie
 //              with less recompute); the search ends when none could. Full recompute is tried only
@@ -256,7 +257,13 @@ class GuidedStrategy : public Strategy {
             .empty()) {
       return NextToFit(spec_.search.MemoryBudgetBytes());
     }
-    return NextForFrontier(results);
+    if (auto next = NextForFrontier(results)) return next;
+    // The frontier is settled; the recommendation is the one point of it the user runs with, so
+    // what could still become the recommendation is measured too (as under `recommend`): the
+    // frontier's hypervolume weighs a point near the budget no more than any other, and on the
+    // 96-policy MLA + MoE table at 46 GiB the settled frontier's recommendation was 0.81 of the
+    // best that fits (docs/results.md, 2026-12-02 r3).
+    return NextForRecommendation();
   }
 
   // Untried policies beyond the plan that would be proposed for the frontier now, in any order.
@@ -272,6 +279,7 @@ class GuidedStrategy : public Strategy {
     }
     int open = 0;
     NextForFrontier(results, &open);
+    if (open == 0 && NextForRecommendation()) open = 1;
     return open;
   }
 

@@ -59,9 +59,12 @@ class Strategy {
 
 // The guided strategy (the decision guide) or the exhaustive one, per spec.search.strategy. The
 // guided one follows spec.search.objective: `frontier` maps the memory/throughput frontier and
-// stops when every untried policy together is predicted to add under 0.3% of its hypervolume
+// settles when every untried policy together is predicted to add under 0.4% of its hypervolume
 // beyond the frontier's known noise (NoiseAwareFrontier, each point raised to its throughput
-// interval, at most search.noise_target; only intervals that met the target count);
+// interval, at most search.noise_target; only intervals that met the target count), then measures
+// what the `recommend` objective would still measure (a policy that, measured as predicted,
+// would become the recommendation), so no policy predicted to become the recommendation is left
+// untried;
 // `recommend` measures only what could change the recommendation (RecommendPolicy) and tries
 // full recompute only when no selective policy fits, as measured or predicted. Both walk the
 // initial plan first and predict every other policy from the measurements (search/predict.h);

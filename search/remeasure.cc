@@ -64,6 +64,17 @@ TrialResult Pool(const SearchSpec& spec, const std::vector<const TrialResult*>& 
   const double first_step = out.step_time_s;
   out.step_time_s = step;
   out.step_time_spread_s = hi - lo;
+  if (every_rank_timed && any) {
+    // The pooled median's 90% interval, not the range of every pooled step: a range only grows
+    // with more steps, so two runs pooled would tie with more policies than either run alone
+    // (up to 6 steps the interval is the range).
+    const RankResult* slowest = nullptr;
+    for (const RankResult& r : out.ranks) {
+      if (!slowest || r.step_time_s > slowest->step_time_s) slowest = &r;
+    }
+    const MedianInterval ci = MedianConfidenceInterval(slowest->step_times_s);
+    if (ci.coverage >= kMedianConfidence) out.step_time_spread_s = ci.high_s - ci.low_s;
+  }
   out.tokens_per_s = TokensPerSecond(spec, step);
   if (step > 0 && first_step > 0) out.model_tflops *= first_step / step;
   for (size_t i = 1; i < runs.size(); ++i) {
@@ -130,6 +141,13 @@ std::vector<Remeasure> NearTiesToRemeasure(const SearchSpec& spec,
   for (const TrialResult& r : results) {
     if (++runs[r.policy.ToString()] > 1) return {};  // the one round has run
   }
+  return RemeasureCandidates(spec, results);
+}
+
+std::vector<Remeasure> RemeasureCandidates(const SearchSpec& spec,
+                                           const std::vector<TrialResult>& results) {
+  std::map<std::string, int> runs;
+  for (const TrialResult& r : results) ++runs[r.policy.ToString()];
   const std::vector<TrialResult> measured = CombineRemeasured(spec, results);
   std::map<std::string, const TrialResult*> by_policy;
   for (const TrialResult& r : measured) by_policy[r.policy.ToString()] = &r;
@@ -139,7 +157,7 @@ std::vector<Remeasure> NearTiesToRemeasure(const SearchSpec& spec,
   };
   auto measured_once = [&](const Policy& p) {
     auto it = by_policy.find(p.ToString());
-    return it != by_policy.end() && !it->second->predicted;
+    return it != by_policy.end() && !it->second->predicted && runs[p.ToString()] == 1;
   };
 
   // Candidates with their priority: what decides the recommendation first (the choice and the

@@ -40,11 +40,21 @@ inline constexpr size_t kMinRemeasures = 2;
 std::vector<Remeasure> NearTiesToRemeasure(const SearchSpec& spec,
                                            const std::vector<TrialResult>& results);
 
+// NearTiesToRemeasure's choice without its two guards (backend replay, a round already run):
+// the same policies in the same order, picked from `results` as they stand (policies measured
+// more than once pooled, and not picked again). For a replay that holds further recorded runs
+// of a policy (the replay bench, bench/search), which can serve a re-measure a different
+// measurement than the first.
+std::vector<Remeasure> RemeasureCandidates(const SearchSpec& spec,
+                                           const std::vector<TrialResult>& results);
+
 // One result per policy, in the order policies were first seen: a policy with two or more
 // results gets them combined. Ok runs are pooled: each rank's measured steps together, its
-// median the rank's step time, the trial's step time the slowest rank's, the spread over every
-// pooled step, peaks the highest; the loss and versions are the first run's. When only some
-// runs are ok, the ok ones count (the message says what the others were).
+// median the rank's step time, the trial's step time the slowest rank's, the spread the width of
+// the slowest rank's pooled median's 90% interval (search/noise.h; the range of every pooled
+// step when too few steps give one, up to 6; so more draws narrow a policy's tie band, where
+// the range would widen it), peaks the highest; the loss and versions are the first run's.
+// When only some runs are ok, the ok ones count (the message says what the others were).
 std::vector<TrialResult> CombineRemeasured(const SearchSpec& spec,
                                            const std::vector<TrialResult>& results);
 

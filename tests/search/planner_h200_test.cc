@@ -78,11 +78,45 @@ TEST(PlannerOnH200Measurements, MlaSecondRun) {
 }
 // The 96-policy MLA + MoE table was measured with every policy running (130 GiB), so it is
 // replayed at three budgets across its frontier: 46 GiB (42.2-45.7 GiB of it fits), 58 (the
-// spec's) and 68 GiB (all but the control and the single labels). 11-16 trials of 96.
+// spec's) and 68 GiB (all but the control and the single labels). 14-21 trials of 96 since the
+// frontier search measures what could still become the recommendation once its frontier settles
+// (11-16 before, when at 46 GiB it recommended a policy 0.81 as fast as the best that fits).
+// At 68 GiB the recommendation is 0.912 of the best (selective:[moe_act,shared_experts], one
+// 5-step draw that its prediction, anchored on a slow draw of selective:[moe_act], puts below
+// selective:[core_attn]): docs/results.md (2026-12-02, r3).
 TEST(PlannerOnH200Measurements, MlaMoe16AtThreeBudgets) {
   for (double gib : {46.0, 58.0, 68.0}) {
     SCOPED_TRACE(gib);
-    ExpectEfficient(Evaluate("mla-moe16", "", Objective::kFrontier, gib), 0.17, 0.96);
+    const replay::Outcome o = Evaluate("mla-moe16", "", Objective::kFrontier, gib);
+    ExpectEfficient(o, 0.22, 0.96);
+    EXPECT_GE(o.recommendation_throughput_ratio, gib < 60 ? 0.97 : 0.91);
+  }
+}
+
+// The mla-moe16 table's further runs (docs/results/h200-mla-moe16-redraws-N.json, written by
+// bench/search/redraws.py from the trials' JSON lines): 24 policies measured three times. Each
+// redraw is another measurement of a policy of the table: the same allocated peak to the byte
+// (docs/results.md), other steps; so a replayed re-measure is served what a GPU measured again.
+TEST(PlannerOnH200Measurements, MlaMoe16RedrawsAreOtherRunsOfTheTablesPolicies) {
+  auto table = spec::LoadReplayTableFile(std::string(REMAT_SOURCE_DIR) +
+                                         "/docs/results/h200-mla-moe16-exhaustive-table.json");
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  for (int n : {1, 2}) {
+    SCOPED_TRACE(n);
+    auto draws = spec::LoadReplayTableFile(std::string(REMAT_SOURCE_DIR) +
+                                           "/docs/results/h200-mla-moe16-redraws-" +
+                                           std::to_string(n) + ".json");
+    ASSERT_TRUE(draws.ok()) << draws.status().message();
+    EXPECT_EQ(draws->size(), 24u);
+    for (const auto& [policy, entry] : *draws) {
+      ASSERT_EQ(table->count(policy), 1u) << policy;
+      const TrialResult& first = table->at(policy).result;
+      const TrialResult& again = entry.result;
+      EXPECT_EQ(again.PeakAllocatedBytes(), first.PeakAllocatedBytes()) << policy;
+      ASSERT_EQ(again.ranks.size(), 1u);
+      EXPECT_EQ(again.ranks[0].step_times_s.size(), 5u) << policy;
+      EXPECT_NE(again.ranks[0].step_times_s, first.ranks[0].step_times_s) << policy;
+    }
   }
 }
 

@@ -148,5 +148,62 @@ TEST(PlannerOnLargeSurfaces, KnownNoiseStopsNoLaterThanExactFigures) {
   EXPECT_NE(noisy.notes.find("memory predictions"), std::string::npos) << noisy.notes;
 }
 
+
+// Another run of a synthetic table (a re-measure's draw) keeps every policy's memory and status
+// and draws its steps afresh; draw 0 is the table itself.
+TEST(PlannerOnLargeSurfaces, SyntheticDrawsKeepMemoryAndRedrawSteps) {
+  auto surface = replay::MakeSurface("dense48");
+  ASSERT_TRUE(surface.has_value());
+  const auto& spec = surface->spec;
+  const auto table = replay::SyntheticTable(spec, surface->step_time_s, surface->noise, 3);
+  const auto same = replay::SyntheticTable(spec, surface->step_time_s, surface->noise, 3, 0);
+  const auto draws = replay::SyntheticDraws(spec, surface->step_time_s, surface->noise, 3, 2);
+  size_t ok = 0, redrawn = 0;
+  for (const auto& [policy, r] : table) {
+    EXPECT_EQ(same.at(policy).step_time_s, r.step_time_s) << policy;
+    if (r.status != TrialStatus::kOk) {
+      EXPECT_EQ(draws.count(policy), 0u) << policy;
+      continue;
+    }
+    ++ok;
+    ASSERT_EQ(draws.at(policy).size(), 2u) << policy;
+    for (const TrialResult& d : draws.at(policy)) {
+      EXPECT_EQ(d.PeakReservedBytes(), r.PeakReservedBytes()) << policy;
+      EXPECT_EQ(d.PeakAllocatedBytes(), r.PeakAllocatedBytes()) << policy;
+      if (d.ranks[0].step_times_s != r.ranks[0].step_times_s) ++redrawn;
+    }
+    EXPECT_NE(draws.at(policy)[0].ranks[0].step_times_s, draws.at(policy)[1].ranks[0].step_times_s)
+        << policy;
+  }
+  EXPECT_GT(ok, 50u);
+  EXPECT_EQ(redrawn, 2 * ok);
+}
+
+// The replay runs the coordinator's re-measure round and serves each re-measure a different
+// recorded measurement: with a draw for every policy, every policy the round names is measured
+// again (with the policies' draws, the same search names the same policies); without draws only
+// those with an unmeasured class member can be, and the others are counted, not served the
+// table's figure again.
+TEST(PlannerOnLargeSurfaces, ReplayedRemeasuresAreServedOtherDraws) {
+  for (const std::string name : {"llama70b-flash", "mixtral-like"}) {
+    SCOPED_TRACE(name);
+    auto surface = replay::MakeSurface(name);
+    ASSERT_TRUE(surface.has_value());
+    surface->spec.search.max_trials = 1000;
+    const auto& spec = surface->spec;
+    const auto table = replay::SyntheticTable(spec, surface->step_time_s, surface->noise, 2);
+    const auto draws = replay::SyntheticDraws(spec, surface->step_time_s, surface->noise, 2, 1);
+    const replay::Outcome with = replay::Replay(spec, table, draws);
+    const replay::Outcome without = replay::Replay(spec, table);
+    EXPECT_GT(with.remeasures, 0u);
+    EXPECT_EQ(with.remeasures_without_draw, 0u);
+    EXPECT_EQ(with.remeasures, without.remeasures + without.remeasures_without_draw);
+    EXPECT_EQ(with.guided_trials, without.guided_trials);  // the strategy's own trials
+    size_t marked = 0;
+    for (const std::string& p : with.order) marked += p.find("(re-measure: ") != std::string::npos;
+    EXPECT_EQ(marked, with.remeasures);
+  }
+}
+
 }  // namespace
 }  // namespace remat::search

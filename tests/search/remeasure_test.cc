@@ -200,3 +200,44 @@ TEST(Remeasure, CandidatesWhoseIntervalsOverlapTheBestAreMeasuredAgain) {
 
 }  // namespace
 }  // namespace remat::search
+
+namespace remat::search {
+namespace {
+
+// Pooled runs are compared by how well their median is known: with enough steps for a 90%
+// interval narrower than their range (10 steps: [x_(2), x_(9)]), the spread is that interval's
+// width, so one slow step in either run does not widen the policy's tie band.
+TEST(Remeasure, PooledSpreadIsTheMediansIntervalOnceItHasEnoughSteps) {
+  const SearchSpec spec = Spec();
+  const std::vector<TrialResult> results = {
+      Measure(spec, "selective:[core_attn]", 50, {0.50, 0.51, 0.49, 0.50, 0.70}),
+      Measure(spec, "selective:[core_attn]", 50, {0.30, 0.50, 0.51, 0.50, 0.49}),
+  };
+  EXPECT_NEAR(results[0].RelativeSpread(), 0.42, 1e-9);  // one run: its range (5 steps)
+  const TrialResult pooled = CombineRemeasured(spec, results)[0];
+  ASSERT_EQ(pooled.ranks[0].step_times_s.size(), 10u);
+  EXPECT_DOUBLE_EQ(pooled.step_time_s, 0.50);
+  // Sorted: 0.30 0.49 0.49 0.50 0.50 0.50 0.50 0.51 0.51 0.70; [x_(2), x_(9)] = [0.49, 0.51].
+  EXPECT_NEAR(pooled.step_time_spread_s, 0.02, 1e-12);
+  EXPECT_NEAR(pooled.RelativeSpread(), 0.04, 1e-9);
+}
+
+// RemeasureCandidates is NearTiesToRemeasure's choice without its guards: it names policies on
+// a replay too (for a replay that holds further draws), and never one measured twice already.
+TEST(Remeasure, CandidatesIgnoreTheGuardsButNotPoliciesMeasuredTwice) {
+  SearchSpec spec = Spec();
+  std::vector<TrialResult> results = {
+      Measure(spec, "selective:[]", 70, {0.500, 0.500, 0.500}),
+      Measure(spec, "selective:[core_attn]", 50, {0.503, 0.503, 0.503}),
+  };
+  spec.search.backend = Backend::kReplay;
+  EXPECT_TRUE(NearTiesToRemeasure(spec, results).empty());
+  EXPECT_EQ(Policies(RemeasureCandidates(spec, results)),
+            (std::vector<std::string>{"selective:[core_attn]", "selective:[]"}));
+  results.push_back(Measure(spec, "selective:[core_attn]", 50, {0.502, 0.502, 0.502}));
+  EXPECT_EQ(Policies(RemeasureCandidates(spec, results)),
+            (std::vector<std::string>{"selective:[]"}));
+}
+
+}  // namespace
+}  // namespace remat::search

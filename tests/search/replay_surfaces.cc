@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <set>
 
 #include "search/equivalence.h"
 #include "search/memory_model.h"
@@ -99,7 +100,7 @@ SearchSpec MixtralLike() {
 }  // namespace
 
 Table SyntheticTable(const SearchSpec& spec, double step_time_s, const Noise& noise,
-                     uint64_t seed) {
+                     uint64_t seed, int draw) {
   std::mt19937_64 rng(seed);
   // Systematic errors, drawn once per table.
   const double activation_error = Uniform(rng, noise.label_memory_error);
@@ -158,6 +159,10 @@ Table SyntheticTable(const SearchSpec& spec, double step_time_s, const Noise& no
       rank.peak_allocated_bytes = static_cast<uint64_t>(allocated);
       rank.peak_reserved_bytes = static_cast<uint64_t>(reserved);
       const double t = step_time_s * (1 + cost);
+      // Another run of the table draws its steps from a stream of its own; draw 0 keeps the
+      // table's stream, so tables with and without draws are the same.
+      std::mt19937_64 redraw(Hash(seed * 1000003ull + static_cast<uint64_t>(draw), p.ToString()));
+      std::mt19937_64& srng = draw > 0 ? redraw : prng;
       std::normal_distribution<double> jitter(0, noise.step_jitter);
       std::uniform_real_distribution<double> unit(0, 1);
       // At least noise.measure_steps, then as the adaptive rule measures (search/noise.h): the
@@ -167,8 +172,8 @@ Table SyntheticTable(const SearchSpec& spec, double step_time_s, const Noise& no
       rule.measure_steps = noise.measure_steps;
       std::vector<double> steps;
       for (int i = 0; i < MeasureStepCap(rule); ++i) {
-        double step = t * (1 + jitter(prng));
-        if (unit(prng) < noise.outlier_step) step *= 1.3;
+        double step = t * (1 + jitter(srng));
+        if (unit(srng) < noise.outlier_step) step *= 1.3;
         steps.push_back(step);
       }
       rank.step_times_s = AdaptiveMeasuredSteps(steps, 0, rule);
@@ -183,6 +188,17 @@ Table SyntheticTable(const SearchSpec& spec, double step_time_s, const Noise& no
     table[p.ToString()] = std::move(r);
   }
   return table;
+}
+
+Draws SyntheticDraws(const SearchSpec& spec, double step_time_s, const Noise& noise,
+                     uint64_t seed, int count) {
+  Draws out;
+  for (int d = 1; d <= count; ++d) {
+    for (auto& [policy, r] : SyntheticTable(spec, step_time_s, noise, seed, d)) {
+      if (r.status == TrialStatus::kOk) out[policy].push_back(std::move(r));
+    }
+  }
+  return out;
 }
 
 std::vector<std::string> SurfaceNames() {
@@ -212,7 +228,55 @@ std::optional<Surface> MakeSurface(const std::string& name) {
   return s;
 }
 
-Outcome Replay(const SearchSpec& spec, const Table& table) {
+namespace {
+
+// The coordinator's re-measure round (search/remeasure.h), each policy served a different
+// recorded measurement: its next draw, else an unmeasured class member's figure (see the header).
+void RemeasureRound(const SearchSpec& spec, const Table& table, const Draws& draws,
+                    std::vector<TrialResult>* guided, Outcome* o) {
+  std::set<std::string> used;  // policies whose table figure the search has seen
+  for (const TrialResult& r : *guided) used.insert(r.policy.ToString());
+  std::map<std::string, size_t> next_draw;
+  std::vector<TrialResult> served;
+  for (const Remeasure& pick : RemeasureCandidates(spec, *guided)) {
+    const std::string key = pick.policy.ToString();
+    const TrialResult* source = nullptr;
+    std::string from;
+    auto d = draws.find(key);
+    if (d != draws.end() && next_draw[key] < d->second.size()) {
+      source = &d->second[next_draw[key]++];
+      from = "its next recorded run";
+    } else {
+      const Policy cls = EquivalenceClassOf(spec, pick.policy).representative;
+      for (const auto& [member, r] : table) {
+        if (used.count(member) || r.status != TrialStatus::kOk) continue;
+        auto parsed = ParsePolicy(member);
+        if (!parsed.ok() || !(EquivalenceClassOf(spec, *parsed).representative == cls)) continue;
+        used.insert(member);
+        source = &r;
+        from = "class member " + member;
+        break;
+      }
+    }
+    if (source == nullptr) {
+      ++o->remeasures_without_draw;
+      continue;
+    }
+    TrialResult r = *source;
+    r.policy = pick.policy;
+    r.tokens_per_s = TokensPerSecond(spec, r.step_time_s);
+    r.step_time_low_s = r.step_time_high_s = 0;
+    FillStepTimeInterval(spec.search, &r);
+    served.push_back(std::move(r));
+    o->order.push_back(key + "(re-measure: " + from + ")");
+    ++o->remeasures;
+  }
+  for (auto& r : served) guided->push_back(std::move(r));
+}
+
+}  // namespace
+
+Outcome Replay(const SearchSpec& spec, const Table& table, const Draws& draws) {
   auto answer = [&](const Policy& p) {
     auto it = table.find(p.ToString());
     if (it != table.end()) {
@@ -241,6 +305,7 @@ Outcome Replay(const SearchSpec& spec, const Table& table) {
     }
   }
   o.notes = strategy->Notes();
+  RemeasureRound(spec, table, draws, &guided, &o);
   for (const TrialResult& r : guided) {
     if (r.status != TrialStatus::kOk) continue;
     o.measured_steps += r.measured_steps;
@@ -256,17 +321,28 @@ Outcome Replay(const SearchSpec& spec, const Table& table) {
   for (const auto& p : EnumerateValidPolicies(spec)) all.push_back(answer(p));
   const uint64_t budget = spec.search.MemoryBudgetBytes();
   const auto fe = ComputeFrontier(all, spec.search.memory_metric, budget);
-  const auto fg = ComputeFrontier(guided, spec.search.memory_metric, budget);
+  const std::vector<TrialResult> guided_pooled = CombineRemeasured(spec, guided);
+  const auto fg = ComputeFrontier(guided_pooled, spec.search.memory_metric, budget);
   double t_min = 0;
   for (const auto& p : fe) t_min = t_min == 0 ? p.tokens_per_s : std::min(t_min, p.tokens_per_s);
   o.guided_frontier = fg;
   o.exhaustive_frontier = fe;
-  o.guided_trials = guided.size();
+  o.guided_trials = guided.size() - o.remeasures;
   o.exhaustive_trials = all.size();
   const double hv_e = Hypervolume(fe, budget, 0.9 * t_min);
   o.hypervolume_ratio = hv_e > 0 ? Hypervolume(fg, budget, 0.9 * t_min) / hv_e : 1;
   // The exhaustive table with each class's members pooled into its representative.
+  // Every recorded measurement of the class: the table's members and their further draws.
   std::vector<TrialResult> by_class = all;
+  for (const auto& [policy, runs] : draws) {
+    auto parsed = ParsePolicy(policy);
+    if (!parsed.ok()) continue;
+    for (TrialResult r : runs) {
+      r.policy = *parsed;
+      r.tokens_per_s = TokensPerSecond(spec, r.step_time_s);
+      by_class.push_back(std::move(r));
+    }
+  }
   for (auto& r : by_class) r.policy = EquivalenceClassOf(spec, r.policy).representative;
   const auto pooled = CombineRemeasured(spec, by_class);
   o.exhaustive_classes = pooled.size();
@@ -275,7 +351,7 @@ Outcome Replay(const SearchSpec& spec, const Table& table) {
   for (const auto& p : fp) tp_min = tp_min == 0 ? p.tokens_per_s : std::min(tp_min, p.tokens_per_s);
   const double hv_p = Hypervolume(fp, budget, 0.9 * tp_min);
   o.pooled_hypervolume_ratio = hv_p > 0 ? Hypervolume(fg, budget, 0.9 * tp_min) / hv_p : 1;
-  o.guided = RecommendPolicy(spec, guided);
+  o.guided = RecommendPolicy(spec, guided_pooled);
   o.exhaustive = RecommendPolicy(spec, all);
   {
     const uint64_t fit = spec.search.RecommendBudgetBytes();
@@ -305,19 +381,24 @@ Outcome Replay(const SearchSpec& spec, const Table& table) {
 std::string Describe(const std::string& name, const Outcome& o, bool frontiers) {
   char buf[512];
   std::snprintf(buf, sizeof(buf),
-                "%s: guided %zu trials of %zu (%.1f%%; %zu classes); hypervolume %.4f, pooled "
+                "%s: guided %zu trials of %zu (%.1f%%; %zu classes; with its re-measures %.1f%%); "
+                "hypervolume %.4f, pooled "
                 "%.4f; recommendation %s at %.3f of the best fitting (exhaustive %s, %zu tied): %s",
                 name.c_str(), o.guided_trials, o.exhaustive_trials,
                 100.0 * o.guided_trials / std::max<size_t>(1, o.exhaustive_trials),
-                o.exhaustive_classes, o.hypervolume_ratio, o.pooled_hypervolume_ratio,
+                o.exhaustive_classes,
+                100.0 * (o.guided_trials + o.remeasures) / std::max<size_t>(1, o.exhaustive_trials),
+                o.hypervolume_ratio, o.pooled_hypervolume_ratio,
                 o.guided ? o.guided->choice.policy.ToString().c_str() : "none",
                 o.recommendation_throughput_ratio,
                 o.exhaustive ? o.exhaustive->choice.policy.ToString().c_str() : "none",
                 o.exhaustive ? o.exhaustive->tied.size() : size_t{0},
                 o.recommendation_matches ? "within noise" : "MISSED");
   std::string out = buf;
-  std::snprintf(buf, sizeof(buf), "; %zu over the budget; %.1f measured steps per ok trial",
-                o.over_budget_trials,
+  std::snprintf(buf, sizeof(buf),
+                "; %zu re-measured (%zu more had no other recorded draw); %zu over the budget; "
+                "%.1f measured steps per ok trial",
+                o.remeasures, o.remeasures_without_draw, o.over_budget_trials,
                 o.ok_trials ? static_cast<double>(o.measured_steps) / o.ok_trials : 0.0);
   out += buf;
   if (!o.notes.empty()) out += "\n  " + o.notes;

@@ -40,9 +40,20 @@ struct Noise {
   int measure_steps = 5;
 };
 
+// Further recorded runs of a policy beyond the table's, in the order they were measured: what a
+// re-measure in a replay is served (the table's own figure again would tell nothing new).
+using Draws = std::map<std::string, std::vector<TrialResult>>;
+
 // Every valid policy of `spec` measured as above, with a base step time `step_time_s` for the
 // control. Policies over the budget come back oom (their peak as at the failing allocation).
-Table SyntheticTable(const SearchSpec& spec, double step_time_s, const Noise& noise, uint64_t seed);
+// `draw` > 0 is another run of the same table: the same memory and systematic errors, its steps
+// drawn afresh (draw 0 is the table itself).
+Table SyntheticTable(const SearchSpec& spec, double step_time_s, const Noise& noise, uint64_t seed,
+                     int draw = 0);
+
+// `count` further runs of every ok policy of SyntheticTable(spec, ..., seed): draws 1..count.
+Draws SyntheticDraws(const SearchSpec& spec, double step_time_s, const Noise& noise, uint64_t seed,
+                     int count);
 
 // Large surfaces for the search-efficiency goals (model, layout and budget of each in the .cc):
 //   "llama70b-unfused"  80 layers, TP 8 + SP, DP 8, unfused attention: 168 policies
@@ -58,16 +69,25 @@ std::vector<std::string> SurfaceNames();
 std::optional<Surface> MakeSurface(const std::string& name);
 
 // A guided search replayed against `table` (a policy missing from it is a failed trial), with
-// the exhaustive search's figures beside it.
+// the exhaustive search's figures beside it. When the strategy is done, the coordinator's
+// re-measure round runs as a GPU search runs it (search/remeasure.h RemeasureCandidates): each
+// policy it names is served a different recorded measurement, its next unused draw in `draws`,
+// else the table's figure for a member of its equivalence class the search did not measure (the
+// same tensors: search/equivalence.h); one with neither is not re-measured (counted in
+// remeasures_without_draw). The frontier and the recommendation then come from the runs pooled
+// (CombineRemeasured), and the re-measures count as trials.
+struct Outcome;
+Outcome Replay(const SearchSpec& spec, const Table& table, const Draws& draws);
 struct Outcome {
-  size_t guided_trials = 0;
+  size_t guided_trials = 0;  // the policies the strategy measured (re-measures: `remeasures`)
   size_t exhaustive_trials = 0;
   double hypervolume_ratio = 0;  // guided / exhaustive, the contract's hypervolume
   std::optional<Recommendation> guided, exhaustive;
   // The guided recommendation is the exhaustive one within noise: it is among the policies the
   // exhaustive search found tied with its best (or both find nothing fits).
   bool recommendation_matches = false;
-  // Against the exhaustive table with each equivalence class's members pooled
+  // Against the exhaustive table with each equivalence class's members pooled, and with every
+  // further draw of theirs (`draws`) when the replay has them
   // (search/equivalence.h: the members keep the same tensors, so their measured steps are draws
   // of one policy; search/remeasure.h pools them): the guided hypervolume over the pooled
   // exhaustive one, the classes, and the guided recommendation's class throughput (pooled) over
@@ -80,8 +100,12 @@ struct Outcome {
   size_t over_budget_trials = 0;   // guided trials that did not fit (oom or over the budget)
   size_t ok_trials = 0, measured_steps = 0;  // guided ok trials and their measured steps
   std::vector<FrontierPoint> guided_frontier, exhaustive_frontier;
+  size_t remeasures = 0;               // re-measures served a different recorded measurement
+  size_t remeasures_without_draw = 0;  // named by the round, but the replay held no other draw
 };
-Outcome Replay(const SearchSpec& spec, const Table& table);
+inline Outcome Replay(const SearchSpec& spec, const Table& table) {
+  return Replay(spec, table, Draws{});
+}
 
 // One line of figures and the guided order, for logs and the bench; with `frontiers`, both
 // frontiers point by point as well.
