@@ -213,6 +213,17 @@ Discard SelectiveDiscard(const SearchSpec& spec, const Policy& policy, const Lay
   return d;
 }
 
+// Highest live bytes above everything held (this layer's kept bytes included) while one layer's
+// backward runs with its selective discards `d` replayed: the MLP half first (its discarded
+// region replayed, its working set), then the attention half, once the MLP half's kept and
+// replayed tensors are freed. A region of one half is therefore never live with the other's
+// (Megatron's selective checkpoints recompute in their own half's backward).
+double SelectiveLayerBackward(const LayerActivations& a, const LayerWork& w, const Discard& d) {
+  const double mlp_phase = d.mlp + w.mlp;
+  const double attn_phase = d.attn + w.attn - (MlpSide(a) - d.mlp);
+  return std::max(mlp_phase, attn_phase);
+}
+
 double SelectiveFlops(const SearchSpec& spec, const Policy& policy, const LayerFlops& f,
                       int layer) {
   double flops = 0;
@@ -478,29 +489,36 @@ ChunkEstimate EstimateChunk(const SearchSpec& spec, const Policy& policy, const 
   // Megatron Core's MTP block checkpoints it under full:uniform and skips recompute under
   // full:block; then their own norms, eh_proj input and head (search/mtp_model.h).
   const OuterActivations outer = EstimateOuter(spec);
-  double mtp_inner = 0, mtp_outer = 0, mtp_replay = 0, mtp_layer_work = 0;
+  double mtp_inner = 0, mtp_outer = 0, mtp_backward = 0;
   for (int k = 0; k < chunk.mtp_layers; ++k) {
     const int inner = MtpInnerLayer(spec);
     const LayerActivations a = EstimateLayerActivations(spec, inner);
     const LayerWork w = EstimateLayerWork(spec, inner);
     double kept_inner = a.Total();
+    double backward = 0;  // its backward's peak above what is held then
     if (uniform) {
       kept_inner = 0;  // inside the MTP layer's checkpoint, which keeps its inputs only
       est.recompute_flops += EstimateLayerFlops(spec, inner).Forward();
-    } else if (!full) {
-      kept_inner -= SelectiveDiscard(spec, policy, a, inner).Total();
-      est.recompute_flops += SelectiveFlops(spec, policy, EstimateLayerFlops(spec, inner), inner);
+      // The checkpoint replays the layer whole, with eh_proj's input (the [s, b, 2h]
+      // concatenation) and final_layernorm (its input and output).
+      const Dims x = MakeDims(spec);
+      backward = a.Total() + 2 * x.e * x.seq_tokens * x.h + outer.final_norm +
+                 SelectiveLayerBackward(a, w, Discard{});
+    } else {
+      // Selective labels act inside the layer as in a decoder layer, each half's region
+      // replayed in that half's backward; full:block keeps the layer whole (no discards).
+      const Discard d = full ? Discard{} : SelectiveDiscard(spec, policy, a, inner);
+      kept_inner -= d.Total();
+      if (!full) {
+        est.recompute_flops += SelectiveFlops(spec, policy, EstimateLayerFlops(spec, inner), inner);
+      }
+      backward = SelectiveLayerBackward(a, w, d);
     }
     est.layer_activation += kept_inner;
     est.logits += outer.logits;
     mtp_inner += kept_inner;
     mtp_outer += MtpHeldBytes(spec, outer.final_norm, outer.logits, uniform);
-    // Under full:uniform the checkpoint replays eh_proj's input (the [s, b, 2h] concatenation)
-    // and final_layernorm (its input and output) with the layer.
-    const Dims x = MakeDims(spec);
-    const double outer_replay = uniform ? 2 * x.e * x.seq_tokens * x.h + outer.final_norm : 0;
-    mtp_replay = std::max(mtp_replay, a.Total() - kept_inner + outer_replay);
-    mtp_layer_work = std::max(mtp_layer_work, std::max(w.mlp, w.attn - MlpSide(a)));
+    mtp_backward = std::max(mtp_backward, backward);
   }
 
   const double embedding = chunk.has_embedding ? outer.embedding : 0;
@@ -518,14 +536,12 @@ ChunkEstimate EstimateChunk(const SearchSpec& spec, const Policy& policy, const 
   if (chunk.mtp_layers > 0) {  // the MTP layers' backward runs first: their head, then the layer
     // Their heads' backward has freed their logits before the layers' replay.
     const double mtp_logits = chunk.mtp_layers * outer.logits;
-    peak = std::max(peak, held - mtp_logits + mtp_replay + mtp_layer_work);
+    peak = std::max(peak, held - mtp_logits + mtp_backward);
     held -= mtp_inner + mtp_outer;
   }
-  // A checkpointed layer re-runs its whole forward at once; its MLP half is freed before the
-  // attention half's backward.
-  auto layer_work = [&](int i) {
-    return std::max(work[i].mlp, work[i].attn - MlpSide(acts[i]));
-  };
+  // A checkpointed layer re-runs its whole forward at once, then runs its backward as a layer
+  // that discarded nothing.
+  auto layer_work = [&](int i) { return SelectiveLayerBackward(acts[i], work[i], Discard{}); };
   for (int i = layers - 1; i >= 0; --i) {
     if (uniform) {
       if (i % n != 0) continue;  // handled at the group's first layer
@@ -536,10 +552,7 @@ ChunkEstimate EstimateChunk(const SearchSpec& spec, const Policy& policy, const 
     } else if (full && i < n) {
       peak = std::max(peak, held + acts[i].Total() - kept[i] + layer_work(i));
     } else {
-      const double mlp_phase = discard[i].mlp + work[i].mlp;
-      const double attn_phase =
-          discard[i].attn + work[i].attn - (MlpSide(acts[i]) - discard[i].mlp);
-      peak = std::max(peak, held + std::max(mlp_phase, attn_phase));
+      peak = std::max(peak, held + SelectiveLayerBackward(acts[i], work[i], discard[i]));
     }
     held -= kept[i];
   }
