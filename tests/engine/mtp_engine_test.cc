@@ -20,6 +20,7 @@
 #include "search/policy.h"
 #include "search/spec.h"
 #include "specfile/spec_file.h"
+#include "tests/engine/proxy_check.h"
 #include "tests/engine/test_models.h"
 #include "tests/engine/test_process.h"
 
@@ -266,6 +267,18 @@ TEST(MtpEngineTest, PipelineLayoutWithMtpMatchesOneRank) {
                              "  pipeline_model_parallel_size: 2\n"
                              "  pipeline_model_parallel_layout: \"Et|tmL\"\n",
                              2, "", {"selective:[]", "full:uniform:1"});
+}
+
+// Layout proxies of that layout: each stage's rank run alone with the stand-in collectives (the
+// last one holding the MTP layer, its embedding copy and both heads) against the real 2-rank
+// trial, peaks within 2% and static bytes equal (tests/engine/proxy_check.h).
+TEST(MtpEngineTest, PipelineLayoutWithMtpLayoutProxiesMatchTheRealTrial) {
+  const std::string yaml = Yaml("  pipeline_model_parallel_size: 2\n"
+                                "  pipeline_model_parallel_layout: \"Et|tmL\"\n",
+                                "");
+  for (const std::string policy : {"selective:[mla_up_proj,moe_act]", "full:uniform:1"}) {
+    testing::ExpectStandInsMatchRealTrial(kTrial, yaml, policy, {"pp2-layout-mtp", 0.02, {"pp"}});
+  }
 }
 
 // DeepSeek-V3's published recipe, imported as docs/recipes.md says, then shrunk so that it runs
