@@ -48,8 +48,11 @@ double SelectiveFlops(const SearchSpec& spec, const Policy& policy, const LayerF
 // Highest live bytes above everything held (this layer's kept bytes included) while one layer's
 // backward runs with its selective discards `d` replayed: the MLP half first (its discarded
 // region replayed, its working set), then the attention half, once the MLP half's kept and
-// replayed tensors are freed. A region of one half is therefore never live with the other's
-// (Megatron's selective checkpoints recompute in their own half's backward).
+// replayed tensors are freed. A region of one half is therefore never live with the other's:
+// Megatron's output-discarding checkpoints (mla_up_proj, moe_act) recompute when the gradient of
+// the tensor after them arrives (CheckpointWithoutOutput.discard_output_and_register_recompute,
+// Megatron-LM megatron/core/tensor_parallel/random.py at d98e8a6), the others in their own
+// backward, so each replay runs inside its own half's backward.
 double SelectiveLayerBackward(const LayerActivations& a, const LayerWork& w, const Discard& d);
 
 }  // namespace remat::search
