@@ -22,36 +22,11 @@
 #include <optional>
 #include <vector>
 
+#include "search/layer_activations.h"  // LayerActivations, EstimateLayerActivations
 #include "search/policy.h"
 #include "search/spec.h"
 
 namespace remat::search {
-
-// Bytes one layer holds for backward between its forward and its backward, split by the region
-// a recompute label discards. Sum of the regions = the layer's total under no recompute.
-struct LayerActivations {
-  double input = 0;           // the layer's input, saved by input_layernorm (kept by full recompute)
-  double layernorm = 0;       // norm outputs (input_layernorm + pre_mlp_layernorm): what layernorm discards
-  double attn_inputs = 0;     // what core attention's checkpoint keeps as its inputs (q, k, v)
-  double core_attn = 0;       // what core_attn discards: scores/softmax/dropout (unfused) or the
-                              // kernel's logsumexp (flash), plus GQA's expanded k/v copies; can be
-                              // slightly negative where the checkpoint keeps more q/k/v storage
-                              // than the unfused core does (see docs)
-  double mla_up_proj = 0;     // expanded MLA query/key/value after RoPE: what mla_up_proj discards
-  double attn_other = 0;      // MLA latents, out-proj input, attention dropout mask, the residual
-                              // (pre_mlp_layernorm's input), norm statistics
-  double mlp = 0;             // dense MLP internals (fc1 output, activation, fc2 input): what mlp discards
-  double moe_router = 0;      // router probabilities and indices, dispatched tokens (expert fc1 input)
-  double moe_expert_fc1 = 0;  // grouped expert fc1 outputs (kept under moe_act)
-  double moe_act = 0;         // expert activation outputs: what moe_act discards
-  double moe_other = 0;       // permutation indices kept for unpermute/combine
-  double shared_experts = 0;  // shared-expert MLP internals: what shared_experts discards
-  double mlp_other = 0;       // the MLP-side bias-dropout-add mask (dense and MoE layers)
-
-  double Total() const;
-  // What `moe` discards: router, dispatch, experts, combine and shared experts.
-  double Moe() const;
-};
 
 // One pipeline stage (its most loaded rank) under one policy.
 struct StageMemory {
@@ -90,10 +65,6 @@ struct MemoryEstimate {
   int peak_stage = 0;           // the stage with the highest peak_bytes (the first on ties)
   std::vector<StageMemory> stages;  // one per pipeline stage
 };
-
-// Per-layer activations of layer `layer` (global index) under no recompute, for one micro-batch
-// on one rank of the given layout.
-LayerActivations EstimateLayerActivations(const SearchSpec& spec, int layer);
 
 // The whole-layout estimate under `policy`. Selective labels apply per layer where they have an
 // effect (mlp on dense layers, moe/moe_act/shared_experts on MoE layers; moe supersedes moe_act

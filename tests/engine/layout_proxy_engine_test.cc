@@ -18,6 +18,7 @@
 #include "search/policy.h"
 #include "search/spec.h"
 #include "specfile/spec_file.h"
+#include "tests/engine/proxy_check.h"
 #include "tests/engine/test_models.h"
 #include "tests/engine/test_process.h"
 
@@ -54,49 +55,12 @@ struct Layout {
   std::string yaml;
 };
 
-// Each rank's real peak against its stand-in's, for each policy; the stand-in's collectives are
-// recorded under the layout's groups.
+// Each rank's real peak against its stand-in's, for each policy, within 2%; the stand-in's
+// collectives are recorded under the layout's groups (tests/engine/proxy_check.h).
 void ExpectProxiesMatch(const Layout& layout, const std::vector<std::string>& policies,
                         const std::vector<std::string>& groups) {
-  const fs::path dir = testing::TempDir("remat-layout-proxy");
-  const fs::path file = testing::WriteSpec(dir, layout.name + ".yaml", layout.yaml);
-  auto spec = spec::ParseSpecYaml(layout.yaml);
-  ASSERT_TRUE(spec.ok()) << spec.status().message();
-  const int world = spec->parallel.WorldSize();
   for (const std::string& text : policies) {
-    auto policy = search::ParsePolicy(text);
-    ASSERT_TRUE(policy.ok()) << text;
-    const std::vector<nlohmann::json> real = testing::RunRanks(kTrial, file, text, world);
-    for (int r = 0; r < world; ++r) {
-      ASSERT_EQ(real[r]["status"], "ok") << layout.name << " " << text << ": " << real[r].dump();
-      TrialOptions o;
-      o.spec = *spec;
-      o.policy = *policy;
-      o.rank = r;
-      o.world_size = world;
-      const search::RoleMeasurement m = RunStandInRank(o);
-      ASSERT_EQ(m.result.status, search::TrialStatus::kOk) << m.result.message;
-      ASSERT_EQ(m.result.ranks.size(), 1u);
-      const double proxy = static_cast<double>(m.result.ranks[0].peak_allocated_bytes);
-      const double measured = real[r]["ranks"][0]["peak_allocated_bytes"].get<double>();
-      EXPECT_LT(testing::RelDiff(proxy, measured), 0.02)
-          << layout.name << " " << text << " rank " << r << ": proxy " << proxy << ", real "
-          << measured;
-      EXPECT_EQ(m.result.ranks[0].static_bytes,
-                real[r]["ranks"][0]["static_bytes"].get<uint64_t>())
-          << layout.name << " rank " << r;
-      EXPECT_GT(m.schedule_s, 0);
-      EXPECT_GT(m.optimizer_s, 0);
-      for (const std::string& g : groups) {
-        double bytes = 0;
-        for (const search::CommRecord& c : m.comm) {
-          if (c.group == g) bytes += c.bytes;
-          EXPECT_GT(c.ranks.size(), 1u);
-          EXPECT_NE(std::find(c.ranks.begin(), c.ranks.end(), r), c.ranks.end());
-        }
-        EXPECT_GT(bytes, 0) << layout.name << " rank " << r << ": nothing recorded on " << g;
-      }
-    }
+    testing::ExpectStandInsMatchRealTrial(kTrial, layout.yaml, text, {layout.name, 0.02, groups});
   }
 }
 

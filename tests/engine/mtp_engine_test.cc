@@ -20,6 +20,7 @@
 #include "search/policy.h"
 #include "search/spec.h"
 #include "specfile/spec_file.h"
+#include "tests/engine/proxy_check.h"
 #include "tests/engine/test_models.h"
 #include "tests/engine/test_process.h"
 
@@ -94,25 +95,32 @@ TEST(MtpEngineTest, TheMtpLossJoinsTheGradientNotTheReportedLoss) {
 }
 
 // What one MTP layer adds to the peak, measured (with MTP minus without) against the memory
-// model's difference: within 2% for no recompute, full recompute and the MoE checkpoint. Under
-// selective:[mla_up_proj,moe_act] the model is 2.5% above on this tiny model (docs/status.md: open);
-// that figure is printed, not asserted.
+// model's difference, within 2% for every policy that changes what the MTP layer keeps or replays:
+// none, both halves' selective regions (MLA's up-projections and the experts' activation: the
+// MLP half's replay is freed before the attention half's), the whole MoE, full recompute by each
+// method. Measured on this model (2026-12-02): +0.0%, -1.1%, -1.3%, +0.0%, +0.0%; the two
+// selective misses are the decoder's last MoE layer (the model's replay working set of a
+// recomputed MoE region is 0.4% and 1.0% of the peak above the engine's without MTP, where that
+// layer's backward is the peak), not MTP terms. The peak with MTP itself stays within 1% (its
+// largest miss, 0.8% under full:uniform:1, is the decoder's full-recompute replay).
 TEST(MtpEngineTest, MtpBytesFollowTheMemoryModel) {
   for (const std::string policy : {"selective:[]", "selective:[mla_up_proj,moe_act]",
                                    "selective:[moe]", "full:uniform:1", "full:block:1"}) {
     const TrialResult with = RunOne(TinyDeepSeek(1), policy);
     const TrialResult without = RunOne(TinyDeepSeek(0), policy);
     ASSERT_EQ(with.status, TrialStatus::kOk) << with.message;
-    const double measured = static_cast<double>(with.ranks[0].peak_allocated_bytes) -
-                            static_cast<double>(without.ranks[0].peak_allocated_bytes);
-    const double modelled = search::EstimateMemory(TinyDeepSeek(1), P(policy)).peak_bytes -
-                            search::EstimateMemory(TinyDeepSeek(0), P(policy)).peak_bytes;
+    ASSERT_EQ(without.status, TrialStatus::kOk) << without.message;
+    const double peak_with = static_cast<double>(with.ranks[0].peak_allocated_bytes);
+    const double measured = peak_with - static_cast<double>(without.ranks[0].peak_allocated_bytes);
+    const double model_with = search::EstimateMemory(TinyDeepSeek(1), P(policy)).peak_bytes;
+    const double modelled =
+        model_with - search::EstimateMemory(TinyDeepSeek(0), P(policy)).peak_bytes;
     std::printf("MTP bytes %-34s measured %9.0f model %9.0f (%+.1f%%)\n", policy.c_str(),
                 measured, modelled, 100 * (modelled / measured - 1));
-    if (policy != "selective:[mla_up_proj,moe_act]") {
-      EXPECT_LT(testing::RelDiff(measured, modelled), 0.02)
-          << policy << ": measured " << measured << ", model " << modelled;
-    }
+    EXPECT_LT(testing::RelDiff(modelled, measured), 0.02)
+        << policy << ": measured " << measured << ", model " << modelled;
+    EXPECT_LT(testing::RelDiff(model_with, peak_with), 0.01)
+        << policy << ": peak measured " << peak_with << ", model " << model_with;
   }
 }
 
@@ -259,6 +267,18 @@ TEST(MtpEngineTest, PipelineLayoutWithMtpMatchesOneRank) {
                              "  pipeline_model_parallel_size: 2\n"
                              "  pipeline_model_parallel_layout: \"Et|tmL\"\n",
                              2, "", {"selective:[]", "full:uniform:1"});
+}
+
+// Layout proxies of that layout: each stage's rank run alone with the stand-in collectives (the
+// last one holding the MTP layer, its embedding copy and both heads) against the real 2-rank
+// trial, peaks within 2% and static bytes equal (tests/engine/proxy_check.h).
+TEST(MtpEngineTest, PipelineLayoutWithMtpLayoutProxiesMatchTheRealTrial) {
+  const std::string yaml = Yaml("  pipeline_model_parallel_size: 2\n"
+                                "  pipeline_model_parallel_layout: \"Et|tmL\"\n",
+                                "");
+  for (const std::string policy : {"selective:[mla_up_proj,moe_act]", "full:uniform:1"}) {
+    testing::ExpectStandInsMatchRealTrial(kTrial, yaml, policy, {"pp2-layout-mtp", 0.02, {"pp"}});
+  }
 }
 
 // DeepSeek-V3's published recipe, imported as docs/recipes.md says, then shrunk so that it runs
