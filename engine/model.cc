@@ -580,7 +580,8 @@ struct GptModel::Impl : ModelParams {
   }
 
   // The output layer and the vocab-parallel cross-entropy (Transformer Engine's with
-  // cross_entropy_fusion_impl te, engine/te_cross_entropy.h): per-token loss [s, b].
+  // cross_entropy_fusion_impl te, engine/te_cross_entropy.h; Megatron's native fusion's buffer
+  // with native, engine/ops.h SoftmaxExp): per-token loss [s, b].
   at::Tensor HeadLoss(const at::Tensor& hidden_states, const at::Tensor& target) {
     const int64_t vocab_start = static_cast<int64_t>(vocab_padded / tp) * tp_rank;
     const at::Tensor& out_w = output_w >= 0 ? P(output_w) : P(word_emb);
@@ -589,7 +590,9 @@ struct GptModel::Impl : ModelParams {
         m.cross_entropy_fusion_impl == search::CrossEntropyFusionImpl::kTe) {
       return TeVocabParallelCrossEntropy(rt, logits, target, vocab_start);
     }
-    return VocabParallelCrossEntropy(rt, logits, target, vocab_start);
+    return VocabParallelCrossEntropy(rt, logits, target, vocab_start,
+                                     m.cross_entropy_loss_fusion ? SoftmaxExp::kThroughBuffer
+                                                                 : SoftmaxExp::kInPlace);
   }
 };
 

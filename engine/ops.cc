@@ -280,7 +280,7 @@ at::Tensor Dropout(const at::Tensor& x, double p) {
 }
 
 VocabParallelSoftmax SoftmaxInPlace(const Runtime& rt, at::Tensor& x, const at::Tensor& target,
-                                    int64_t vocab_start) {
+                                    int64_t vocab_start, SoftmaxExp exp) {
   const int64_t vocab_local = x.size(-1);
   at::Tensor max = std::get<0>(x.max(-1));
   AllReduceTensor(rt, rt.tp, max, ReduceOp::kMax);
@@ -289,7 +289,11 @@ VocabParallelSoftmax SoftmaxInPlace(const Runtime& rt, at::Tensor& x, const at::
   at::Tensor local = (target - vocab_start).masked_fill_(outside, 0);
   at::Tensor predicted = x.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill_(outside, 0.0);
   AllReduceTensor(rt, rt.tp, predicted, ReduceOp::kSum);
-  x.exp_();
+  if (exp == SoftmaxExp::kThroughBuffer) {
+    x.copy_(at::exp(x));  // the compiled helper's buffer, freed once copied back
+  } else {
+    x.exp_();
+  }
   at::Tensor sum_exp = x.sum(-1);
   AllReduceTensor(rt, rt.tp, sum_exp, ReduceOp::kSum);
   at::Tensor loss = at::log(sum_exp).sub_(predicted);
@@ -404,13 +408,15 @@ struct VocabEmbeddingFunction : public torch::autograd::Function<VocabEmbeddingF
 
 struct CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
-                            const at::Tensor& target, int64_t vocab_start, int64_t rt_addr) {
+                            const at::Tensor& target, int64_t vocab_start, int64_t exp,
+                            int64_t rt_addr) {
     const auto* rt = reinterpret_cast<const Runtime*>(rt_addr);
     ctx->saved_data["rt"] = rt_addr;
     ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
     // Megatron: logits.float() (the same tensor in fp32 runs, then changed in place).
     at::Tensor x = logits.to(at::kFloat);
-    VocabParallelSoftmax s = SoftmaxInPlace(*rt, x, target, vocab_start);  // kept for backward
+    VocabParallelSoftmax s = SoftmaxInPlace(*rt, x, target, vocab_start,
+                                            static_cast<SoftmaxExp>(exp));  // kept for backward
     ctx->save_for_backward({x, s.local, s.outside});
     return s.loss;
   }
@@ -424,7 +430,7 @@ struct CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFunct
     softmax.scatter_add_(-1, local.unsqueeze(-1), inside.neg());
     softmax.mul_(grads[0].unsqueeze(-1));
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
-    return {softmax.to(dtype), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {softmax.to(dtype), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -609,8 +615,10 @@ at::Tensor VocabParallelEmbedding(const Runtime& rt, const at::Tensor& ids,
 }
 
 at::Tensor VocabParallelCrossEntropy(const Runtime& rt, const at::Tensor& logits,
-                                     const at::Tensor& target, int64_t vocab_start) {
-  return CrossEntropyFunction::apply(logits, target, vocab_start, Address(rt));
+                                     const at::Tensor& target, int64_t vocab_start,
+                                     SoftmaxExp exp) {
+  return CrossEntropyFunction::apply(logits, target, vocab_start, static_cast<int64_t>(exp),
+                                     Address(rt));
 }
 
 at::Tensor ScatterToSequenceParallel(const Runtime& rt, const at::Tensor& x) {

@@ -117,10 +117,20 @@ at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& weight, const at::Te
 // ids [b, s] (int64), weight [vocab/tp, h] -> [b, s, h], summed over TP.
 at::Tensor VocabParallelEmbedding(const Runtime& rt, const at::Tensor& ids,
                                   const at::Tensor& weight, int64_t vocab_start);
+// How the softmax's exponentials reach the fp32 logits. Megatron's unfused vocab-parallel
+// cross-entropy writes them in place. Its native fusion (cross_entropy_loss_fusion with
+// cross_entropy_fusion_impl native, megatron/core/fusions/fused_cross_entropy.py at Megatron-LM
+// d98e8a6) runs the same in-place code under torch.compile; functionalization turns the mutation
+// of the compiled helper's input into a new buffer copied back into the input, so one more fp32
+// logits-sized buffer is live for a moment in the loss's forward (measured on an H200,
+// docs/fidelity.md). kThroughBuffer allocates that buffer; the values are the same.
+enum class SoftmaxExp { kInPlace, kThroughBuffer };
+
 // logits [s, b, vocab/tp], target [s, b] -> per-token loss [s, b] in fp32. Holds the fp32 softmax
-// for backward, as Megatron's vocab_parallel_cross_entropy.
+// for backward, as Megatron's vocab_parallel_cross_entropy (and its native fusion, `exp`).
 at::Tensor VocabParallelCrossEntropy(const Runtime& rt, const at::Tensor& logits,
-                                     const at::Tensor& target, int64_t vocab_start);
+                                     const at::Tensor& target, int64_t vocab_start,
+                                     SoftmaxExp exp = SoftmaxExp::kInPlace);
 
 // The vocabulary-parallel softmax both cross-entropies share: `x` [s, b, vocab/tp] fp32 logits
 // becomes, in place, this shard's softmax (max and sum of exponentials combined over TP); the
@@ -132,7 +142,7 @@ struct VocabParallelSoftmax {
   at::Tensor outside;
 };
 VocabParallelSoftmax SoftmaxInPlace(const Runtime& rt, at::Tensor& x, const at::Tensor& target,
-                                    int64_t vocab_start);
+                                    int64_t vocab_start, SoftmaxExp exp = SoftmaxExp::kInPlace);
 
 // Sequence parallel: keep this rank's slice of dim 0 (backward: all-gather).
 at::Tensor ScatterToSequenceParallel(const Runtime& rt, const at::Tensor& x);

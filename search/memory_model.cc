@@ -22,6 +22,7 @@ struct OuterActivations {
   double final_norm = 0;   // final norm's input and statistics, output layer's input
   double logits = 0;       // the fp32 softmax the cross-entropy keeps
   double logits_work = 0;  // peak above everything held while the loss backward runs
+  double loss_forward_work = 0;  // peak above everything held (softmax included) in its forward
   double embedding_work = 0;
 };
 
@@ -49,6 +50,15 @@ OuterActivations EstimateOuter(const SearchSpec& spec) {
     o.logits_work = std::max(x.e * logit_elems, x.e * logit_elems + output_grads - 4 * logit_elems);
   } else {
     o.logits_work = output_grads;
+  }
+  // Forward: the logits in their dtype live beside their fp32 copy (the same tensor in fp32).
+  // Megatron's native fusion runs the softmax under torch.compile, whose functionalized in-place
+  // update writes one more fp32 logits buffer before copying it back (engine/ops.h SoftmaxExp;
+  // measured on an H200, docs/fidelity.md). Transformer Engine's kernel writes into its gradient
+  // buffer, the kept one.
+  o.loss_forward_work = x.e != 4 ? x.e * logit_elems : 0;
+  if (m.cross_entropy_loss_fusion && m.cross_entropy_fusion_impl == CrossEntropyFusionImpl::kNative) {
+    o.loss_forward_work += 4 * logit_elems;
   }
   return o;
 }
@@ -158,7 +168,9 @@ ChunkEstimate EstimateChunk(const SearchSpec& spec, const Policy& policy, const 
   // held once done. A recomputed region is live again while its layer's backward runs.
   double held = est.activation;
   double peak = held;
-  if (chunk.has_loss || chunk.mtp_layers > 0) peak = std::max(peak, held + outer.logits_work);
+  if (chunk.has_loss || chunk.mtp_layers > 0) {
+    peak = std::max(peak, held + std::max(outer.logits_work, outer.loss_forward_work));
+  }
   held -= (chunk.has_loss ? outer.logits : 0) + final_norm;
   if (chunk.mtp_layers > 0) {  // the MTP layers' backward runs first: their head, then the layer
     // Their heads' backward has freed their logits before the layers' replay.

@@ -179,5 +179,35 @@ TEST(TeLayersTest, FusedLocalLayerActivationBytesMatchTheMemoryModel) {
   }
 }
 
+// Megatron's native cross-entropy fusion holds one more fp32 logits buffer for a moment in the
+// loss's forward (engine/ops.h SoftmaxExp). On a model whose peak is the loss (one layer, a
+// vocabulary far wider than the hidden size, bf16) the engine's peak rises by that buffer, the
+// memory model's by the same bytes, and training does not change.
+TEST(TeLayersTest, NativeCrossEntropyFusionHoldsOneMoreLogitsBuffer) {
+  search::SearchSpec unfused = Bf16(testing::TinyDense());
+  unfused.model.num_layers = 1;
+  unfused.model.vocab_size = 8192;
+  search::SearchSpec fused = unfused;
+  fused.model.cross_entropy_loss_fusion = true;
+  ASSERT_EQ(fused.model.cross_entropy_fusion_impl, search::CrossEntropyFusionImpl::kNative);
+  const TrialResult a = RunInProcess(unfused, Policy::None());
+  const TrialResult b = RunInProcess(fused, Policy::None());
+  ASSERT_EQ(a.status, TrialStatus::kOk) << a.message;
+  ASSERT_EQ(b.status, TrialStatus::kOk) << b.message;
+  EXPECT_LT(RelDiff(b.loss, a.loss), 1e-6);
+  EXPECT_LT(RelDiff(b.grad_norm, a.grad_norm), 1e-6);
+  const double tokens = static_cast<double>(unfused.model.seq_length) *
+                        unfused.train.micro_batch_size;
+  const double buffer = 4 * tokens * static_cast<double>(search::PaddedVocabSize(fused));
+  const double measured = static_cast<double>(b.PeakAllocatedBytes()) -
+                          static_cast<double>(a.PeakAllocatedBytes());
+  const double modelled = search::EstimateMemory(fused, Policy::None()).peak_bytes -
+                          search::EstimateMemory(unfused, Policy::None()).peak_bytes;
+  std::printf("native fusion: buffer %.0f, measured %+.0f, model %+.0f\n", buffer, measured,
+              modelled);
+  EXPECT_LT(RelDiff(measured, buffer), 0.02) << measured;
+  EXPECT_LT(RelDiff(modelled, buffer), 0.02) << modelled;
+}
+
 }  // namespace
 }  // namespace remat::engine
