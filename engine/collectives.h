@@ -85,6 +85,20 @@ class Collectives {
   virtual void AllToAll(const Group& g, const void* in, const std::vector<size_t>& send_counts,
                         void* out, const std::vector<size_t>& recv_counts, DataType type) = 0;
   virtual void Barrier(const Group& g) = 0;
+
+  // The MoE dispatchers' exchange of routing over the expert grid: an all-gather of kInt64 with
+  // AllGather's contract, where `in` holds this rank's tokens per expert (kCountsPerExpert,
+  // count_per_rank = num_experts) or its top-k expert indices (kExpertIndices), `num_experts`
+  // experts of which each expert-parallel rank holds `experts_per_rank`. Real collectives gather;
+  // the stand-ins answer with this rank's routing shifted (StandInCollectives).
+  enum class Routing { kCountsPerExpert, kExpertIndices };
+  virtual void AllGatherRouting(const Group& g, const int64_t* in, int64_t* out,
+                                size_t count_per_rank, Routing what, int64_t num_experts,
+                                int64_t experts_per_rank) {
+    (void)what, (void)num_experts, (void)experts_per_rank;
+    AllGather(g, in, out, count_per_rank, DataType::kInt64);
+  }
+
   // Point-to-point (Megatron's batch_isend_irecv): posts every transfer together (NCCL: one group
   // of ncclSend/ncclRecv) and returns once they are complete (NCCL: enqueued, as the other calls).
   // A send may complete before its receiver posts the receive (TCP: the hub holds the data; NCCL
@@ -122,7 +136,11 @@ std::unique_ptr<Collectives> NewTcpCollectives(const CollectivesOptions& options
 // AllReduce keeps this rank's data; AllGather copies `in` into every chunk; ReduceScatter writes
 // this member's chunk of `in`; AllToAll of kInt64 (the token-count exchange of the MoE dispatcher)
 // answers "every peer routes like me" (out[src * per + i] = in[my_index * per + i]), AllToAll of
-// data fills `out` with `in` cycled; SendRecv drops sends and fills receives with N(0, 1) values
+// data fills `out` with `in` cycled; AllGatherRouting gives the member k places after this one
+// this rank's routing with every expert index moved k * experts_per_rank on (mod num_experts):
+// peers route as many tokens as this rank does, and each expert-parallel rank's experts get an
+// even share of them, as the real ranks' routing gives on average (copies of this rank's routing
+// would load its own experts with its own routing noise once per peer); SendRecv drops sends and fills receives with N(0, 1) values
 // of their type (zeros would route every MoE token to the same experts); Barrier and Synchronize
 // do nothing. Every call on a group of more than one rank is recorded (search::CommRecord) under
 // the group's name, set by NameGroup. Never throws CollectiveError.

@@ -192,7 +192,11 @@ at::Tensor AllGatherDispatch(const Runtime& rt, const at::Tensor& hs, const at::
     const std::vector<int64_t> equal(g.size(), hs.size(0));
     {
       at::NoGradGuard no_grad;
-      all_idx = GatherRowsRaw(rt, g, top_idx, equal);
+      at::Tensor mine = top_idx.contiguous();
+      all_idx = WithRows(mine, hs.size(0) * g.size());
+      rt.comm->AllGatherRouting(g, mine.data_ptr<int64_t>(), all_idx.data_ptr<int64_t>(),
+                                static_cast<size_t>(mine.numel()),
+                                Collectives::Routing::kExpertIndices, num_experts, local);
     }
     all_probs = GatherRows(rt, g, probs, equal);
     all_hs = GatherRows(rt, g, hs, equal);
@@ -222,8 +226,9 @@ at::Tensor AllToAllDispatch(const Runtime& rt, const at::Tensor& hs, const at::T
   {
     at::Tensor mine = IndexTensor(p.counts, hs.device());
     at::Tensor gathered = at::empty({num_experts * ep * etp}, mine.options());
-    rt.comm->AllGather(rt.expert_tp_ep, mine.data_ptr(), gathered.data_ptr(),
-                       static_cast<size_t>(num_experts), DataType::kInt64);
+    rt.comm->AllGatherRouting(rt.expert_tp_ep, mine.data_ptr<int64_t>(),
+                              gathered.data_ptr<int64_t>(), static_cast<size_t>(num_experts),
+                              Collectives::Routing::kCountsPerExpert, num_experts, local);
     all = HostLongs(gathered);
   }
   // n(t, s, i): tokens that member (t, s) routes to this rank's local expert i.

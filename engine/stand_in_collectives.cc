@@ -78,6 +78,24 @@ class StandIns final : public StandInCollectives {
     }
   }
 
+  void AllGatherRouting(const Group& g, const int64_t* in, int64_t* out, size_t count_per_rank,
+                        Routing what, int64_t num_experts, int64_t experts_per_rank) override {
+    AllGather(g, in, out, count_per_rank, DataType::kInt64);
+    if (count_per_rank == 0 || num_experts <= 0) return;
+    const int n = g.size();
+    for (int i = 0; i < n; ++i) {
+      const int64_t shift = ((i - g.rank + n) % n) * experts_per_rank % num_experts;
+      if (shift == 0) continue;
+      at::Tensor chunk = Wrap(out + i * count_per_rank, count_per_rank, DataType::kInt64);
+      if (what == Routing::kCountsPerExpert) {
+        // Peer's count for expert e = this rank's for expert e - shift.
+        chunk.copy_(chunk.roll(shift));
+      } else {
+        chunk.add_(shift).remainder_(num_experts);
+      }
+    }
+  }
+
   void ReduceScatter(const Group& g, const void* in, void* out, size_t count_per_rank,
                      DataType type) override {
     const size_t elem = DataTypeSize(type);
