@@ -60,17 +60,6 @@ FUSED_CAUSES = {
                  "BiasSwiGLUFunction / WeightedSwiGLUFunction against engine/te_layers.cc): a "
                  "peak miss under this label is where the peak sits, not what a layer keeps"
     for label in SWIGLU_LABELS}
-# The fused MoE families: the fusions' own change of the peak agrees on both sides under
-# core_attn and moe (peaks in the last layer's backward) but not under the control and
-# layernorm, where Megatron Core's falls by about 150 MiB less; every label's change is taken
-# against that control (docs/fidelity.md, "Why the MoE families miss").
-FUSED_CAUSES[("moe", "")] = (
-    "the control's peak: the fusions lower both sides' peaks alike under core_attn and moe but "
-    "Megatron Core's control peak less than the engine's, likely a larger transient at the loss "
-    "(its native fused cross-entropy); every label's change is taken against that control "
-    "(docs/fidelity.md, \"Why the MoE families miss\"; bench/fidelity/moe_fused_probe.sh "
-    "measures it)")
-
 
 def likely_causes(family, policy):
     labels = policy[policy.find("[") + 1:policy.find("]")].split(",") if "[" in policy else []
