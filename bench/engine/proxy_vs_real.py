@@ -4,9 +4,10 @@
 
     bench/engine/proxy_vs_real.py BUILD_BIN [LAYOUT ...] [--policies N]
 
-For each layout (default: all four of tests/engine/layout_proxy_engine_test.cc, the same tiny
-specs), asks remat-bench-estimate for every valid policy, runs the real trial (one remat-trial
-process per rank over TCP) and every rank alone with stand-in collectives (remat-trial --stand-in),
+For each layout (default: the four of tests/engine/layout_proxy_engine_test.cc, the same tiny
+specs; also cp2-tp2-pp2, tp2-ep2-pp2-etp1 and tp2-ep2-pp2-etp2, 8 ranks each), asks
+remat-bench-estimate for every valid policy, runs the real trial (one remat-trial process per
+rank over TCP) and every rank alone with stand-in collectives (remat-trial --stand-in),
 and prints one row per policy: the largest |proxy - real| / real over the ranks of the allocated
 peak, with the rank it came from, and whether the static bytes were equal on every rank; then
 the largest difference per layout. --policies N keeps the first N policies of each layout.
@@ -29,9 +30,16 @@ def spec_yaml(parallel, model_extra="", train_extra="", layers=2, seq=32):
             "train:\n  micro_batch_size: 2\n  global_batch_size: 8\n  precision: fp32\n%s"
             "parallel:\n%s"
             "search:\n  memory_budget_gib: 1\n  warmup_steps: 1\n  warmup_max_steps: 1\n"
-            "  steady_window: 1\n  measure_steps: 1\n"
+            "  steady_window: 1\n  measure_steps: 1\n  noise_target: 0\n"
             "  device: cpu\n") % (layers, seq, model_extra, train_extra, parallel)
 
+
+EXPERT_GRID = ("  tensor_model_parallel_size: 2\n  sequence_parallel: true\n"
+               "  pipeline_model_parallel_size: 2\n  data_parallel_size: 2\n"
+               "  expert_model_parallel_size: 2\n  expert_tensor_parallel_size: %d\n")
+MOE_LINES = ("  num_moe_experts: 4\n  moe_router_topk: 2\n  moe_ffn_hidden_size: 64\n"
+             "  moe_shared_expert_intermediate_size: 32\n  moe_grouped_gemm: true\n"
+             "  moe_token_dispatcher_type: alltoall\n")
 
 LAYOUTS = {
     "tp2-pp2": (spec_yaml("  tensor_model_parallel_size: 2\n  pipeline_model_parallel_size: 2\n"
@@ -46,7 +54,16 @@ LAYOUTS = {
     "tp2-sp-dp2-distopt": (spec_yaml("  tensor_model_parallel_size: 2\n  sequence_parallel: true\n"
                                      "  data_parallel_size: 2\n",
                                      train_extra="  use_distributed_optimizer: true\n"), 4),
+    # Not in the default set (8 ranks each, about 10 minutes apiece on two cores): context
+    # parallelism with TP and PP, and MoE with TP on Megatron's expert grid, ETP 1 and 2
+    # (tests/engine/moe_layout_proxy_test.cc's grid, 512 tokens per rank and micro-batch).
+    "cp2-tp2-pp2": (spec_yaml("  tensor_model_parallel_size: 2\n  sequence_parallel: true\n"
+                              "  context_parallel_size: 2\n  pipeline_model_parallel_size: 2\n",
+                              "  attention_backend: flash\n", layers=4, seq=64), 8),
+    "tp2-ep2-pp2-etp1": (spec_yaml(EXPERT_GRID % 1, MOE_LINES, layers=2, seq=512), 8),
+    "tp2-ep2-pp2-etp2": (spec_yaml(EXPERT_GRID % 2, MOE_LINES, layers=2, seq=512), 8),
 }
+DEFAULT_LAYOUTS = ["tp2-pp2", "pp4-vpp2", "ep2-dp4", "tp2-sp-dp2-distopt"]
 
 
 def run_json(cmd):
@@ -83,7 +100,7 @@ def main(argv):
         i = rest.index("--policies")
         limit = int(rest[i + 1])
         rest = rest[:i] + rest[i + 2:]
-    names = rest or list(LAYOUTS)
+    names = rest or DEFAULT_LAYOUTS
     trial = os.path.join(bin_dir, "remat-trial")
     work = tempfile.mkdtemp(prefix="remat-proxy-vs-real-")
     worst_all = 0.0
