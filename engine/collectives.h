@@ -140,10 +140,11 @@ std::unique_ptr<Collectives> NewTcpCollectives(const CollectivesOptions& options
 // this rank's routing with every expert index moved k * experts_per_rank on (mod num_experts):
 // peers route as many tokens as this rank does, and each expert-parallel rank's experts get an
 // even share of them, as the real ranks' routing gives on average (copies of this rank's routing
-// would load its own experts with its own routing noise once per peer); SendRecv drops sends and fills receives with N(0, 1) values
-// of their type (zeros would route every MoE token to the same experts); Barrier and Synchronize
-// do nothing. Every call on a group of more than one rank is recorded (search::CommRecord) under
-// the group's name, set by NameGroup. Never throws CollectiveError.
+// would load its own experts with its own routing noise once per peer); SendRecv drops sends and
+// fills receives with N(0, 1) values of their type (zeros would route every MoE token to the same
+// experts); Barrier and Synchronize do nothing. Every call on a group of more than one rank is
+// recorded (search::CommRecord) under the group's name, set by NameGroup. Never throws
+// CollectiveError.
 class StandInCollectives : public Collectives {
  public:
   // Names the group `g` ("tp", "dp", "pp", "ep", "expert_dp", "embedding"; the world is "world")

@@ -57,7 +57,8 @@ OuterActivations EstimateOuter(const SearchSpec& spec) {
   // measured on an H200, docs/fidelity.md). Transformer Engine's kernel writes into its gradient
   // buffer, the kept one.
   o.loss_forward_work = x.e != 4 ? x.e * logit_elems : 0;
-  if (m.cross_entropy_loss_fusion && m.cross_entropy_fusion_impl == CrossEntropyFusionImpl::kNative) {
+  if (m.cross_entropy_loss_fusion &&
+      m.cross_entropy_fusion_impl == CrossEntropyFusionImpl::kNative) {
     o.loss_forward_work += 4 * logit_elems;
   }
   return o;
