@@ -134,9 +134,9 @@ std::unique_ptr<Collectives> NewTcpCollectives(const CollectivesOptions& options
 // collective would fill them in shape, so the rank holds what it would hold in the real job
 // (PyTorch's fake process group has the same idea). CreateGroup returns the real membership;
 // AllReduce keeps this rank's data; AllGather copies `in` into every chunk; ReduceScatter writes
-// this member's chunk of `in`; AllToAll of kInt64 (the token-count exchange of the MoE dispatcher)
-// answers "every peer routes like me" (out[src * per + i] = in[my_index * per + i]), AllToAll of
-// data fills `out` with `in` cycled; AllGatherRouting gives the member k places after this one
+// this member's chunk of `in`; AllToAll of kInt64 (an exchange of counts) answers "every peer
+// sends what I send myself" (out[src * per + i] = in[my_index * per + i]); AllToAll of data
+// fills `out` with `in` cycled; AllGatherRouting gives the member k places after this one
 // this rank's routing with every expert index moved k * experts_per_rank on (mod num_experts):
 // peers route as many tokens as this rank does, and each expert-parallel rank's experts get an
 // even share of them, as the real ranks' routing gives on average (copies of this rank's routing

@@ -582,17 +582,6 @@ at::Tensor AllToAllRows(const Runtime& rt, const at::Tensor& x, const std::vecto
   return AllToAllFunction::apply(x, send_rows, recv_rows, Address(rt));
 }
 
-std::vector<int64_t> AllToAllCounts(const Runtime& rt, const std::vector<int64_t>& counts,
-                                    int64_t per_peer) {
-  const int n = rt.ep_size();
-  at::Tensor in = at::tensor(counts, at::TensorOptions().dtype(at::kLong)).to(rt.device);
-  at::Tensor out = at::empty({per_peer * n}, in.options());
-  std::vector<size_t> each(n, static_cast<size_t>(per_peer));
-  rt.comm->AllToAll(rt.ep, in.data_ptr(), each, out.data_ptr(), each, DataType::kInt64);
-  at::Tensor host = out.to(at::kCPU);
-  return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
-}
-
 at::Tensor Linear(const Runtime& rt, const at::Tensor& x, const at::Tensor& weight,
                   const at::Tensor& bias, LinearMode mode) {
   c10::optional<at::Tensor> b;

@@ -162,10 +162,6 @@ at::Tensor GroupedGemm(const at::Tensor& x, const at::Tensor& weight,
 // is the reverse exchange of the gradient.
 at::Tensor AllToAllRows(const Runtime& rt, const at::Tensor& x, const std::vector<int64_t>& send_rows,
                         const std::vector<int64_t>& recv_rows);
-// Exchange of counts over rt.ep without autograd: `counts` holds per_peer entries for each member
-// (in member order); returns per_peer entries from each member (in member order), on the host.
-std::vector<int64_t> AllToAllCounts(const Runtime& rt, const std::vector<int64_t>& counts,
-                                    int64_t per_peer);
 
 // The Collectives element type of a tensor's dtype (float32, bfloat16, float64, int64; throws
 // std::invalid_argument for others).

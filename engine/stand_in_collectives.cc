@@ -118,7 +118,7 @@ class StandIns final : public StandInCollectives {
     if (received == 0) return;
     at::Tensor dst = Wrap(out, received, type);
     if (type == DataType::kInt64) {
-      // The dispatcher's count exchange: every peer sends what this rank sends to itself.
+      // An exchange of counts: every peer sends what this rank sends to itself.
       if (send_counts[g.rank] != recv_counts[0] || sent != received) {
         throw CollectiveError("stand-in all-to-all of counts: expected equal counts per member");
       }
