@@ -141,10 +141,9 @@ TEST(ExpertContextParallelTest, ExpertGroupAcrossContextAndDataParallelMatchesOn
 // stand-in's routing (its peers route as it does, shifted over the expert ranks) is within the
 // routing's noise (docs/layout-proxies.md).
 void ExpectProxiesMatch(const std::string& name, const std::string& dispatcher, int seq,
-                        const std::string& parallel, const std::string& text,
-                        double tolerance = 0.02) {
+                        const std::string& parallel, const std::string& text) {
   testing::ExpectStandInsMatchRealTrial(kTrial, Yaml(seq, dispatcher, "flash", parallel), text,
-                                        {name, tolerance, {}});
+                                        {name, 0.02, {}});
 }
 
 TEST(ExpertContextParallelTest, LayoutProxiesMatchTheRealTrial) {

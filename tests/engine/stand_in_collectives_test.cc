@@ -38,6 +38,37 @@ TEST(StandInCollectivesTest, GroupsHaveTheRealMembership) {
   EXPECT_THROW(NewStandInCollectives(8, 8, -1, 1), std::invalid_argument);
 }
 
+// The dispatchers' routing exchange: member k places on gets this rank's routing with every expert
+// moved on by k x the experts per rank, so the group's routing, summed, loads every expert rank
+// evenly. Member 1 of 3; 6 experts, 2 per expert-parallel rank.
+TEST(StandInCollectivesTest, RoutingIsShiftedOverTheExpertRanks) {
+  auto c = NewStandInCollectives(1, 3, -1, 1);
+  const Group g = c->CreateGroup({{0, 1, 2}});
+  c->NameGroup(g, "expert_tp_ep");
+  using Routing = Collectives::Routing;
+  const std::vector<int64_t> counts = {9, 1, 0, 0, 2, 0};  // this rank's tokens per expert
+  std::vector<int64_t> all(18, -1);
+  c->AllGatherRouting(g, counts.data(), all.data(), 6, Routing::kCountsPerExpert, 6, 2);
+  // Member 1 (this rank) as it is; member 2 one expert rank on; member 0 two on.
+  EXPECT_EQ(std::vector<int64_t>(all.begin() + 6, all.begin() + 12), counts);
+  EXPECT_EQ(std::vector<int64_t>(all.begin() + 12, all.end()),
+            (std::vector<int64_t>{2, 0, 9, 1, 0, 0}));
+  EXPECT_EQ(std::vector<int64_t>(all.begin(), all.begin() + 6),
+            (std::vector<int64_t>{0, 0, 2, 0, 9, 1}));
+  for (int rank = 0; rank < 3; ++rank) {  // 36 rows over the group, 12 per expert rank
+    int64_t load = 0;
+    for (int m = 0; m < 3; ++m) load += all[m * 6 + 2 * rank] + all[m * 6 + 2 * rank + 1];
+    EXPECT_EQ(load, 12) << "expert rank " << rank;
+  }
+  const std::vector<int64_t> top = {0, 5, 3, 4};  // two tokens, top-2
+  std::vector<int64_t> idx(12, -1);
+  c->AllGatherRouting(g, top.data(), idx.data(), 4, Routing::kExpertIndices, 6, 2);
+  EXPECT_EQ(idx, (std::vector<int64_t>{4, 3, 1, 2, 0, 5, 3, 4, 2, 1, 5, 0}));
+  const search::CommRecord* r = Find(c->Records(), "expert_tp_ep", search::CollectiveKind::kAllGather);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->calls, 2);
+}
+
 TEST(StandInCollectivesTest, OutputsAreFilledAndCallsRecorded) {
   auto c = NewStandInCollectives(1, 4, -1, 1);
   const Group g = c->CreateGroup({{0, 1}, {2, 3}});
@@ -57,7 +88,7 @@ TEST(StandInCollectivesTest, OutputsAreFilledAndCallsRecorded) {
   c->AllReduce(g, keep.data_ptr(), 3, DataType::kFloat32, ReduceOp::kSum);
   EXPECT_TRUE(keep.equal(in));
 
-  // The dispatcher's counts: [to member 0: 5 7, to member 1 (me): 2 4] -> every source sends 2 4.
+  // Counts: [to member 0: 5 7, to member 1 (me): 2 4] -> every source sends 2 4.
   at::Tensor counts = at::tensor(std::vector<int64_t>{5, 7, 2, 4}, at::kLong);
   at::Tensor got = at::zeros({4}, at::kLong);
   c->AllToAll(g, counts.data_ptr(), {2, 2}, got.data_ptr(), {2, 2}, DataType::kInt64);
