@@ -102,6 +102,11 @@ for _base in ("dense", "mla", "moe-seq", "moe-grouped"):
     FAMILY_TRAIN[_base + "-fused"] = FUSED_TRAIN
     UNFUSED[_base + "-fused"] = _base
 MEGATRON_REFERENCE["moe-grouped-fused"] = "moe-seq-fused"
+# The fused MLA family at 2 and 6 layers, for the same reason as moe-seq-2l/-6l (no unfused
+# anchor: the depth, not the fusions, is what they vary).
+FAMILIES["mla-fused-2l"] = dict(FAMILIES["mla-fused"], num_layers=2)
+FAMILIES["mla-fused-6l"] = dict(FAMILIES["mla-fused"], num_layers=6)
+FAMILY_TRAIN["mla-fused-2l"] = FAMILY_TRAIN["mla-fused-6l"] = FUSED_TRAIN
 # In the order a time budget should cut them last to first: MLA's fusions are the dense MLP's.
 FUSED_FAMILIES = "dense-fused,moe-seq-fused,moe-grouped-fused,mla-fused"
 

@@ -8,9 +8,10 @@
 #   bench/fidelity/run.sh [OUT_DIR]     # default $OUT, else build-gpu/fidelity-out
 #   env: REMAT_MEGATRON_PATH (default .carry/megatron-lm: a folder holding megatron/core),
 #        REMAT_FIDELITY_FAMILIES (default dense,mla,moe-seq,moe-grouped; also moe-seq-2l and
-#        moe-seq-6l, the sequential MoE at 2 and 6 layers, and the fused families
-#        dense-fused,moe-seq-fused,moe-grouped-fused,mla-fused: Megatron's non-TE fusions and
-#        bf16 gradients on both sides, about 5 minutes with REMAT_FIDELITY_BUDGET_S=330),
+#        moe-seq-6l, the sequential MoE at 2 and 6 layers, mla-fused-2l and mla-fused-6l, and
+#        the fused families dense-fused,moe-seq-fused,moe-grouped-fused,mla-fused: Megatron's
+#        non-TE fusions and bf16 gradients on both sides, about 5 minutes with
+#        REMAT_FIDELITY_BUDGET_S=330),
 #        REMAT_FIDELITY_POLICIES (only these policies of each family, ';'-separated)
 # Writes OUT_DIR/fidelity.md (the table; bench/fidelity/to_doc.py turns fidelity.json into
 # docs/fidelity.md), fidelity.json, the specs, engine.jsonl/.log, megatron.jsonl/.log, build.log.
