@@ -228,6 +228,8 @@ void AddLocalCommands(CLI::App& app, CliArgs& a) {
   a.validate->add_option("SPEC", a.spec_path, "search spec (YAML)")->required();
   a.validate->add_option("--policy", a.policy, "e.g. selective:[core_attn] or full:uniform:1")
       ->required();
+  a.validate->add_flag("--json", a.json,
+                       "the policy's predicted memory per stage and whether it fits, as JSON");
 
   a.fields = app.add_subcommand(
       "fields", "every spec field: default, values, Megatron's name for it (a Markdown table)");
@@ -352,7 +354,9 @@ int Dispatch(CliArgs& a, const LocalSearchRunner& local_search) {
     std::cout << (a.fields_json ? search::SpecFieldsJson() : search::SpecFieldsMarkdown());
     return 0;
   }
-  if (a.validate->parsed()) return RunValidate(a.spec_path, a.policy, std::cout, std::cerr);
+  if (a.validate->parsed()) {
+    return RunValidate(a.spec_path, a.policy, a.json, std::cout, std::cerr);
+  }
   if (a.import_bridge->parsed()) return RunImportBridge(a.spec_path, a.import_args);
   if (a.import_mlm->parsed()) {
     return PrintImport(ImportMegatronLm(a.mlm_args, a.import_settings, a.import_name));

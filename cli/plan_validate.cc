@@ -66,6 +66,31 @@ void PrintStages(const std::vector<search::Candidate>& plan, std::ostream& out) 
   out << "(* the stage with the highest peak: it decides the fit)\n";
 }
 
+// A policy's prediction as the plan JSON gives it: the whole layout's figures (those of the
+// stage with the highest peak) and every stage's.
+nlohmann::json PredictionJson(const search::MemoryEstimate& e, uint64_t budget) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& st : e.stages) {
+    stages.push_back({
+        {"stage", st.stage},
+        {"predicted_activation_bytes", static_cast<uint64_t>(st.activation_bytes)},
+        {"predicted_peak_bytes", static_cast<uint64_t>(st.peak_bytes)},
+        {"predicted_static_bytes", static_cast<uint64_t>(st.static_bytes)},
+        {"layers", st.layers},
+        {"in_flight_microbatches", st.in_flight},
+    });
+  }
+  return {
+      {"predicted_peak_bytes", static_cast<uint64_t>(e.peak_bytes)},
+      {"predicted_activation_bytes", static_cast<uint64_t>(e.activation_bytes)},
+      {"predicted_static_bytes", static_cast<uint64_t>(e.static_bytes)},
+      {"predicted_recompute_flops", e.recompute_flops},
+      {"predicted_fits", e.peak_bytes <= static_cast<double>(budget)},
+      {"peak_stage", e.peak_stage},
+      {"stages", std::move(stages)},
+  };
+}
+
 }  // namespace
 
 int RunPlan(const std::string& spec_path, bool json, std::ostream& out, std::ostream& err) {
@@ -109,28 +134,9 @@ int RunPlan(const std::string& spec_path, bool json, std::ostream& out, std::ost
     j["candidates"] = nlohmann::json::array();
     j["num_microbatches"] = spec->NumMicrobatches();
     for (const auto& c : plan) {
-      nlohmann::json stages = nlohmann::json::array();
-      for (const auto& st : c.estimate.stages) {
-        stages.push_back({
-            {"stage", st.stage},
-            {"predicted_activation_bytes", static_cast<uint64_t>(st.activation_bytes)},
-            {"predicted_peak_bytes", static_cast<uint64_t>(st.peak_bytes)},
-            {"predicted_static_bytes", static_cast<uint64_t>(st.static_bytes)},
-            {"layers", st.layers},
-            {"in_flight_microbatches", st.in_flight},
-        });
-      }
-      j["candidates"].push_back({
-          {"policy", c.policy.ToString()},
-          {"reason", c.reason},
-          {"predicted_peak_bytes", static_cast<uint64_t>(c.estimate.peak_bytes)},
-          {"predicted_activation_bytes", static_cast<uint64_t>(c.estimate.activation_bytes)},
-          {"predicted_static_bytes", static_cast<uint64_t>(c.estimate.static_bytes)},
-          {"predicted_recompute_flops", c.estimate.recompute_flops},
-          {"predicted_fits", c.estimate.peak_bytes <= static_cast<double>(budget)},
-          {"peak_stage", c.estimate.peak_stage},
-          {"stages", std::move(stages)},
-      });
+      nlohmann::json candidate = {{"policy", c.policy.ToString()}, {"reason", c.reason}};
+      candidate.update(PredictionJson(c.estimate, budget));
+      j["candidates"].push_back(std::move(candidate));
     }
     out << j.dump(2) << "\n";
     return 0;
@@ -183,8 +189,8 @@ int RunPlan(const std::string& spec_path, bool json, std::ostream& out, std::ost
   return 0;
 }
 
-int RunValidate(const std::string& spec_path, const std::string& policy_text, std::ostream& out,
-                std::ostream& err) {
+int RunValidate(const std::string& spec_path, const std::string& policy_text, bool json,
+                std::ostream& out, std::ostream& err) {
   auto spec = spec::LoadSpecFile(spec_path);
   if (!spec.ok()) {
     err << "error: " << spec.status().message() << "\n";
@@ -201,13 +207,29 @@ int RunValidate(const std::string& spec_path, const std::string& policy_text, st
         << status.message() << "\n";
     return 2;
   }
-  out << "valid: " << policy->ToString() << "\n";
-  for (const std::string& w : search::PolicyWarnings(*spec, *policy)) {
-    err << "warning: " << w << "\n";
+  const std::vector<std::string> warnings = search::PolicyWarnings(*spec, *policy);
+  const std::string builtin_problem = spec->search.backend == search::Backend::kBuiltin
+                                          ? search::BuiltinBackendProblem(*spec)
+                                          : std::string();
+  if (json) {
+    const uint64_t budget = spec->search.MemoryBudgetBytes();
+    nlohmann::json j = {{"name", spec->name},
+                        {"policy", policy->ToString()},
+                        {"valid", true},
+                        {"warnings", warnings},
+                        {"memory_budget_bytes", budget}};
+    if (!builtin_problem.empty()) j["builtin_backend_problem"] = builtin_problem;
+    j.update(PredictionJson(search::EstimateMemory(*spec, *policy), budget));
+    j["apply"] = {{"megatron_bridge", policy->MegatronBridgeOverrides()},
+                  {"megatron_lm", policy->MegatronLmFlags()},
+                  {"megatron_lm_remove", policy->MegatronLmFlagsToRemove()}};
+    out << j.dump(2) << "\n";
+    return 0;
   }
-  if (spec->search.backend == search::Backend::kBuiltin) {
-    const std::string problem = search::BuiltinBackendProblem(*spec);
-    if (!problem.empty()) err << "note: the builtin backend will refuse this spec: " << problem << "\n";
+  out << "valid: " << policy->ToString() << "\n";
+  for (const std::string& w : warnings) err << "warning: " << w << "\n";
+  if (!builtin_problem.empty()) {
+    err << "note: the builtin backend will refuse this spec: " << builtin_problem << "\n";
   }
   out << "  Megatron Bridge: " << policy->MegatronBridgeOverrides() << "\n";
   const std::string flags = policy->MegatronLmFlags();

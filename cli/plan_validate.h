@@ -15,8 +15,10 @@ namespace remat::cli {
 int RunPlan(const std::string& spec_path, bool json, std::ostream& out, std::ostream& err);
 
 // Exit 0 when `policy` is valid for the spec (Megatron Core's rules, and every label has an
-// effect on this model), 2 with the reason otherwise.
-int RunValidate(const std::string& spec_path, const std::string& policy, std::ostream& out,
-                std::ostream& err);
+// effect on this model), 2 with the reason otherwise. `json`: the policy's prediction as the
+// plan JSON gives a candidate's (the whole layout and every stage, `predicted_fits` against
+// search.memory_budget_gib), its warnings and its apply strings, instead of the text.
+int RunValidate(const std::string& spec_path, const std::string& policy, bool json,
+                std::ostream& out, std::ostream& err);
 
 }  // namespace remat::cli

@@ -59,7 +59,7 @@ void ExpectSpec(const std::string& imported, const std::string& expected_file,
   ::close(fd);
   std::ofstream(path) << imported;
   std::ostringstream out, err;
-  EXPECT_EQ(RunValidate(path, policy, out, err), 0) << err.str();
+  EXPECT_EQ(RunValidate(path, policy, false, out, err), 0) << err.str();
   std::remove(path);
 }
 

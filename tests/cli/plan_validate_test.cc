@@ -60,7 +60,7 @@ TEST(PlanTest, SpecWideRulesExitTwoNamingTheField) {
   EXPECT_EQ(RunPlan(spec.path(), false, out, err), 2);
   EXPECT_EQ(err.str().rfind("error: model.add_bias_linear:", 0), 0u) << err.str();
   std::ostringstream out2, err2;
-  EXPECT_EQ(RunValidate(spec.path(), "none", out2, err2), 2);
+  EXPECT_EQ(RunValidate(spec.path(), "none", false, out2, err2), 2);
   EXPECT_EQ(err2.str().rfind("error: model.add_bias_linear:", 0), 0u) << err2.str();
 }
 
@@ -188,7 +188,7 @@ TEST(PlanTest, TableNamesTheSpecAndBadSpecsExitTwo) {
 
 int Validate(const std::string& spec, const std::string& policy, std::string* message) {
   std::ostringstream out, err;
-  int code = RunValidate(Example(spec), policy, out, err);
+  int code = RunValidate(Example(spec), policy, false, out, err);
   *message = out.str() + err.str();
   return code;
 }
@@ -218,17 +218,48 @@ TEST(ValidateTest, InvalidPoliciesExitTwoWithTheReason) {
 TEST(ValidateTest, PointlessPoliciesWarn) {
   TempSpec flash("  attention_backend: flash\n");
   std::ostringstream out, err;
-  EXPECT_EQ(RunValidate(flash.path(), "selective:[core_attn]", out, err), 0) << err.str();
+  EXPECT_EQ(RunValidate(flash.path(), "selective:[core_attn]", false, out, err), 0) << err.str();
   EXPECT_NE(out.str().find("valid: selective:[core_attn]"), std::string::npos);
   EXPECT_EQ(err.str().rfind("warning: core_attn under flash", 0), 0u) << err.str();
   std::ostringstream out2, err2;
-  EXPECT_EQ(RunValidate(flash.path(), "selective:[mlp]", out2, err2), 0);
+  EXPECT_EQ(RunValidate(flash.path(), "selective:[mlp]", false, out2, err2), 0);
   EXPECT_EQ(err2.str(), "");
   // Megatron's names for the backend: local is the unfused attention, no warning there.
   TempSpec local("  attention_backend: local\n");
   std::ostringstream out3, err3;
-  EXPECT_EQ(RunValidate(local.path(), "selective:[core_attn]", out3, err3), 0);
+  EXPECT_EQ(RunValidate(local.path(), "selective:[core_attn]", false, out3, err3), 0);
   EXPECT_EQ(err3.str(), "");
+}
+
+// --json: the policy's prediction as the plan gives it for the same policy (every stage, the
+// fit against the budget), its warnings and its apply strings; an invalid policy is still one
+// error line and exit 2.
+TEST(ValidateTest, JsonGivesThePlansPredictionForThePolicy) {
+  const std::string spec = "large/llama3-70b.yaml";
+  const nlohmann::json plan = PlanJson(spec);
+  ASSERT_FALSE(plan["candidates"].empty());
+  const nlohmann::json& control = plan["candidates"][0];
+  std::ostringstream out, err;
+  ASSERT_EQ(RunValidate(Example(spec), control["policy"], /*json=*/true, out, err), 0)
+      << err.str();
+  const nlohmann::json j = nlohmann::json::parse(out.str());
+  EXPECT_EQ(j["policy"], control["policy"]);
+  EXPECT_EQ(j["valid"], true);
+  for (const char* key : {"predicted_peak_bytes", "predicted_activation_bytes",
+                          "predicted_static_bytes", "predicted_fits", "peak_stage", "stages"}) {
+    EXPECT_EQ(j[key], control[key]) << key;
+  }
+  EXPECT_EQ(j["memory_budget_bytes"], plan["memory_budget_bytes"]);
+  EXPECT_GT(j["stages"].size(), 1u);
+  EXPECT_EQ(j["predicted_fits"],
+            j["predicted_peak_bytes"].get<uint64_t>() <= j["memory_budget_bytes"].get<uint64_t>());
+  EXPECT_TRUE(j["warnings"].is_array());
+  EXPECT_NE(j["apply"]["megatron_bridge"].get<std::string>().find("recompute_granularity"),
+            std::string::npos);
+  std::ostringstream out2, err2;
+  EXPECT_EQ(RunValidate(Example(spec), "full:block:999", true, out2, err2), 2);
+  EXPECT_EQ(out2.str(), "");
+  EXPECT_EQ(err2.str().rfind("error: ", 0), 0u) << err2.str();
 }
 
 TEST(ValidateTest, ValidPoliciesExitZeroWithTheSettings) {
