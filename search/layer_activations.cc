@@ -76,7 +76,7 @@ double NormStatsBytes(const ModelSpec& m) {
   return m.EffectiveNormalization() == Normalization::kLayerNorm ? 8 : 4;
 }
 
-ScoreChain UnfusedScoreChain(const ModelSpec& m, double e) {
+ScoreChain UnfusedScoreChain(const ModelSpec& m, double e, bool cuda) {
   // Softmax output dtype: fp32 when attention_softmax_in_fp32 (Megatron casts the scores up and
   // the probabilities back down) or when everything is fp32.
   const double sm = (m.attention_softmax_in_fp32 || e == 4) ? 4 : e;
@@ -99,6 +99,10 @@ ScoreChain UnfusedScoreChain(const ModelSpec& m, double e) {
     lv.Free(e);
   }
   lv.Alloc(sm);                     // softmax backward; its saved output is released
+  if (cuda) {  // ATen's CUDA softmax backward forms grad * output in a tensor of its own first
+    lv.Alloc(sm);  // (pytorch/pytorch aten/src/ATen/native/cuda/SoftMax.cu at 000cace,
+    lv.Free(sm);   // softmax_backward_cuda_out)
+  }
   lv.Free(sm);
   lv.Free(sm);
   lv.Alloc(sm);                     // masked_fill backward
@@ -138,7 +142,7 @@ LayerActivations EstimateLayerActivations(const SearchSpec& spec, int layer) {
 
   const bool unfused = m.attention_backend == AttentionBackend::kUnfused;
   const double scores = x.b * x.heads * x.s * x.s_kv;  // score elements on this rank
-  const ScoreChain chain = UnfusedScoreChain(m, x.e);
+  const ScoreChain chain = UnfusedScoreChain(m, x.e, spec.search.OnCuda());
   const double lse = 4 * x.tokens * x.heads;  // flash: fp32 logsumexp per query and head
   const double full = x.e * x.tokens;         // bytes per unit width of a full-sequence tensor
 

@@ -52,7 +52,8 @@ struct ScoreChain {
 };
 
 // The score chain of unfused core attention with activation dtype `e` bytes (softmax in fp32
-// when attention_softmax_in_fp32 or e = 4; dropout when attention_dropout > 0).
-ScoreChain UnfusedScoreChain(const ModelSpec& m, double e);
+// when attention_softmax_in_fp32 or e = 4; dropout when attention_dropout > 0), its backward run
+// by ATen's CUDA kernels when `cuda` (their softmax backward holds one more score tensor).
+ScoreChain UnfusedScoreChain(const ModelSpec& m, double e, bool cuda);
 
 }  // namespace remat::search

@@ -45,7 +45,8 @@ LayerWork EstimateLayerWork(const SearchSpec& spec, int layer) {
   }
   double core = 0;
   if (m.attention_backend == AttentionBackend::kUnfused) {
-    core = x.b * x.heads * x.s * x.s_kv * UnfusedScoreChain(m, x.e).backward_peak;
+    const ScoreChain chain = UnfusedScoreChain(m, x.e, spec.search.OnCuda());
+    core = x.b * x.heads * x.s * x.s_kv * chain.backward_peak;
   } else {
     core = 4 * x.tokens * q_width;  // fp32 dq accumulator of the fused kernel
   }

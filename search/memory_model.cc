@@ -64,14 +64,22 @@ OuterActivations EstimateOuter(const SearchSpec& spec) {
   return o;
 }
 
+// cuBLAS's workspace on a Hopper GPU: PyTorch gives each (handle, stream) pair one, from the
+// caching allocator, at its first GEMM, and keeps it (CUBLAS_WORKSPACE_CONFIG's default ":4096:8"
+// on sm90; cuBLASLt shares it). Handles are per thread: the forward's thread and autograd's
+// device thread each hold one (pytorch/pytorch aten/src/ATen/cuda/CublasHandlePool.cpp).
+constexpr double kCublasWorkspaceBytes = 4096.0 * 1024 * 8;
+constexpr int kGemmThreads = 2;
+
 double PersistentBufferBytes(const SearchSpec& spec, int pp_rank) {
+  const double workspaces = spec.search.OnCuda() ? kGemmThreads * kCublasWorkspaceBytes : 0;
   if (spec.model.attention_backend != AttentionBackend::kUnfused ||
       StageLayerCount(spec, pp_rank) == 0) {
-    return 0;
+    return workspaces;
   }
   const Dims x = MakeDims(spec);
   // Megatron's global memory buffer for the baddbmm input, [b * heads, s, s], kept across steps.
-  return x.e * x.b * x.heads * x.s * x.s_kv;
+  return workspaces + x.e * x.b * x.heads * x.s * x.s_kv;
 }
 
 // One micro-batch through one model chunk under a policy: what it holds for backward and the

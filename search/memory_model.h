@@ -48,8 +48,8 @@ struct StageMemory {
 // (peak_stage); `stages` lists every stage.
 struct MemoryEstimate {
   double parameters = 0;        // parameter count on the most loaded rank (of peak_stage)
-  double buffer_bytes = 0;      // persistent workspaces (unfused attention's baddbmm input);
-                                // included in static_bytes
+  double buffer_bytes = 0;      // persistent workspaces (unfused attention's baddbmm input,
+                                // cuBLAS's on CUDA); included in static_bytes
   double static_bytes = 0;      // weights + gradients + optimizer state + buffer_bytes
   double activation_bytes = 0;  // held for backward at the peak: every micro-batch in flight
                                 // (one with PP 1), its layers, embedding, logits

@@ -139,6 +139,9 @@ struct SearchOptions {
   uint64_t MemoryBudgetBytes() const {
     return GibToBytes(memory_budget_gib);
   }
+  // Whether trials run on a CUDA device (auto: a GPU wherever there is one). The memory model
+  // then adds what CUDA's libraries allocate (search/memory_model.h).
+  bool OnCuda() const { return device != Device::kCpu; }
   // The budget less the headroom: what a recommended policy must fit.
   uint64_t RecommendBudgetBytes() const {
     return static_cast<uint64_t>((memory_budget_gib - memory_headroom_gib) * 1024.0 * 1024.0 *

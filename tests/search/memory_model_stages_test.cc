@@ -47,11 +47,12 @@ TEST(PipelineStages, FirstStageHoldsOneMicrobatchPerStageUnder1F1B) {
   const MemoryEstimate e = EstimateMemory(full, core);
   ASSERT_EQ(e.stages.size(), 4u);
   const double budget = 80.0 * 1024 * 1024 * 1024;
-  // The finding: with one micro-batch's activations selective:[core_attn] looks like it just
-  // fits an 80 GiB budget (the issue reported 77.8 GiB; 80.00 GiB since the SwiGLU count
-  // followed Megatron's glu and RoPE's cos/sin tables are counted); under 1F1B the first stage
-  // holds four micro-batches and needs 1.59 times as much.
-  EXPECT_NEAR(e1.stages[0].peak_bytes / (1024.0 * 1024 * 1024), 80.00, 0.05);
+  // The finding: with one micro-batch's activations selective:[core_attn] looked like it just
+  // fits an 80 GiB budget (77.8 GiB when first reported; 80.00 GiB once the SwiGLU count
+  // followed Megatron's glu and RoPE's cos/sin tables were counted; 84.07 GiB on a GPU since
+  // the CUDA softmax backward's temporary, 4 GiB here, and cuBLAS's workspaces are counted);
+  // under 1F1B the first stage holds four micro-batches and needs about 1.5 times as much.
+  EXPECT_NEAR(e1.stages[0].peak_bytes / (1024.0 * 1024 * 1024), 84.07, 0.05);
   EXPECT_GT(e.peak_bytes, 1.5 * e1.peak_bytes);
   EXPECT_GT(e.peak_bytes, 1.5 * budget);
   EXPECT_EQ(e.peak_stage, 0);
@@ -136,7 +137,7 @@ TEST(ContextParallel, HalvesTheActivationsAndShardsTheOptimizerWithDp) {
   s.train.use_distributed_optimizer = true;
   s.parallel.data_parallel_size = 2;
   const MemoryEstimate d = EstimateMemory(s, Policy::None());
-  EXPECT_DOUBLE_EQ(d.static_bytes, (6 + 12.0 / 4) * d.parameters);
+  EXPECT_DOUBLE_EQ(d.static_bytes - d.buffer_bytes, (6 + 12.0 / 4) * d.parameters);
   // Model FLOPs per rank: the step's work over TP x CP x PP ranks.
   EXPECT_DOUBLE_EQ(two.model_flops, one.model_flops / 2);
 }

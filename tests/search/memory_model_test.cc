@@ -176,7 +176,44 @@ TEST(Activations, FlashKeepsNoScores) {
   const LayerActivations a = EstimateLayerActivations(s, 0);
   EXPECT_DOUBLE_EQ(a.core_attn, 4.0 * 4096 * 32);  // fp32 logsumexp per query and head
   EXPECT_LT(a.core_attn, 0.01 * a.Total());
+  s.search.device = Device::kCpu;  // no cuBLAS workspaces: the buffers are the scores' alone
   EXPECT_EQ(EstimateMemory(s, Policy::None()).buffer_bytes, 0);
+}
+
+// What a CUDA device adds: cuBLAS's two 32 MiB workspaces (the forward's thread and autograd's)
+// to every rank's persistent buffers, and in unfused attention's backward the CUDA softmax
+// backward's grad * output temporary: one more score tensor in the softmax's dtype.
+TEST(StaticMemory, CudaAddsCublasWorkspacesAndTheSoftmaxBackwardsTemporary) {
+  const double workspaces = 2 * 32.0 * 1024 * 1024;
+  for (AttentionBackend backend : {AttentionBackend::kFlash, AttentionBackend::kUnfused}) {
+    SearchSpec cuda = DenseSpec();  // search.device auto: a GPU
+    cuda.model.attention_backend = backend;
+    SearchSpec cpu = cuda;
+    cpu.search.device = Device::kCpu;
+    const MemoryEstimate g = EstimateMemory(cuda, Policy::None());
+    const MemoryEstimate c = EstimateMemory(cpu, Policy::None());
+    EXPECT_DOUBLE_EQ(g.buffer_bytes - c.buffer_bytes, workspaces);
+    EXPECT_DOUBLE_EQ(g.static_bytes - c.static_bytes, workspaces);
+    EXPECT_DOUBLE_EQ(g.activation_bytes, c.activation_bytes);
+  }
+  for (bool fp32 : {true, false}) {
+    ModelSpec m = DenseSpec().model;
+    m.attention_softmax_in_fp32 = fp32;
+    const double softmax_bytes = fp32 ? 4 : 2;
+    EXPECT_DOUBLE_EQ(UnfusedScoreChain(m, 2, true).backward_peak -
+                         UnfusedScoreChain(m, 2, false).backward_peak,
+                     softmax_bytes);
+    EXPECT_DOUBLE_EQ(UnfusedScoreChain(m, 2, true).held, UnfusedScoreChain(m, 2, false).held);
+  }
+  // DenseSpec's control: its attention backward becomes the peak on a GPU, higher than the CPU's
+  // peak by at most the temporary (one fp32 score tensor, b * a * s * s * 4).
+  SearchSpec cuda = DenseSpec();
+  SearchSpec cpu = cuda;
+  cpu.search.device = Device::kCpu;
+  const double rise = EstimateMemory(cuda, Policy::None()).peak_bytes -
+                      EstimateMemory(cpu, Policy::None()).peak_bytes - workspaces;
+  EXPECT_GT(rise, 0);
+  EXPECT_LE(rise, 4.0 * 32 * 4096 * 4096);
 }
 
 TEST(Activations, MoeRegionsScaleWithTopk) {
@@ -193,6 +230,7 @@ TEST(Activations, MoeRegionsScaleWithTopk) {
 
 TEST(StaticMemory, EighteenBytesPerHandCountedParameter) {
   SearchSpec s;
+  s.search.device = Device::kCpu;  // the score buffer alone, without cuBLAS's workspaces
   s.model.num_layers = 2;
   s.model.hidden_size = 64;
   s.model.num_attention_heads = 4;
