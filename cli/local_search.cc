@@ -171,6 +171,13 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
 
   std::vector<worker::Slot> slots;
   if (int code = SelectLocalSlots(*spec, options.gpus, &slots, err); code != 0) return code;
+  // Where the trials will run is known here: search.device auto on a machine without a GPU is
+  // the CPU, and the plan is made for it (the memory model adds what only CUDA allocates
+  // otherwise). The result's spec says so.
+  if (spec->search.device == search::Device::kAuto && !slots.front().gpu) {
+    spec->search.device = search::Device::kCpu;
+    *request->mutable_spec() = proto::ToProto(*spec);
+  }
   worker::WorkerDaemonOptions wopts;
   if (int code = SetUpLocalBackend(*spec, options, &wopts, err); code != 0) return code;
 
