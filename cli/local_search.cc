@@ -171,10 +171,12 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
 
   std::vector<worker::Slot> slots;
   if (int code = SelectLocalSlots(*spec, options.gpus, &slots, err); code != 0) return code;
-  // Where the trials will run is known here: search.device auto on a machine without a GPU is
-  // the CPU, and the plan is made for it (the memory model adds what only CUDA allocates
-  // otherwise). The result's spec says so.
-  if (spec->search.device == search::Device::kAuto && !slots.front().gpu) {
+  // Where the builtin engine's trials will run is known here: search.device auto on a machine
+  // without a GPU is the CPU, and the plan is made for it (the memory model adds what only CUDA
+  // allocates otherwise). The result's spec says so. Replayed tables keep their device (their
+  // figures were measured elsewhere), and a command's device is its own.
+  if (spec->search.backend == search::Backend::kBuiltin &&
+      spec->search.device == search::Device::kAuto && !slots.front().gpu) {
     spec->search.device = search::Device::kCpu;
     *request->mutable_spec() = proto::ToProto(*spec);
   }

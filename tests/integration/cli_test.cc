@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -49,6 +50,8 @@ TEST_F(CliTest, SearchRunsTheReplayExampleEndToEnd) {
   json result = ReadJson(json_path);
   ASSERT_TRUE(result.is_object());
   EXPECT_EQ(result["state"], "succeeded");
+  // Replayed figures were measured on a GPU: the plan keeps the spec's device (auto).
+  EXPECT_EQ(result["spec"]["search"]["device"], "auto");
 
   // The frontier is the contract's frontier of the replayed results of the trials that ran.
   auto spec = spec::LoadSpecFile(Example("replay/llama3-8b-h100.yaml"));
@@ -144,6 +147,29 @@ TEST_F(CliTest, SearchRunsTheTinyDenseExampleOnTheCpuEngine) {
     EXPECT_GT(t["loss"].get<double>(), 0) << t.dump();
   }
   EXPECT_GE(ok, 3) << result.dump(1);
+}
+
+// search.device auto with the builtin engine on a machine without a GPU: the trials run on the
+// CPU, and the search plans for it (no CUDA workspaces in its predictions) and says so.
+TEST_F(CliTest, AutoDeviceWithoutAGpuIsPlannedAsTheCpu) {
+  if (std::system("nvidia-smi -L > /dev/null 2>&1") == 0) GTEST_SKIP() << "this machine has a GPU";
+  std::ifstream in(Example("tiny-dense.yaml"));
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string spec = text.str();
+  const size_t at = spec.find("  device: cpu");
+  ASSERT_NE(at, std::string::npos);
+  spec.replace(at, spec.find('\n', at) - at, "  device: auto");
+  const std::string spec_path = cluster_.dir() + "/tiny-auto.yaml";
+  std::ofstream(spec_path) << spec;
+  const std::string json_path = cluster_.dir() + "/tiny-auto.json";
+  CommandResult r = cluster_.Remat({"search", spec_path, "--json", json_path},
+                                   /*with_coordinator=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  json result = ReadJson(json_path);
+  EXPECT_EQ(result["state"], "succeeded");
+  EXPECT_EQ(result["spec"]["search"]["device"], "cpu");
+  EXPECT_FALSE(result["frontier"].empty()) << result.dump(1);
 }
 #endif
 
