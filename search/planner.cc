@@ -95,14 +95,7 @@ std::vector<Candidate> FullRecomputePlan(const SearchSpec& spec) {
     return out;
   }
   const double budget = static_cast<double>(spec.search.MemoryBudgetBytes());
-  int block_n = layers;
-  for (int n = 1; n <= layers; ++n) {
-    const double peak = EstimateMemory(spec, Policy::Full(RecomputeMethod::kBlock, n)).peak_bytes;
-    if (peak * (1 + kModelMargin) <= budget) {
-      block_n = n;
-      break;
-    }
-  }
+  const int block_n = SmallestFittingBlock(spec, budget / (1 + kModelMargin)).value_or(layers);
   if (block_n < layers &&
       ValidatePolicy(spec, Policy::Full(RecomputeMethod::kBlock, block_n)).ok()) {
     out.push_back(MakeCandidate(spec, Policy::Full(RecomputeMethod::kBlock, block_n),

@@ -48,7 +48,11 @@ def predicted_peak(remat, spec_path, policy):
 
 def main(argv):
     remat = os.path.join(argv[1] if len(argv) > 1 else "build/bin", "remat")
-    work = tempfile.mkdtemp(prefix="remat-plan-vs-measured-")
+    with tempfile.TemporaryDirectory(prefix="remat-plan-vs-measured-") as work:
+        report(remat, work)
+
+
+def report(remat, work):
     print("plan - measured allocated peak, GiB, over every policy that ran")
     for name, spec, table in TABLES:
         trials = json.load(open(table))["trials"]
