@@ -59,9 +59,9 @@ def op_of(frames):
     return frames[0].get("name", "?")[-90:] if frames else "?"
 
 
-def live_at_peak(snapshot, device):
-    """Replay the trace: the largest allocated total and the blocks live at that moment."""
-    trace = snapshot["device_traces"][device]
+def replay(trace):
+    """The largest allocated total of the trace, the blocks live at that moment, and those still
+    live at its end (what persists)."""
     live = {}
     total = best = 0
     best_set = {}
@@ -73,7 +73,7 @@ def live_at_peak(snapshot, device):
                 best, best_set = total, dict(live)
         elif e["action"] == "free_completed" and e["addr"] in live:
             total -= live.pop(e["addr"])["size"]
-    return best, best_set
+    return best, best_set, live
 
 
 def run(seq, heads, groups, dim, fp32, dev):
@@ -104,23 +104,14 @@ def run(seq, heads, groups, dim, fp32, dev):
     torch.cuda.memory._record_memory_history(None)
     base, peak = peaks[1]
     score = heads * seq * seq
-    score = heads * seq * seq
     print("seq %d softmax %s: peak above the allocated bytes at its start: first pass %.2f MiB, "
           "second %.2f MiB; held after the first pass %.2f MiB (fp32 score tensor %.2f MiB)" % (
               seq, "fp32" if fp32 else "bf16", peaks[0][1] / MIB, peak / MIB,
               (base - start) / MIB, 4 * score / MIB))
-    dev_index = torch.device(dev).index or 0
-    trace = snap["device_traces"][dev_index]
-    persistent = {}
-    for e in trace:
-        if e["action"] == "alloc":
-            persistent[e["addr"]] = e
-        elif e["action"] == "free_completed":
-            persistent.pop(e["addr"], None)
+    best, blocks, persistent = replay(snap["device_traces"][torch.device(dev).index or 0])
     for e in persistent.values():
         print("  held after both passes: %.2f MiB  %s" % (e["size"] / MIB,
                                                         op_of(e.get("frames", []))))
-    best, blocks = live_at_peak(snap, dev_index)
     print("  trace's peak (blocks allocated during the pass) %.2f MiB; live at it:" % (best / MIB))
     by_op = collections.defaultdict(list)
     for e in blocks.values():
