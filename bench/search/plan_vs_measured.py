@@ -29,6 +29,8 @@ TABLES = [  # name, spec, table
     ("moe r4", "examples/gpu/moe.yaml", "docs/results/h200-moe-exhaustive-table-r4.json"),
     ("mla-moe16", "examples/gpu/mla-moe16.yaml",
      "docs/results/h200-mla-moe16-exhaustive-table.json"),
+    ("mla-moe16 r2", "examples/gpu/mla-moe16.yaml",
+     "docs/results/h200-mla-moe16-exhaustive-table-r2.json"),
 ]
 
 

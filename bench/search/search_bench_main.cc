@@ -181,9 +181,11 @@ int main(int argc, char** argv) {
       for (const auto& [k, entry] : *table) t[k] = entry.result;
       // Further recorded runs of the table's policies, when the table has them:
       // h200-MODEL-redraws-N.json, N = 1, 2, ... (bench/search/redraws.py writes them from the
-      // trials' JSON lines).
+      // trials' JSON lines). They were measured beside a model's first table, so a later run
+      // (-rN, measured another day, perhaps another way) does not borrow them.
+      const bool first_table = file == "h200-" + model + "-exhaustive-table.json";
       replay::Draws draws;
-      for (int n = 1;; ++n) {
+      for (int n = 1; first_table; ++n) {
         const std::string path = source + "/docs/results/h200-" + model + "-redraws-" +
                                  std::to_string(n) + ".json";
         if (!std::filesystem::exists(path)) break;

@@ -109,6 +109,21 @@ TEST(PlannerOnH200Measurements, MlaMoe16AtThreeBudgets) {
   }
 }
 
+// The second run of that table (2026-12-03) measured every policy adaptively (until the median's
+// 90% interval was within 2%, or 20 steps). Its trials never settled within the 8 warm-up steps
+// and their steps drift down by 10-20% over the first 15 as the router trains, so only 9 of 96
+// reached the target (median half-width 4.5%): docs/results.md. Held to the goals at 58 and 68 GiB;
+// at 46 GiB the search stops before the moe-recomputing class and full:uniform:2 (42.1 and
+// 43.6 GiB), 0.929 of the pooled hypervolume, under the goal's 0.95.
+TEST(PlannerOnH200Measurements, MlaMoe16SecondRunMeasuredAdaptively) {
+  for (double gib : {46.0, 58.0, 68.0}) {
+    SCOPED_TRACE(gib);
+    const replay::Outcome o = Evaluate("mla-moe16", "-r2", Objective::kFrontier, gib);
+    ExpectEfficient(o, 0.25, gib < 50 ? 0.92 : 0.95);
+    EXPECT_GE(o.recommendation_throughput_ratio, 0.97);
+  }
+}
+
 // The mla-moe16 table's further runs (docs/results/h200-mla-moe16-redraws-N.json, written by
 // bench/search/redraws.py from the trials' JSON lines): 24 policies measured three times. Each
 // redraw is another measurement of a policy of the table: the same allocated peak to the byte
