@@ -17,6 +17,7 @@
 #include "common/version.h"
 #include "proto/convert.h"
 #include "search/layout_proxy.h"
+#include "search/noise.h"
 #include "server/coordinator.h"
 #include "worker/slots.h"
 #include "worker/worker_daemon.h"
@@ -230,6 +231,11 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
   out << "search " << *id << " (" << spec->name << "): " << search::Name(spec->search.strategy)
       << " strategy, backend " << search::Name(spec->search.backend) << ", on " << slot_desc
       << " of this machine" << std::endl;
+  // A replayed table was measured already: what its noise was is in its figures.
+  if (spec->search.backend != search::Backend::kReplay) {
+    const std::string routing = search::RoutingNoiseCaution(*spec);
+    if (!routing.empty()) out << "note: measurement: " << routing << std::endl;
+  }
 
   auto interrupted = [&] { return options.interrupted && options.interrupted->load(); };
   const absl::StatusOr<v1::Search> result =

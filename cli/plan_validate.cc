@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "search/capacity.h"
+#include "search/noise.h"
 #include "search/planner.h"
 #include "search/rules.h"
 #include "search/units.h"
@@ -110,6 +111,7 @@ int RunPlan(const std::string& spec_path, bool json, std::ostream& out, std::ost
   const std::string builtin_problem = spec->search.backend == search::Backend::kBuiltin
                                           ? search::BuiltinBackendProblem(*spec)
                                           : std::string();
+  const std::string routing = search::RoutingNoiseCaution(*spec);
   if (json) {
     nlohmann::json j;
     j["name"] = spec->name;
@@ -129,6 +131,7 @@ int RunPlan(const std::string& spec_path, bool json, std::ostream& out, std::ost
                        {"levers", std::move(levers)}};
     }
     if (!builtin_problem.empty()) j["builtin_backend_problem"] = builtin_problem;
+    if (!routing.empty()) j["measurement_caution"] = routing;
     j["strategy"] = search::Name(spec->search.strategy);
     j["memory_budget_bytes"] = budget;
     j["candidates"] = nlohmann::json::array();
@@ -164,6 +167,7 @@ int RunPlan(const std::string& spec_path, bool json, std::ostream& out, std::ost
   if (!builtin_problem.empty()) {
     out << "note: the builtin backend will refuse to search this spec: " << builtin_problem << "\n";
   }
+  if (!routing.empty()) out << "note: measurement: " << routing << "\n";
   out << "\n";
   if (capacity) {
     // Every policy would be listed as not fitting: say why instead, and what can fix it.
@@ -211,6 +215,7 @@ int RunValidate(const std::string& spec_path, const std::string& policy_text, bo
   const std::string builtin_problem = spec->search.backend == search::Backend::kBuiltin
                                           ? search::BuiltinBackendProblem(*spec)
                                           : std::string();
+  const std::string routing = search::RoutingNoiseCaution(*spec);
   if (json) {
     const uint64_t budget = spec->search.MemoryBudgetBytes();
     nlohmann::json j = {{"name", spec->name},

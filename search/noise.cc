@@ -162,4 +162,11 @@ ThroughputInterval ThroughputIntervalOf(const TrialResult& result) {
   return out;
 }
 
+std::string RoutingNoiseCaution(const SearchSpec& spec) {
+  if (!spec.model.IsMoe() || spec.model.moe_router_force_load_balancing) return "";
+  return "the router learns its routing (model.moe_router_force_load_balancing is off), so step "
+         "times drift as the experts' loads change over the first tens of steps and policies are "
+         "told apart by less than that drift; Megatron's benchmarks measure with it on";
+}
+
 }  // namespace remat::search

@@ -110,6 +110,29 @@ TEST(PlanTest, BuiltinBackendLimitsAreANote) {
       << out.str();
 }
 
+// A MoE whose router learns its routing measures step times that drift: the plan says so, in the
+// table's header and in the JSON, and says nothing once routing is forced to balance.
+TEST(PlanTest, LearnedRoutingIsAMeasurementNote) {
+  const std::string moe = "  num_moe_experts: 8\n  moe_router_topk: 2\n  moe_grouped_gemm: true\n";
+  for (bool forced : {false, true}) {
+    SCOPED_TRACE(forced);
+    TempSpec spec(moe + (forced ? "  moe_router_force_load_balancing: true\n" : ""));
+    std::ostringstream out, err, json_out;
+    ASSERT_EQ(RunPlan(spec.path(), false, out, err), 0) << err.str();
+    ASSERT_EQ(RunPlan(spec.path(), true, json_out, err), 0) << err.str();
+    const auto j = nlohmann::json::parse(json_out.str());
+    const bool noted = out.str().find("note: measurement: the router learns its routing "
+                                      "(model.moe_router_force_load_balancing is off)") !=
+                       std::string::npos;
+    EXPECT_EQ(noted, !forced) << out.str();
+    EXPECT_EQ(j.contains("measurement_caution"), !forced);
+  }
+  TempSpec dense("");
+  std::ostringstream out, err;
+  ASSERT_EQ(RunPlan(dense.path(), false, out, err), 0) << err.str();
+  EXPECT_EQ(out.str().find("note: measurement:"), std::string::npos);
+}
+
 TEST(PlanTest, ControlFirstThenTheArchitecturesFirstBoundary) {
   const struct {
     const char* spec;
