@@ -5,13 +5,13 @@
 # micro-batches in flight of its kind) and stage 7 (six MoE layers, the MTP layer and both
 # losses), each under selective:[] (remat's plan) and selective:[mla_up_proj,mlp] (NVIDIA's), at
 # full size (TP 2 + SP, PP 8 x VPP 4, EP 64 of DP 64, seq 4096, MLA, 256 experts, MTP 1, TE's
-# cross-entropy), on the proxy's micro-batch count (examples/large/deepseek-v3-stages.yaml says
+# cross-entropy), on the proxy's micro-batch count (bench/gpu/deepseek-v3-stages.yaml says
 # how it was cut). Prints measured allocated and reserved peaks against the plan's, per stage, and
 # writes OUT/deepseek-v3-stages.json.
 #   [REMAT_STAGE_TIMEOUT_S=120] bench/gpu/deepseek_v3_stages.sh OUT_DIR   (the cap per trial)
 set -u; W=${1:?OUT_DIR}; mkdir -p "$W"; export NCCL_NVLS_ENABLE=0; S=$(date +%s)
 cd "$(dirname "$0")/../.." || exit 1
-SPEC=examples/large/deepseek-v3-stages.yaml
+SPEC=bench/gpu/deepseek-v3-stages.yaml
 PLAN=docs/results/deepseek-v3/plan-stages.json  # `remat plan --json` per policy (CPU side)
 bench/gpu/build_engine.sh build-gpu > "$W/build.log" 2>&1 || { tail -20 "$W/build.log"; exit 1; }
 echo "built at $(( $(date +%s) - S )) s"
