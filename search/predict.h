@@ -11,7 +11,8 @@
 //   - full:block:N and full:uniform:N are one-dimensional families: N is predicted from the
 //     measured N on either side (the measured/model ratio interpolated in N) and clamped by them,
 //     since memory falls and step time grows with N (block; full:uniform:1 is block's end N =
-//     layers per stage);
+//     layers per stage, and when both are measured, two draws of one policy, their mean
+//     throughput anchors that end);
 //   - failing all that, the measured trial nearest by the model's peak is the anchor.
 // Only ok trials anchor memory (an oom trial stops at its failing allocation), but an oom trial,
 // or an ok one over the budget, marks its family member as not fitting: the block N below it

