@@ -58,6 +58,41 @@ TEST(Predict, MemoryErrorFindsAPolicyTheModelGotWrong) {
   EXPECT_GT(e.spread, 0.03);
 }
 
+// full:uniform:1 and full:block:<layers> keep the same tensors and recompute the same: measured
+// both, they are two draws of one policy, and the block N below is predicted from their mean.
+TEST(Predict, BlockFamilyEndIsTheMeanOfItsTwoDraws) {
+  const SearchSpec spec = testing::DenseSpec();
+  const int layers = LayersPerStage(spec);
+  ASSERT_GE(layers, 2);
+  auto trial = [&](const Policy& p, double tokens_per_s) {
+    TrialResult r;
+    r.policy = p;
+    r.status = TrialStatus::kOk;
+    RankResult rank;
+    rank.peak_allocated_bytes = rank.peak_reserved_bytes =
+        static_cast<uint64_t>(EstimateMemory(spec, p).peak_bytes);
+    r.ranks = {rank};
+    r.step_time_s = 1000 / tokens_per_s;
+    r.tokens_per_s = tokens_per_s;
+    return r;
+  };
+  const Policy uniform1 = Policy::Full(RecomputeMethod::kUniform, 1);
+  const Policy end = Policy::Full(RecomputeMethod::kBlock, layers);
+  const Policy target = Policy::Full(RecomputeMethod::kBlock, layers - 1);
+  Predictor predictor(spec);
+  const double from_uniform =
+      predictor.Predict({{uniform1.ToString(), trial(uniform1, 1000)}}, target).tokens_per_s;
+  const double from_block =
+      predictor.Predict({{end.ToString(), trial(end, 900)}}, target).tokens_per_s;
+  const double from_both = predictor
+                               .Predict({{uniform1.ToString(), trial(uniform1, 1000)},
+                                         {end.ToString(), trial(end, 900)}},
+                                        target)
+                               .tokens_per_s;
+  EXPECT_GT(from_uniform, from_block);
+  EXPECT_NEAR(from_both, 0.5 * (from_uniform + from_block), 1e-6 * from_uniform);
+}
+
 TEST(Predict, FitTestUsesTheMeasuredErrorOnceThereAreEnoughTrials) {
   MemoryError few;
   few.trials = kMinErrorTrials - 1;
