@@ -102,9 +102,10 @@ ThroughputInterval ThroughputIntervalOf(const TrialResult& result);
 // (model.moe_router_force_load_balancing off). From freshly initialised weights the routing, and
 // with it the experts' loads and the step time, keeps changing over the first tens of steps, the
 // same for every policy but not at the same step count: on an H200 (a 16-layer MLA + 16-expert
-// model) every policy's last five of 20 measured steps ran a median 13% faster than its first
-// five, and policies that keep the same tensors measured up to 12% apart; with forced balancing
-// the warm-up settled in 4-5 steps and the median was known to 2% within 5-8 (docs/results.md).
+// model) a trial's last five of 20 measured steps ran a median 13% faster than its first five,
+// and policies that keep the same tensors measured a median 11% apart; with forced balancing the
+// warm-up settled in 4-5 steps and three of four medians were known to 2% within 5-8 steps
+// (docs/results.md).
 std::string RoutingNoiseCaution(const SearchSpec& spec);
 
 }  // namespace remat::search
