@@ -231,11 +231,8 @@ int RunLocalSearch(const LocalSearchOptions& options, std::ostream& out, std::os
   out << "search " << *id << " (" << spec->name << "): " << search::Name(spec->search.strategy)
       << " strategy, backend " << search::Name(spec->search.backend) << ", on " << slot_desc
       << " of this machine" << std::endl;
-  // A replayed table was measured already: what its noise was is in its figures.
-  if (spec->search.backend != search::Backend::kReplay) {
-    const std::string routing = search::RoutingNoiseCaution(*spec);
-    if (!routing.empty()) out << "note: measurement: " << routing << std::endl;
-  }
+  const std::string routing = search::RoutingNoiseCaution(*spec);
+  if (!routing.empty()) out << "note: measurement: " << routing << std::endl;
 
   auto interrupted = [&] { return options.interrupted && options.interrupted->load(); };
   const absl::StatusOr<v1::Search> result =

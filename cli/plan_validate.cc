@@ -215,7 +215,6 @@ int RunValidate(const std::string& spec_path, const std::string& policy_text, bo
   const std::string builtin_problem = spec->search.backend == search::Backend::kBuiltin
                                           ? search::BuiltinBackendProblem(*spec)
                                           : std::string();
-  const std::string routing = search::RoutingNoiseCaution(*spec);
   if (json) {
     const uint64_t budget = spec->search.MemoryBudgetBytes();
     nlohmann::json j = {{"name", spec->name},

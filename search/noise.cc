@@ -163,7 +163,10 @@ ThroughputInterval ThroughputIntervalOf(const TrialResult& result) {
 }
 
 std::string RoutingNoiseCaution(const SearchSpec& spec) {
-  if (!spec.model.IsMoe() || spec.model.moe_router_force_load_balancing) return "";
+  if (!spec.model.IsMoe() || spec.model.moe_router_force_load_balancing ||
+      spec.search.backend == Backend::kReplay) {
+    return "";
+  }
   return "the router learns its routing (model.moe_router_force_load_balancing is off), so step "
          "times drift as the experts' loads change over the first tens of steps and policies are "
          "told apart by less than that drift; Megatron's benchmarks measure with it on";

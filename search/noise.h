@@ -98,7 +98,8 @@ struct ThroughputInterval {
 ThroughputInterval ThroughputIntervalOf(const TrialResult& result);
 
 // Why this spec's step times will be noisier than a trial can measure away, one sentence; empty
-// when nothing is known. Today: a MoE model whose router learns its routing
+// when nothing is known, and for a replayed table (measured already: its figures carry their
+// noise). Today: a MoE model whose router learns its routing
 // (model.moe_router_force_load_balancing off). From freshly initialised weights the routing, and
 // with it the experts' loads and the step time, keeps changing over the first tens of steps, the
 // same for every policy but not at the same step count: on an H200 (a 16-layer MLA + 16-expert

@@ -111,9 +111,10 @@ TEST(PlannerOnH200Measurements, MlaMoe16AtThreeBudgets) {
 }
 
 // The second run of that table (2026-12-03) measured every policy adaptively (until the median's
-// 90% interval was within 2%, or 20 steps). Its trials never settled within the 8 warm-up steps
-// and their steps drift down by 10-20% over the first 15 as the router trains, so only 9 of 96
-// reached the target (median half-width 4.5%): docs/results.md. Held to the goals' hypervolume at
+// 90% interval was within 2%, or 20 steps). 72 of its trials never settled within the 8 warm-up
+// steps and their steps kept falling as the learned routing changed (the last five of 20 a
+// median 13% under the first five; not so with forced balancing), so only 9 of 96 reached the
+// target (median half-width 4.5%): docs/results.md. Held to the goals' hypervolume at
 // 58 and 68 GiB; at 46 GiB the search stops before the moe-recomputing class and full:uniform:2
 // (42.1 and 43.6 GiB, both draws luckier than their equals), 0.929 of the pooled hypervolume.
 // 68 GiB takes 25 of 96 trials, one over the goal's quarter, since the block family's end is the
