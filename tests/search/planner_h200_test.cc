@@ -128,6 +128,38 @@ TEST(PlannerOnH200Measurements, MlaMoe16SecondRunMeasuredAdaptively) {
   }
 }
 
+// The same model with model.moe_router_force_load_balancing on, measured twice on fresh machine
+// starts (r3, r4; docs/results.md): 95 of 96 trials met the 2% target in each. Routing leaves
+// every allocated peak where it was, to the byte, in both runs. Replayed, r4 meets the goals at 58
+// and 68 GiB; at 46 GiB neither run does (no moe-recomputing policy is measured: the step-cost
+// model overcharges its replay, 13.2% of the step against 8.7% measured), and r3's recommendation
+// at 58 and 68 GiB is 0.958 and 0.961 of the best fitting (a tie band from a long trial's whole
+// step range; the shared experts' replay overcharged). Held where they are, so a change that
+// loses ground on these tables shows.
+TEST(PlannerOnH200Measurements, MlaMoe16WithForcedBalancingTwice) {
+  auto r3 = spec::LoadReplayTableFile(std::string(REMAT_SOURCE_DIR) +
+                                      "/docs/results/h200-mla-moe16-exhaustive-table-r3.json");
+  auto r4 = spec::LoadReplayTableFile(std::string(REMAT_SOURCE_DIR) +
+                                      "/docs/results/h200-mla-moe16-exhaustive-table-r4.json");
+  ASSERT_TRUE(r3.ok() && r4.ok());
+  ASSERT_EQ(r3->size(), 96u);
+  ASSERT_EQ(r4->size(), 96u);
+  for (const auto& [policy, entry] : *r3) {
+    ASSERT_EQ(r4->count(policy), 1u) << policy;
+    EXPECT_EQ(r4->at(policy).result.PeakAllocatedBytes(), entry.result.PeakAllocatedBytes())
+        << policy;
+  }
+  for (double gib : {46.0, 58.0, 68.0}) {
+    SCOPED_TRACE(gib);
+    const replay::Outcome o3 = Evaluate("mla-moe16", "-r3", Objective::kFrontier, gib);
+    ExpectEfficient(o3, 0.25, gib < 50 ? 0.92 : 0.95);
+    EXPECT_GE(o3.recommendation_throughput_ratio, 0.95);
+    const replay::Outcome o4 = Evaluate("mla-moe16", "-r4", Objective::kFrontier, gib);
+    ExpectEfficient(o4, 0.25, gib < 50 ? 0.86 : 0.95);
+    EXPECT_GE(o4.recommendation_throughput_ratio, 0.97);
+  }
+}
+
 // The mla-moe16 table's further runs (docs/results/h200-mla-moe16-redraws-N.json, written by
 // bench/search/redraws.py from the trials' JSON lines): 24 policies measured three times. Each
 // redraw is another measurement of a policy of the table: the same allocated peak to the byte
