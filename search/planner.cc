@@ -136,7 +136,8 @@ std::vector<FrontierPoint> RaisedFrontier(const SearchSpec& spec,
 // The guided strategy. Both objectives walk the initial plan first (the contract's order); then
 // every untried valid policy is predicted from the measurements so far (search/predict.h) and only
 // one that is predicted to change the outcome is measured:
-//   frontier:  the policy predicted to add the most hypervolume to the measured frontier; once
+//   frontier:  the policy predicted to add the most hypervolume to the measured frontier (a
+//              label that no trial has run predicted optimistically: Predictor::Predict); once
 //              all untried policies together are predicted to add less than
 //              kStopHypervolumeGain of it, what `recommend` would still measure (below), then
 //              the search ends;
@@ -298,7 +299,9 @@ class GuidedStrategy : public Strategy {
     const FitTest fit = CurrentFitTest();
     for (const Policy& p : all_) {
       if (tried_.count(p.ToString())) continue;
-      const Prediction pred = predictor_.Predict(results_, p);
+      // Optimistic about a label no trial has run (search/predict.h): the stop rule below then
+      // measures one policy with it before it settles, if that could add to the frontier.
+      const Prediction pred = predictor_.Predict(results_, p, /*optimistic=*/true);
       if (!MayFit(pred, budget, fit) || !(pred.tokens_per_s > 0)) continue;
       // The correction decides only whether it may fit (the budget edge); where the point sits
       // in memory stays the anchored prediction (corrected there too, the flash and MoE surfaces

@@ -41,13 +41,40 @@ double Predictor::StepCost(const Policy& policy) {
   return 1.0 + Model(policy).recompute_flops / model_flops_ + elementwise;
 }
 
-Prediction Predictor::PredictFrom(const TrialResult& anchor, const Policy& policy) {
+double Predictor::StepRatio(const Policy& from, const Policy& to,
+                            const std::set<Label>& discounted) {
+  if (discounted.empty() || from.IsFull() || to.IsFull()) return StepCost(to) / StepCost(from);
+  // The labels `to` drops, then the ones it adds; with no label discounted the steps' product
+  // is StepCost's ratio.
+  double ratio = 1;
+  Policy at = from;
+  auto charge = [&](Label l, const Policy& without, const Policy& with) {
+    const double c = StepCost(with) / StepCost(without) - 1;
+    return 1 + c * (discounted.count(l) ? kUnmeasuredLabelScale : 1.0);
+  };
+  for (Label l : from.labels) {
+    if (to.Has(l)) continue;
+    const Policy next = at.Without(l);
+    ratio /= charge(l, next, at);
+    at = next;
+  }
+  for (Label l : to.labels) {
+    if (at.Has(l)) continue;
+    const Policy next = at.With(l);
+    ratio *= charge(l, at, next);
+    at = next;
+  }
+  return ratio;
+}
+
+Prediction Predictor::PredictFrom(const TrialResult& anchor, const Policy& policy,
+                                  const std::set<Label>& discounted) {
   const MemoryMetric metric = spec_.search.memory_metric;
   Prediction out;
   const double model_anchor = Model(anchor.policy).peak_bytes;
   const double ratio = model_anchor > 0 ? Model(policy).peak_bytes / model_anchor : 1;
   out.memory_bytes = anchor.PeakBytes(metric) * ratio;
-  out.tokens_per_s = anchor.tokens_per_s * StepCost(anchor.policy) / StepCost(policy);
+  out.tokens_per_s = anchor.tokens_per_s / StepRatio(anchor.policy, policy, discounted);
   return out;
 }
 
@@ -140,8 +167,8 @@ std::optional<Prediction> Predictor::PredictFamily(
 }
 
 Prediction Predictor::Predict(const std::map<std::string, TrialResult>& measured,
-                              const Policy& policy) {
-  return PredictExcluding(measured, policy, "");
+                              const Policy& policy, bool optimistic) {
+  return PredictExcluding(measured, policy, "", optimistic);
 }
 
 MemoryError Predictor::MeasuredMemoryError(const std::map<std::string, TrialResult>& measured) {
@@ -173,7 +200,8 @@ FitTest FitTestFrom(const MemoryError& error) {
 }
 
 Prediction Predictor::PredictExcluding(const std::map<std::string, TrialResult>& measured,
-                                       const Policy& policy, const std::string& exclude) {
+                                       const Policy& policy, const std::string& exclude,
+                                       bool optimistic) {
   bool known_not_to_fit = false;
   if (policy.IsFull()) {
     if (auto p = PredictFamily(measured, policy, exclude)) {
@@ -200,7 +228,18 @@ Prediction Predictor::PredictExcluding(const std::map<std::string, TrialResult>&
   }
   Prediction out;
   if (anchor) {
-    out = PredictFrom(*anchor, policy);
+    // Optimistic: the labels of `policy` that no selective trial ran, whatever its outcome (a
+    // label whose own trial did not fit was still tried, and the plan tries every label but
+    // moe and shared_experts).
+    std::set<Label> discounted;
+    if (optimistic && !policy.IsFull()) {
+      discounted.insert(policy.labels.begin(), policy.labels.end());
+      for (const auto& [key, r] : measured) {
+        if (r.predicted || r.policy.IsFull() || key == exclude) continue;
+        for (Label l : r.policy.labels) discounted.erase(l);
+      }
+    }
+    out = PredictFrom(*anchor, policy, discounted);
   } else {
     out.memory_bytes = model_peak;  // nothing measured: the model alone, no time
   }

@@ -88,8 +88,12 @@ TEST(PlannerOnH200Measurements, Mla) { ExpectEfficient(Evaluate("mla", ""), 0.22
 // full:block:2, and a slow draw of full:block:6 (9% over its class's full:uniform:1) left
 // full:block:5 and 4 predicted under the gain worth a trial: 0.947. With the two draws' mean
 // anchoring the block family's end (search/predict.h) 0.992 for 16 trials (docs/results.md).
+// 0.955 since the frontier search is optimistic about labels no trial has run: it runs
+// selective:[core_attn,moe] two trials earlier, and with the frontier those trials leave,
+// full:block:5 (predicted from the slow full:block:6 draw) is predicted under full:uniform:1 and
+// the search settles without full:block:4 and 5. Held to the goal's 0.95.
 TEST(PlannerOnH200Measurements, MlaSecondRun) {
-  ExpectEfficient(Evaluate("mla", "-r2"), 0.22, 0.97);
+  ExpectEfficient(Evaluate("mla", "-r2"), 0.22, 0.95);
 }
 // The 96-policy MLA + MoE table was measured with every policy running (130 GiB), so it is
 // replayed at three budgets across its frontier: 46 GiB (42.2-45.7 GiB of it fits), 58 (the
@@ -100,12 +104,13 @@ TEST(PlannerOnH200Measurements, MlaSecondRun) {
 // 5-step draw that its prediction, anchored on a slow draw of selective:[moe_act], puts below
 // selective:[core_attn]): docs/results.md (2026-12-02, r3); 0.868 since the model counts a GPU's
 // softmax-backward temporary and cuBLAS workspaces (2026-12-03), the same miss: 40 policies tie
-// with the best within the table's step ranges.
+// with the best within the table's step ranges. 22 trials (23%) at 68 GiB since the search runs
+// a moe-recomputing policy before it settles (optimistic about a label no trial has run).
 TEST(PlannerOnH200Measurements, MlaMoe16AtThreeBudgets) {
   for (double gib : {46.0, 58.0, 68.0}) {
     SCOPED_TRACE(gib);
     const replay::Outcome o = Evaluate("mla-moe16", "", Objective::kFrontier, gib);
-    ExpectEfficient(o, 0.22, 0.96);
+    ExpectEfficient(o, 0.23, 0.96);
     EXPECT_GE(o.recommendation_throughput_ratio, gib < 60 ? 0.97 : 0.86);
   }
 }
@@ -130,11 +135,14 @@ TEST(PlannerOnH200Measurements, MlaMoe16SecondRunMeasuredAdaptively) {
 
 // The same model with model.moe_router_force_load_balancing on, measured twice on fresh machine
 // starts (r3, r4; docs/results.md): 95 of 96 trials met the 2% target in each. Routing leaves
-// every allocated peak where it was, to the byte, in both runs. Replayed, r4 meets the goals at 58
-// and 68 GiB; at 46 GiB neither run does (no moe-recomputing policy is measured: the step-cost
-// model overcharges its replay, 13.2% of the step against 8.7% measured), and r3's recommendation
-// at 58 and 68 GiB is 0.958 and 0.961 of the best fitting (a tie band from a long trial's whole
-// step range; the shared experts' replay overcharged). Held where they are, so a change that
+// every allocated peak where it was, to the byte, in both runs. Replayed, r4 meets the goals at
+// all three budgets. At 46 GiB both runs met them only once the frontier search was optimistic
+// about labels no trial has run (0.930 and 0.869 of the pooled hypervolume before, 0.991 and
+// 0.961 after): the step-cost model charges `moe` 13.2% of the step where r3 measures 8.7%, and
+// believed, it kept every moe-recomputing policy (the low-memory end of the frontier) unmeasured.
+// r3's recommendation at 58 and 68 GiB is 0.958 and 0.961 of the best fitting: the tie band is a
+// trial's whole step range, and r3's long noisy trials span 5-7% (the 58 GiB pair: r3 4.2% apart,
+// r4 6%; the 68 GiB pair: r3 4%, r4 1.1%): docs/results.md. Held where they are, so a change that
 // loses ground on these tables shows.
 TEST(PlannerOnH200Measurements, MlaMoe16WithForcedBalancingTwice) {
   auto r3 = spec::LoadReplayTableFile(std::string(REMAT_SOURCE_DIR) +
@@ -152,10 +160,10 @@ TEST(PlannerOnH200Measurements, MlaMoe16WithForcedBalancingTwice) {
   for (double gib : {46.0, 58.0, 68.0}) {
     SCOPED_TRACE(gib);
     const replay::Outcome o3 = Evaluate("mla-moe16", "-r3", Objective::kFrontier, gib);
-    ExpectEfficient(o3, 0.25, gib < 50 ? 0.92 : 0.95);
+    ExpectEfficient(o3, 0.25, 0.95);
     EXPECT_GE(o3.recommendation_throughput_ratio, 0.95);
     const replay::Outcome o4 = Evaluate("mla-moe16", "-r4", Objective::kFrontier, gib);
-    ExpectEfficient(o4, 0.25, gib < 50 ? 0.86 : 0.95);
+    ExpectEfficient(o4, 0.25, 0.95);
     EXPECT_GE(o4.recommendation_throughput_ratio, 0.97);
   }
 }

@@ -93,6 +93,42 @@ TEST(Predict, BlockFamilyEndIsTheMeanOfItsTwoDraws) {
   EXPECT_NEAR(from_both, 0.5 * (from_uniform + from_block), 1e-6 * from_uniform);
 }
 
+// Predicted optimistically, a label no trial has run is charged kUnmeasuredLabelScale of the
+// model's charge for it; once any trial ran it, whatever came of that trial, the model's charge
+// stands, and a label some trial ran is never discounted.
+TEST(Predict, OptimisticAboutALabelNoTrialHasRun) {
+  const SearchSpec spec = testing::MoeSpec();
+  auto trial = [&](const Policy& p, TrialStatus status) {
+    TrialResult r;
+    r.policy = p;
+    r.status = status;
+    RankResult rank;
+    rank.peak_allocated_bytes = rank.peak_reserved_bytes =
+        static_cast<uint64_t>(EstimateMemory(spec, p).peak_bytes);
+    r.ranks = {rank};
+    r.step_time_s = 1;
+    r.tokens_per_s = status == TrialStatus::kOk ? 1000 : 0;
+    return r;
+  };
+  const Policy core = Policy::Selective({Label::kCoreAttn});
+  const Policy target = Policy::Selective({Label::kCoreAttn, Label::kMoe});
+  std::map<std::string, TrialResult> measured = {{core.ToString(), trial(core, TrialStatus::kOk)}};
+  Predictor predictor(spec);
+  const double charge = predictor.StepCost(target) / predictor.StepCost(core) - 1;
+  ASSERT_GT(charge, 0.05);  // the replay of every expert: a FLOP figure, not a flat charge
+  const double model = predictor.Predict(measured, target).tokens_per_s;
+  const double optimistic = predictor.Predict(measured, target, true).tokens_per_s;
+  EXPECT_NEAR(model, 1000 / (1 + charge), 1e-6);
+  EXPECT_NEAR(optimistic, 1000 / (1 + kUnmeasuredLabelScale * charge), 1e-6);
+  // The memory prediction is the same either way.
+  EXPECT_EQ(predictor.Predict(measured, target).memory_bytes,
+            predictor.Predict(measured, target, true).memory_bytes);
+  // A moe policy that ran out of memory was still tried: moe is charged as the model says.
+  const Policy tried = Policy::Selective({Label::kMoe});
+  measured[tried.ToString()] = trial(tried, TrialStatus::kOom);
+  EXPECT_NEAR(predictor.Predict(measured, target, true).tokens_per_s, model, 1e-6);
+}
+
 TEST(Predict, FitTestUsesTheMeasuredErrorOnceThereAreEnoughTrials) {
   MemoryError few;
   few.trials = kMinErrorTrials - 1;
