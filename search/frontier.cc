@@ -105,7 +105,7 @@ std::optional<Recommendation> RecommendPolicy(const SearchSpec& spec,
     c.policy = t.policy;
     c.memory_bytes = t.PeakBytes(metric);
     c.tokens_per_s = t.tokens_per_s;
-    c.noise = t.RelativeSpread();
+    c.noise = RelativeNoise(t);
     c.recompute_flops = EstimateMemory(spec, t.policy).recompute_flops;
     fit.push_back(std::move(c));
   }

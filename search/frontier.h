@@ -58,7 +58,7 @@ struct RecommendationCandidate {
   Policy policy;
   uint64_t memory_bytes = 0;  // per memory_metric, max over ranks
   double tokens_per_s = 0;
-  double noise = 0;            // TrialResult::RelativeSpread
+  double noise = 0;            // RelativeNoise (search/noise.h)
   double recompute_flops = 0;  // replayed per step on the busiest rank, by the FLOP model
   double below_best = 0;       // (best - this) / best throughput
   double tolerance = 0;        // the band it was compared with: max(1%, its noise, the best's)
@@ -66,8 +66,8 @@ struct RecommendationCandidate {
 
 // The contract's recommendation: among the ok trials whose memory is at or under the budget less
 // search.memory_headroom_gib, those whose throughput is within the measurement noise of the best
-// (a band of at least kMinNoiseTolerance: max of 1%, the best's relative spread and the
-// candidate's) are tied; of the tied, the one with the least recompute (fewest replayed FLOPs by
+// (a band of at least kMinNoiseTolerance: max of 1%, the best's RelativeNoise and the
+// candidate's, search/noise.h) are tied; of the tied, the one with the least recompute (fewest replayed FLOPs by
 // the memory/FLOP model) is recommended, ties to less memory, then the policy string. So a longer
 // module list never wins on noise alone: the decision guide's "smallest measured replay cost
 // that satisfies the memory target".

@@ -122,6 +122,13 @@ std::optional<MedianInterval> TrialInterval(const TrialResult& result) {
   return std::nullopt;
 }
 
+double RelativeNoise(const TrialResult& result) {
+  const double spread = result.RelativeSpread();
+  const auto ci = TrialInterval(result);
+  if (!ci || ci->coverage < kMedianConfidence || !(ci->median_s > 0)) return spread;
+  return std::max((ci->high_s - ci->low_s) / ci->median_s, 0.5 * spread);
+}
+
 namespace {
 void Record(const SearchOptions& options, const MedianInterval& ci, TrialResult* result) {
   result->step_time_low_s = ci.low_s;

@@ -81,6 +81,20 @@ std::vector<double> AdaptiveMeasuredSteps(const std::vector<double>& step_times,
 // nullopt when none says anything (a single step, predicted trials).
 std::optional<MedianInterval> TrialInterval(const TrialResult& result);
 
+// How far apart two measurements of this trial's policy could come out by noise alone, relative
+// to its step time: the width of a tie band (search/frontier.h RecommendPolicy, the re-measure
+// round). When the median's interval reaches kMedianConfidence (5 or more steps), the larger of
+// the interval's width and half the steps' range, both over the median; else the whole range
+// (TrialResult::RelativeSpread: 3 steps, or a table that kept only the range).
+// The range alone grows with the steps a noisy trial measures while its median's interval
+// narrows: on the H200 MLA + MoE table with forced routing, full:block:7 measured 11 steps that
+// spanned 7.2% with a 3.7%-wide interval, and a band of the range tied it with a policy 4.2%
+// slower (a second run of the table measures them 6% apart). The interval alone trusts steps to
+// be independent draws; with the router learning, a trial's steps drift (the last five of 20 a
+// median 13% under the first five) and its interval says less than its range: half the range
+// keeps such a trial's band wide (docs/results.md).
+double RelativeNoise(const TrialResult& result);
+
 // Records on `result` the interval of `times` (the trial's measured steps, per step the slowest
 // rank's): step_time_low_s/high_s, measured_steps and whether noise_target was met.
 void SetStepTimeInterval(const SearchOptions& options, const std::vector<double>& times,

@@ -153,7 +153,7 @@ std::vector<Remeasure> RemeasureCandidates(const SearchSpec& spec,
   for (const TrialResult& r : measured) by_policy[r.policy.ToString()] = &r;
   auto noise = [&](const Policy& p) {
     auto it = by_policy.find(p.ToString());
-    return it == by_policy.end() ? 0.0 : it->second->RelativeSpread();
+    return it == by_policy.end() ? 0.0 : RelativeNoise(*it->second);
   };
   auto measured_once = [&](const Policy& p) {
     auto it = by_policy.find(p.ToString());

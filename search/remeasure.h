@@ -31,7 +31,7 @@ inline constexpr size_t kMinRemeasures = 2;
 // measured once so far that are (a) in the recommendation's tie set when it has more than one
 // member, or fit the budget less headroom with a throughput interval (search/noise.h) that
 // overlaps the best's (then the best too), or (b) on the frontier within the noise band of
-// another frontier point (max of 1% and the two trials' relative spreads, as the
+// another frontier point (max of 1% and the two trials' RelativeNoise, as the
 // recommendation's band). At most a quarter of the
 // policies measured (at least kMinRemeasures), chosen in this order: the recommendation's choice
 // and the best, the other tied policies closest to the best first, then the frontier near-ties

@@ -149,5 +149,34 @@ TEST(Noise, TrialIntervalFromTheSlowestRank) {
   EXPECT_DOUBLE_EQ(ThroughputIntervalOf(r).high, 1000);
 }
 
+// A trial's tie band: its steps' whole range until the median's interval reaches 90%; then the
+// interval's width, or half the range when the steps spread further (drifting steps).
+TEST(Noise, RelativeNoiseIsTheIntervalOnceItCoversElseTheRange) {
+  auto trial = [](std::vector<double> steps) {
+    TrialResult r;
+    r.step_time_s = 1.0;
+    RankResult rank;
+    rank.step_time_s = 1.0;
+    rank.step_times_s = std::move(steps);
+    r.ranks = {rank};
+    return r;
+  };
+  // 3 steps: [min, max] covers the median 75% of the time: the range.
+  EXPECT_NEAR(RelativeNoise(trial({0.9, 1.0, 1.1})), 0.2, 1e-12);
+  // 11 steps: the 90% interval is [x(3), x(9)] = [0.98, 1.02], wider than half the range (0.03).
+  const TrialResult steady =
+      trial({0.97, 0.975, 0.98, 0.99, 1.0, 1.0, 1.0, 1.01, 1.02, 1.025, 1.03});
+  EXPECT_NEAR(RelativeNoise(steady), 0.04, 1e-12);
+  EXPECT_NEAR(steady.RelativeSpread(), 0.06, 1e-12);
+  // The same interval with a 40% range: half the range (0.2) is the band.
+  EXPECT_NEAR(RelativeNoise(trial({0.8, 0.975, 0.98, 0.99, 1.0, 1.0, 1.0, 1.01, 1.02, 1.025, 1.2})),
+              0.2, 1e-12);
+  // A table that kept only the range (no steps, no interval): the range.
+  TrialResult ranged;
+  ranged.step_time_s = 1.0;
+  ranged.step_time_spread_s = 0.07;
+  EXPECT_NEAR(RelativeNoise(ranged), 0.07, 1e-12);
+}
+
 }  // namespace
 }  // namespace remat::search

@@ -122,14 +122,18 @@ TEST(PlannerOnH200Measurements, MlaMoe16AtThreeBudgets) {
 // target (median half-width 4.5%): docs/results.md. Held to the goals' hypervolume at
 // 58 and 68 GiB; at 46 GiB the search stops before the moe-recomputing class and full:uniform:2
 // (42.1 and 43.6 GiB, both draws luckier than their equals), 0.929 of the pooled hypervolume.
-// 68 GiB takes 25 of 96 trials, one over the goal's quarter, since the block family's end is the
-// mean of its two draws (full:block:15 is then worth a trial).
+// 68 GiB took 25 of 96 trials, one over the goal's quarter, since the block family's end is the
+// mean of its two draws (full:block:15 is then worth a trial); 24 since the tie band is the
+// median's interval where a trial has one (search/noise.h RelativeNoise), and the search then
+// settles on full:block:2, 0.956 of the best fitting (selective:[moe_act,layernorm,mla_up_proj],
+// which it does not measure): on this table, whose steps drift with the router's learning, two
+// memory-identical policies measure a median 11% apart.
 TEST(PlannerOnH200Measurements, MlaMoe16SecondRunMeasuredAdaptively) {
   for (double gib : {46.0, 58.0, 68.0}) {
     SCOPED_TRACE(gib);
     const replay::Outcome o = Evaluate("mla-moe16", "-r2", Objective::kFrontier, gib);
-    ExpectEfficient(o, gib < 60 ? 0.25 : 0.27, gib < 50 ? 0.92 : 0.95);
-    EXPECT_GE(o.recommendation_throughput_ratio, 0.97);
+    ExpectEfficient(o, 0.25, gib < 50 ? 0.92 : 0.95);
+    EXPECT_GE(o.recommendation_throughput_ratio, gib < 60 ? 0.97 : 0.95);
   }
 }
 
@@ -140,10 +144,12 @@ TEST(PlannerOnH200Measurements, MlaMoe16SecondRunMeasuredAdaptively) {
 // about labels no trial has run (0.930 and 0.869 of the pooled hypervolume before, 0.991 and
 // 0.961 after): the step-cost model charges `moe` 13.2% of the step where r3 measures 8.7%, and
 // believed, it kept every moe-recomputing policy (the low-memory end of the frontier) unmeasured.
-// r3's recommendation at 58 and 68 GiB is 0.958 and 0.961 of the best fitting: the tie band is a
-// trial's whole step range, and r3's long noisy trials span 5-7% (the 58 GiB pair: r3 4.2% apart,
-// r4 6%; the 68 GiB pair: r3 4%, r4 1.1%): docs/results.md. Held where they are, so a change that
-// loses ground on these tables shows.
+// r3's recommendation at 58 GiB was 0.958 of the best fitting while the tie band was a trial's
+// whole step range (r3's long noisy trials span 5-7%): selective:[core_attn], 4.2% slower than
+// full:block:7 (r4: 6%), tied with it and replays less; 1.000 with the band from the median's
+// interval (search/noise.h RelativeNoise). At 68 GiB 0.961: r3 measures the best fitting
+// 4% ahead of the policy the search recommends, r4 1.1% (docs/results.md). Held where they are,
+// so a change that loses ground on these tables shows.
 TEST(PlannerOnH200Measurements, MlaMoe16WithForcedBalancingTwice) {
   auto r3 = spec::LoadReplayTableFile(std::string(REMAT_SOURCE_DIR) +
                                       "/docs/results/h200-mla-moe16-exhaustive-table-r3.json");
@@ -161,7 +167,7 @@ TEST(PlannerOnH200Measurements, MlaMoe16WithForcedBalancingTwice) {
     SCOPED_TRACE(gib);
     const replay::Outcome o3 = Evaluate("mla-moe16", "-r3", Objective::kFrontier, gib);
     ExpectEfficient(o3, 0.25, 0.95);
-    EXPECT_GE(o3.recommendation_throughput_ratio, 0.95);
+    EXPECT_GE(o3.recommendation_throughput_ratio, gib < 60 ? 0.97 : 0.95);
     const replay::Outcome o4 = Evaluate("mla-moe16", "-r4", Objective::kFrontier, gib);
     ExpectEfficient(o4, 0.25, 0.95);
     EXPECT_GE(o4.recommendation_throughput_ratio, 0.97);
