@@ -67,10 +67,10 @@ struct RecommendationCandidate {
 // The contract's recommendation: among the ok trials whose memory is at or under the budget less
 // search.memory_headroom_gib, those whose throughput is within the measurement noise of the best
 // (a band of at least kMinNoiseTolerance: max of 1%, the best's RelativeNoise and the
-// candidate's, search/noise.h) are tied; of the tied, the one with the least recompute (fewest replayed FLOPs by
-// the memory/FLOP model) is recommended, ties to less memory, then the policy string. So a longer
-// module list never wins on noise alone: the decision guide's "smallest measured replay cost
-// that satisfies the memory target".
+// candidate's, search/noise.h) are tied; of the tied, the one with the least recompute (fewest
+// replayed FLOPs by the memory/FLOP model) is recommended, ties to less memory, then the policy
+// string. So a longer module list never wins on noise alone: the decision guide's "smallest
+// measured replay cost that satisfies the memory target".
 struct Recommendation {
   RecommendationCandidate choice;
   RecommendationCandidate best;               // the highest throughput that fits
