@@ -75,14 +75,14 @@ struct FitTest {
 FitTest FitTestFrom(const MemoryError& error);
 
 // The share of the model's charge for a label no trial has run, when predicting optimistically:
-// between the lower quartile (0.4) and the median (0.9) of what the twelve H200 tables measure
-// against the model per label (the measured replay time over the FLOP model's, medians over
-// pairs of policies that differ by that label alone: unfused core attention 3.4-10, mla_up_proj
-// 0.2-1.9, moe 0.5-1.5, shared experts at most 0.6, the dense MLP 0.25; 0.3-0.6 here miss the
-// same goals on the replay bench). The plan runs every label but `moe` and `shared_experts`; a
-// search that believes the model's 13-18% of the step for `moe` on the MLA + MoE model (measured
-// 9-10% with forced routing) never runs a `moe` policy, and the low-memory end of that model's
-// frontier is made of them (docs/results.md).
+// between the lower quartile (0.3) and the median (1.0) of what the twelve H200 tables measure
+// against the model per label (`remat-search-bench --source . --label-costs`: the measured
+// replay time over the FLOP model's, medians over pairs of policies that differ by that label
+// alone: unfused core attention 2.8-9.7, mla_up_proj 0.1-1.9, moe 0.6-1.9, shared experts -0.3
+// to 1.1, the dense MLP 0.25; 0.3-0.6 here miss the same goals on the replay bench). The plan
+// runs every label but `moe` and `shared_experts`; a search that believes the model's 15% of the
+// step for `moe` on the MLA + MoE model (measured 9-10% with forced routing) never runs a `moe`
+// policy, and the low-memory end of that model's frontier is made of them (docs/results.md).
 inline constexpr double kUnmeasuredLabelScale = 0.5;
 
 class Predictor {

@@ -2,11 +2,18 @@
 // keeps of the exhaustive search's frontier and recommendation (step 4).
 //
 //   remat-search-bench [--seeds N] [--first-seed S] [--source DIR] [--frontiers] [--noise-target X]
+//                      [--label-costs]
 //
 // --first-seed S runs seeds S..S+N-1 of each synthetic surface (default 1): the defaults were
 // chosen on seeds 1-5, so `--first-seed 6 --seeds 15` gives held-out figures.
 // --noise-target X sets search.noise_target for every surface and table (0: every synthetic
 // trial measures exactly its 5 steps, as before adaptive measurement; the default is each spec's).
+// --label-costs (with --source) prints, instead of the replays, what each H200 table measures of
+// each label's replay against the step-cost model (search/predict.h StepCost): over every pair of
+// ok selective policies that differ by that label alone (and where the model charges it
+// something: not moe_act or shared_experts beside moe, which replays them already), the median
+// measured charge (the step time with it over the step time without, less 1) and the median
+// modelled one, and their ratio.
 //
 // For each synthetic surface (tests/search/replay_surfaces.h: 70B-class and other large
 // models, every valid policy "measured" by the model with realistic errors and step-time noise)
@@ -24,11 +31,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
 
 #include "search/memory_model.h"
+#include "search/predict.h"
 #include "search/rules.h"
 #include "specfile/spec_file.h"
 #include "tests/search/replay_surfaces.h"
@@ -40,6 +49,53 @@ using remat::search::SearchSpec;
 namespace replay = remat::search::replay;
 
 bool g_frontiers = false;
+bool g_label_costs = false;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// --label-costs: one line per label of `table` that some pair of its policies differs by.
+void PrintLabelCosts(const std::string& name, const SearchSpec& spec, const replay::Table& table) {
+  using remat::search::Label;
+  using remat::search::TrialResult;
+  remat::search::Predictor predictor(spec);
+  std::vector<const TrialResult*> ok;
+  for (const auto& [k, r] : table) {
+    if (r.status == remat::search::TrialStatus::kOk && !r.policy.IsFull() && r.step_time_s > 0) {
+      ok.push_back(&r);
+    }
+  }
+  std::map<Label, std::vector<double>> model, measured;
+  for (const TrialResult* a : ok) {
+    for (const TrialResult* b : ok) {
+      if (b->policy.labels.size() != a->policy.labels.size() + 1) continue;
+      const remat::search::Policy* p = &b->policy;
+      int missing = 0;
+      for (Label l : a->policy.labels) missing += p->Has(l) ? 0 : 1;
+      if (missing != 0) continue;
+      Label added = p->labels.front();
+      for (Label l : p->labels) {
+        if (!a->policy.Has(l)) added = l;
+      }
+      const double charge = predictor.StepCost(*p) / predictor.StepCost(a->policy) - 1;
+      // A label the policy replays already (moe_act or shared_experts beside moe): one class.
+      if (!(charge > 0)) continue;
+      model[added].push_back(charge);
+      measured[added].push_back(b->step_time_s / a->step_time_s - 1);
+    }
+  }
+  for (const auto& [label, charges] : model) {
+    const double m = Median(charges), y = Median(measured[label]);
+    char ratio[32] = "-";
+    if (m > 0) std::snprintf(ratio, sizeof(ratio), "%.2f", y / m);
+    std::printf("[label-cost] %-40s %-15s pairs %3zu  measured %6.2f%%  model %6.2f%%  ratio %s\n",
+                name.c_str(), remat::search::LabelName(label), charges.size(), 100 * y, 100 * m,
+                ratio);
+  }
+}
 double g_noise_target = -1;  // --noise-target: overrides every spec's search.noise_target
 
 struct Tally {
@@ -103,6 +159,8 @@ int main(int argc, char** argv) {
       first_seed = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--frontiers")) {
       g_frontiers = true;
+    } else if (!std::strcmp(argv[i], "--label-costs")) {
+      g_label_costs = true;
     } else if (!std::strcmp(argv[i], "--source") && i + 1 < argc) {
       source = argv[++i];
     } else if (!std::strcmp(argv[i], "--noise-target") && i + 1 < argc) {
@@ -114,7 +172,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "error: %s: unknown argument (usage: remat-search-bench [--seeds N] "
-                   "[--first-seed S] [--source REPO_DIR] [--frontiers] [--noise-target X])\n",
+                   "[--first-seed S] [--source REPO_DIR] [--frontiers] [--noise-target X] "
+                   "[--label-costs])\n",
                    argv[i]);
       return 2;
     }
@@ -127,7 +186,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: --first-seed: must be a positive integer\n");
     return 2;
   }
-  for (const std::string& name : replay::SurfaceNames()) {
+  if (g_label_costs && source.empty()) {
+    std::fprintf(stderr, "error: --label-costs: needs --source REPO_DIR (the H200 tables)\n");
+    return 2;
+  }
+  for (const std::string& name : g_label_costs ? std::vector<std::string>{}
+                                                : replay::SurfaceNames()) {
     auto surface = replay::MakeSurface(name);
     if (g_noise_target >= 0) surface->spec.search.noise_target = g_noise_target;
     const SearchSpec& spec = surface->spec;
@@ -179,6 +243,10 @@ int main(int argc, char** argv) {
       }
       replay::Table t;
       for (const auto& [k, entry] : *table) t[k] = entry.result;
+      if (g_label_costs) {
+        PrintLabelCosts(name, *spec, t);
+        continue;
+      }
       // Further recorded runs of the table's policies, when the table has them:
       // h200-MODEL-redraws-N.json, N = 1, 2, ... (bench/search/redraws.py writes them from the
       // trials' JSON lines). They were measured beside a model's first table, so a later run
