@@ -31,7 +31,9 @@ TABLES = [  # name, spec, table
      "docs/results/h200-mla-moe16-exhaustive-table.json"),
     ("mla-moe16 r2", "examples/gpu/mla-moe16.yaml",
      "docs/results/h200-mla-moe16-exhaustive-table-r2.json"),
-    # r3 and r4 were measured with forced load balancing, which leaves every peak as it was.
+    # mla r3 (130 GiB, so every policy runs) and mla-moe16 r3 and r4 were measured with forced
+    # load balancing, which leaves every peak as it was.
+    ("mla r3", "examples/gpu/mla.yaml", "docs/results/h200-mla-exhaustive-table-r3.json"),
     ("mla-moe16 r3", "examples/gpu/mla-moe16.yaml",
      "docs/results/h200-mla-moe16-exhaustive-table-r3.json"),
     ("mla-moe16 r4", "examples/gpu/mla-moe16.yaml",

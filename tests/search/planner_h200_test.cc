@@ -95,6 +95,16 @@ TEST(PlannerOnH200Measurements, Mla) { ExpectEfficient(Evaluate("mla", ""), 0.22
 TEST(PlannerOnH200Measurements, MlaSecondRun) {
   ExpectEfficient(Evaluate("mla", "-r2"), 0.22, 0.95);
 }
+// The third MLA run (2026-12-03, night) was measured after the search changes of that day, as a
+// held-out table: forced load balancing, adaptively (73 of 76 met the 2% target), at 130 GiB so
+// every policy ran; replayed at the spec's 80 GiB. The plan is within -0.016..+0.094 GiB of every
+// peak. 21 trials (27.6%, two over the goal's quarter): being optimistic about `moe`, which no
+// plan trial runs, costs this table two trials for no hypervolume (19 trials without it).
+TEST(PlannerOnH200Measurements, MlaThirdRunForcedBalancingHeldOut) {
+  const replay::Outcome o = Evaluate("mla", "-r3");
+  ExpectEfficient(o, 0.28, 0.98);
+  EXPECT_GE(o.recommendation_throughput_ratio, 0.99);
+}
 // The 96-policy MLA + MoE table was measured with every policy running (130 GiB), so it is
 // replayed at three budgets across its frontier: 46 GiB (42.2-45.7 GiB of it fits), 58 (the
 // spec's) and 68 GiB (all but the control and the single labels). 14-21 trials of 96 since the
@@ -202,13 +212,14 @@ TEST(PlannerOnH200Measurements, MlaMoe16RedrawsAreOtherRunsOfTheTablesPolicies) 
 }
 
 // Megatron's code says the members of an equivalence class keep the same tensors
-// (search/equivalence.h); every H200 table agrees: each member peaks where its representative
-// does, to the byte, or both run out of memory.
+// (search/equivalence.h); every H200 table agrees (mla r3 too, measured after this test was
+// written): each member peaks where its representative does, to the byte, or both run out of
+// memory.
 TEST(PlannerOnH200Measurements, ClassMembersPeakExactlyWhereTheirRepresentativeDoes) {
   int compared = 0;
   for (const char* name : {"dense", "moe", "mla"}) {
     for (const char* run : {"", "-r2", "-r3"}) {
-      if (std::string(run) == "-r3" && std::string(name) != "moe") continue;
+      if (std::string(run) == "-r3" && std::string(name) == "dense") continue;
       auto spec = spec::LoadSpecFile(std::string(REMAT_SOURCE_DIR) + "/examples/replay/h200-" +
                                      name + ".yaml");
       auto table = spec::LoadReplayTableFile(std::string(REMAT_SOURCE_DIR) + "/docs/results/h200-" +
