@@ -110,6 +110,7 @@ class SlurmLauncher : public Launcher {
     Clock::time_point running_since = Clock::now();
     Clock::time_point last_answer = Clock::now();
     SlurmJobInfo info;
+    bool ended_once = false;  // a failed end seen once: the next poll confirms it
     while (true) {
       if (context.cancel && context.cancel->cancelled()) {
         Cancel(job, dir);
@@ -120,7 +121,13 @@ class SlurmLauncher : public Launcher {
       if (std::optional<SlurmJobInfo> now = poller_.Next(job, dir, &generation)) {
         info = *now;
         last_answer = Clock::now();
-        if (info.terminal()) break;
+        // A requeue (scontrol requeue, a node failure, a preemption) ends the job's run before
+        // Slurm queues it again, and a poll can fall in between: the real Slurm test saw FAILED
+        // for a job requeued a second earlier. So an end other than COMPLETED is taken only when
+        // the next poll still says the job has ended; a COMPLETED job is never requeued.
+        if (info.terminal() && (info.state == "COMPLETED" || ended_once)) break;
+        ended_once = info.terminal();
+        if (ended_once) continue;
         if (info.started() && !running) running_since = Clock::now();
         // Requeued (node failure, preemption): the next run gets the whole timeout again.
         running = info.started();

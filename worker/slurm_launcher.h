@@ -32,7 +32,9 @@
 // memory in the job's cgroup, not the policy's GPU memory: the backends report a GPU OOM
 // themselves, as oom); NODE_FAIL, BOOT_FAIL, CANCELLED by someone else -> failed, with the state
 // and reason in the message. Time queued does not count against the timeout, and a job Slurm
-// requeues (node failure, preemption) starts its clock again.
+// requeues (node failure, preemption) starts its clock again. An end other than COMPLETED is
+// taken only once a second poll still reports it: a requeue ends the run before Slurm queues
+// the job again, and a poll that falls in between must not end the trial.
 //
 // Thread-safety: Launch may be called concurrently for different trials (each job is its own).
 #pragma once
