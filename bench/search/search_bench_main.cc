@@ -50,12 +50,7 @@ namespace replay = remat::search::replay;
 
 bool g_frontiers = false;
 bool g_label_costs = false;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+double g_noise_target = -1;  // --noise-target: overrides every spec's search.noise_target
 
 // --label-costs: one line per label of `table` that some pair of its policies differs by.
 void PrintLabelCosts(const std::string& name, const SearchSpec& spec, const replay::Table& table) {
@@ -71,16 +66,15 @@ void PrintLabelCosts(const std::string& name, const SearchSpec& spec, const repl
   std::map<Label, std::vector<double>> model, measured;
   for (const TrialResult* a : ok) {
     for (const TrialResult* b : ok) {
+      // b is a with one label more.
       if (b->policy.labels.size() != a->policy.labels.size() + 1) continue;
-      const remat::search::Policy* p = &b->policy;
-      int missing = 0;
-      for (Label l : a->policy.labels) missing += p->Has(l) ? 0 : 1;
-      if (missing != 0) continue;
-      Label added = p->labels.front();
-      for (Label l : p->labels) {
-        if (!a->policy.Has(l)) added = l;
+      std::vector<Label> more;
+      for (Label l : b->policy.labels) {
+        if (!a->policy.Has(l)) more.push_back(l);
       }
-      const double charge = predictor.StepCost(*p) / predictor.StepCost(a->policy) - 1;
+      if (more.size() != 1) continue;
+      const Label added = more.front();
+      const double charge = predictor.StepCost(b->policy) / predictor.StepCost(a->policy) - 1;
       // A label the policy replays already (moe_act or shared_experts beside moe): one class.
       if (!(charge > 0)) continue;
       model[added].push_back(charge);
@@ -88,7 +82,9 @@ void PrintLabelCosts(const std::string& name, const SearchSpec& spec, const repl
     }
   }
   for (const auto& [label, charges] : model) {
-    const double m = Median(charges), y = Median(measured[label]);
+    // MedianStepTime is a plain median (the step times' is the one it was written for).
+    const double m = remat::search::MedianStepTime(charges);
+    const double y = remat::search::MedianStepTime(measured[label]);
     char ratio[32] = "-";
     if (m > 0) std::snprintf(ratio, sizeof(ratio), "%.2f", y / m);
     std::printf("[label-cost] %-40s %-15s pairs %3zu  measured %6.2f%%  model %6.2f%%  ratio %s\n",
@@ -96,7 +92,6 @@ void PrintLabelCosts(const std::string& name, const SearchSpec& spec, const repl
                 ratio);
   }
 }
-double g_noise_target = -1;  // --noise-target: overrides every spec's search.noise_target
 
 struct Tally {
   int runs = 0, matches = 0;
