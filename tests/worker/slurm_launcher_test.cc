@@ -302,6 +302,31 @@ TEST_F(FakeSlurmTest, ARequeuedJobGetsTheWholeTimeoutAgain) {
             std::string::npos);
 }
 
+// A requeue ends the job's run before Slurm queues it again: a poll that reads FAILED once and
+// then PENDING follows the job on (the real Slurm test saw this a second after `scontrol
+// requeue`); FAILED on two polls in a row ends the trial.
+TEST_F(FakeSlurmTest, AFailedEndIsTakenOnlyWhenTheNextPollStillSaysSo) {
+  const std::string f = fake_.path();
+  // squeue answers the states of `seq` one poll after another, then its last line.
+  Script("squeue",
+         "for a in \"$@\"; do case $a in --jobs=*) jobs=${a#--jobs=} ;; esac; done\n"
+         "n=$(( $(cat " + f + "/polls 2>/dev/null || echo 0) + 1 )); echo $n > " + f + "/polls\n"
+         "s=$(sed -n \"${n}p\" " + f + "/seq); [ -n \"$s\" ] || s=$(tail -n 1 " + f + "/seq)\n"
+         "printf '%s|%s|None|0|\\n' \"$jobs\" \"$s\"\n");
+  WriteText(fake_ / "seq", "RUNNING\nFAILED\nPENDING\nRUNNING\nCOMPLETED\n");
+  search::TrialResult r = Run();
+  EXPECT_EQ(r.message.find("FAILED"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("COMPLETED"), std::string::npos) << r.message;
+  EXPECT_GE(std::stoi(ReadText(fake_ / "polls")), 5);
+
+  WriteText(fake_ / "polls", "0\n");
+  WriteText(fake_ / "seq", "RUNNING\nFAILED\n");
+  r = Run();
+  EXPECT_EQ(r.status, search::TrialStatus::kFailed);
+  EXPECT_NE(r.message.find("(FAILED)"), std::string::npos) << r.message;
+  EXPECT_EQ(ReadText(fake_ / "polls"), "3\n");
+}
+
 // One executor, several trials at once: every poll asks squeue about all of the jobs in one
 // call, so the controller sees one request per poll interval however many trials run (before,
 // each trial ran its own scontrol every interval).
