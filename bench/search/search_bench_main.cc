@@ -22,7 +22,11 @@
 // used, the share of the exhaustive trials, the hypervolume ratio (frontier objective) and
 // whether the recommendation is the exhaustive one within noise; then the same against the
 // exhaustive table with each equivalence class's members pooled (search/equivalence.h): the
-// hypervolume ratio and the recommendation's throughput over the best that fits. The
+// hypervolume ratio and the recommendation's throughput over the best that fits. Beside them,
+// what tells a search's miss from the table's: the exhaustive recommendation's throughput on
+// the same scale (the recommendation rule given every policy measured once), the pooled ratio
+// after the goal's share of the policies (25%, 15% of 150 or more) and the most any that many
+// trials could reach (replay::BestHypervolumeOf), and after each trial of the order {in braces}. The
 // mla-moe16 table (measured with every policy running) is replayed at 46, 58 (its spec's) and
 // 68 GiB: the low end of its frontier, the middle, and all but the control's end.
 // docs/results.md records them.

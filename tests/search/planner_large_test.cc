@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <random>
 
 #include "tests/search/replay_surfaces.h"
 
@@ -204,6 +205,51 @@ TEST(PlannerOnLargeSurfaces, ReplayedRemeasuresAreServedOtherDraws) {
     EXPECT_EQ(marked, with.remeasures);
   }
 }
+
+// The bench's bound (the most any k trials of a table reach) against every k-subset of small
+// random frontiers, and the figures a replay reports beside it.
+TEST(PlannerOnLargeSurfaces, BestHypervolumeOfIsTheBestSubset) {
+  std::mt19937_64 rng(7);
+  const uint64_t budget = 100;
+  for (int round = 0; round < 50; ++round) {
+    const size_t n = 1 + rng() % 8;
+    std::vector<FrontierPoint> frontier;
+    uint64_t memory = rng() % 10;
+    double tokens = 10 + rng() % 10;
+    for (size_t i = 0; i < n; ++i) {  // a frontier: memory and throughput rise together
+      frontier.push_back({Policy::Full(RecomputeMethod::kBlock, static_cast<int>(i + 1)), memory,
+                          tokens});
+      memory += 1 + rng() % 15;
+      tokens += 1 + rng() % 10;
+    }
+    std::shuffle(frontier.begin(), frontier.end(), rng);
+    for (size_t k = 0; k <= n + 1; ++k) {
+      double best = 0;
+      for (uint32_t mask = 0; mask < (1u << n); ++mask) {
+        if (static_cast<size_t>(__builtin_popcount(mask)) > k) continue;
+        std::vector<FrontierPoint> chosen;
+        for (size_t i = 0; i < n; ++i) {
+          if (mask & (1u << i)) chosen.push_back(frontier[i]);
+        }
+        best = std::max(best, Hypervolume(chosen, budget, 5.0));
+      }
+      EXPECT_NEAR(replay::BestHypervolumeOf(frontier, k, budget, 5.0), best, 1e-9 * best)
+          << "round " << round << ", k " << k;
+    }
+  }
+  auto surface = replay::MakeSurface("mixtral-like");
+  ASSERT_TRUE(surface.has_value());
+  surface->spec.search.max_trials = 1000;
+  const auto table =
+      replay::SyntheticTable(surface->spec, surface->step_time_s, surface->noise, 1);
+  const replay::Outcome o = replay::Replay(surface->spec, table);
+  EXPECT_EQ(o.goal_trials, o.exhaustive_trials / 4);  // 80 policies: a quarter
+  EXPECT_LE(o.best_pooled_at_goal, 1.0 + 1e-12);
+  ASSERT_EQ(o.pooled_by_trials.size(), o.order.size());
+  EXPECT_DOUBLE_EQ(o.pooled_by_trials.back(), o.pooled_hypervolume_ratio);
+  EXPECT_GT(o.exhaustive_throughput_ratio, 0.0);
+}
+
 
 }  // namespace
 }  // namespace remat::search

@@ -351,6 +351,16 @@ Outcome Replay(const SearchSpec& spec, const Table& table, const Draws& draws) {
   for (const auto& p : fp) tp_min = tp_min == 0 ? p.tokens_per_s : std::min(tp_min, p.tokens_per_s);
   const double hv_p = Hypervolume(fp, budget, 0.9 * tp_min);
   o.pooled_hypervolume_ratio = hv_p > 0 ? Hypervolume(fg, budget, 0.9 * tp_min) / hv_p : 1;
+  if (hv_p > 0) {
+    o.goal_trials = static_cast<size_t>(GoalShare(all.size()) * all.size());
+    o.best_pooled_at_goal = BestHypervolumeOf(fp, o.goal_trials, budget, 0.9 * tp_min) / hv_p;
+  }
+  for (size_t k = 1; k <= o.order.size() && hv_p > 0; ++k) {
+    std::vector<TrialResult> first(guided.begin(), guided.begin() + k);
+    const auto fk = ComputeFrontier(CombineRemeasured(spec, first), spec.search.memory_metric,
+                                    budget);
+    o.pooled_by_trials.push_back(Hypervolume(fk, budget, 0.9 * tp_min) / hv_p);
+  }
   o.guided = RecommendPolicy(spec, guided_pooled);
   o.exhaustive = RecommendPolicy(spec, all);
   {
@@ -367,6 +377,14 @@ Outcome Replay(const SearchSpec& spec, const Table& table, const Draws& draws) {
       if (o.guided && r.policy == choice) chosen = r.tokens_per_s;
     }
     o.recommendation_throughput_ratio = best > 0 ? chosen / best : (o.guided ? 0 : 1);
+    const Policy ex = o.exhaustive
+                          ? EquivalenceClassOf(spec, o.exhaustive->choice.policy).representative
+                          : Policy::None();
+    double ex_t = 0;
+    for (const auto& r : pooled) {
+      if (o.exhaustive && r.policy == ex) ex_t = r.tokens_per_s;
+    }
+    o.exhaustive_throughput_ratio = best > 0 ? ex_t / best : (o.exhaustive ? 0 : 1);
   }
   if (!o.guided || !o.exhaustive) {
     o.recommendation_matches = !o.guided && !o.exhaustive;
@@ -376,6 +394,41 @@ Outcome Replay(const SearchSpec& spec, const Table& table, const Draws& draws) {
     }
   }
   return o;
+}
+
+// An exact dynamic programme over the points by memory: the area a chosen point adds runs from
+// its memory to the next chosen point's (or the budget), at its throughput.
+double BestHypervolumeOf(std::vector<FrontierPoint> frontier, size_t k, uint64_t budget,
+                         double t_ref) {
+  frontier.erase(std::remove_if(frontier.begin(), frontier.end(),
+                                [&](const FrontierPoint& p) {
+                                  return p.memory_bytes > budget || !(p.tokens_per_s > t_ref);
+                                }),
+                 frontier.end());
+  std::sort(frontier.begin(), frontier.end(), [](const FrontierPoint& a, const FrontierPoint& b) {
+    return a.memory_bytes < b.memory_bytes;
+  });
+  const size_t n = frontier.size();
+  if (k == 0 || n == 0) return 0;
+  k = std::min(k, n);
+  // best[j][i]: the largest area to the right of point i's memory with i chosen and j more
+  // points chosen after it (a frontier's throughput rises with its memory).
+  auto height = [&](size_t i) { return frontier[i].tokens_per_s - t_ref; };
+  std::vector<std::vector<double>> best(k, std::vector<double>(n, 0));
+  for (size_t i = 0; i < n; ++i) {
+    best[0][i] = (static_cast<double>(budget) - frontier[i].memory_bytes) * height(i);
+  }
+  for (size_t j = 1; j < k; ++j) {
+    for (size_t i = 0; i < n; ++i) {
+      best[j][i] = best[j - 1][i];
+      for (size_t next = i + 1; next < n; ++next) {
+        const double span =
+            static_cast<double>(frontier[next].memory_bytes) - frontier[i].memory_bytes;
+        best[j][i] = std::max(best[j][i], span * height(i) + best[j - 1][next]);
+      }
+    }
+  }
+  return *std::max_element(best[k - 1].begin(), best[k - 1].end());
 }
 
 std::string Describe(const std::string& name, const Outcome& o, bool frontiers) {
@@ -401,9 +454,25 @@ std::string Describe(const std::string& name, const Outcome& o, bool frontiers) 
                 o.remeasures, o.remeasures_without_draw, o.over_budget_trials,
                 o.ok_trials ? static_cast<double>(o.measured_steps) / o.ok_trials : 0.0);
   out += buf;
+  std::snprintf(buf, sizeof(buf), "; the exhaustive recommendation at %.3f of the best fitting",
+                o.exhaustive_throughput_ratio);
+  out += buf;
+  if (o.goal_trials > 0) {
+    const size_t k = std::min(o.goal_trials, o.pooled_by_trials.size());
+    std::snprintf(buf, sizeof(buf), "; pooled %.4f after %zu trials, the most any %zu reach %.4f",
+                  k > 0 ? o.pooled_by_trials[k - 1] : 0.0, k, o.goal_trials,
+                  o.best_pooled_at_goal);
+    out += buf;
+  }
   if (!o.notes.empty()) out += "\n  " + o.notes;
   out += "\n  order:";
-  for (const auto& p : o.order) out += " " + p;
+  for (size_t i = 0; i < o.order.size(); ++i) {
+    out += " " + o.order[i];
+    if (i < o.pooled_by_trials.size()) {
+      std::snprintf(buf, sizeof(buf), "{%.3f}", o.pooled_by_trials[i]);
+      out += buf;
+    }
+  }
   if (frontiers) {
     for (const auto* f : {&o.exhaustive_frontier, &o.guided_frontier}) {
       out += f == &o.guided_frontier ? "\n  guided frontier:" : "\n  exhaustive frontier:";

@@ -96,6 +96,18 @@ struct Outcome {
   size_t exhaustive_classes = 0;
   double recommendation_throughput_ratio = 0;
   std::vector<std::string> order;  // the guided trials, in the order proposed
+  // pooled_hypervolume_ratio of the first k+1 trials of `order` (re-measures included).
+  std::vector<double> pooled_by_trials;
+  // The trial goal (GoalShare of the policies, rounded down) and the largest pooled ratio any
+  // that many trials of the table reach, chosen knowing it (the pooled frontier's best points):
+  // where it is under the hypervolume goal, no search meets both goals.
+  size_t goal_trials = 0;
+  double best_pooled_at_goal = 0;
+  // The exhaustive recommendation's class throughput (pooled) over the best pooled throughput
+  // that fits: what the recommendation rule makes of every policy measured once. A guided
+  // recommendation that misses where this misses too is the rule on one draw per policy, not
+  // the search.
+  double exhaustive_throughput_ratio = 0;
   std::string notes;               // the strategy's Notes() at the end
   size_t over_budget_trials = 0;   // guided trials that did not fit (oom or over the budget)
   size_t ok_trials = 0, measured_steps = 0;  // guided ok trials and their measured steps
@@ -106,6 +118,16 @@ struct Outcome {
 inline Outcome Replay(const SearchSpec& spec, const Table& table) {
   return Replay(spec, table, Draws{});
 }
+
+// The share of a table's policies the guided search is to stay within: 15% of 150 or more
+// policies, 25% of fewer (the measured H200 tables and the 60-150-policy surfaces).
+inline double GoalShare(size_t policies) { return policies >= 150 ? 0.15 : 0.25; }
+
+// The largest Hypervolume (search/frontier.h) any `k` points of `frontier`, a Pareto frontier,
+// reach. A dominated point never adds more than the frontier point that dominates it, so no k
+// measurements of a table do better than k of its frontier's points.
+double BestHypervolumeOf(std::vector<FrontierPoint> frontier, size_t k, uint64_t budget,
+                         double t_ref);
 
 // One line of figures and the guided order, for logs and the bench; with `frontiers`, both
 // frontiers point by point as well.
