@@ -247,13 +247,16 @@ int main(int argc, char** argv) {
         continue;
       }
       // Further recorded runs of the table's policies, when the table has them:
-      // h200-MODEL-redraws-N.json, N = 1, 2, ... (bench/search/redraws.py writes them from the
-      // trials' JSON lines). They were measured beside a model's first table, so a later run
-      // (-rN, measured another day, perhaps another way) does not borrow them.
-      const bool first_table = file == "h200-" + model + "-exhaustive-table.json";
+      // h200-MODEL[-rN]-redraws-K.json, K = 1, 2, ... (bench/search/redraws.py writes them from
+      // the trials' JSON lines), measured on the machine that measured the table, beside it: a
+      // table measured another day (another machine start, perhaps another way) does not borrow
+      // another's runs.
+      const std::string run = file.substr(
+          ("h200-" + model + "-exhaustive-table").size(),
+          file.size() - ("h200-" + model + "-exhaustive-table.json").size());  // "" or "-rN"
       replay::Draws draws;
-      for (int n = 1; first_table; ++n) {
-        const std::string path = source + "/docs/results/h200-" + model + "-redraws-" +
+      for (int n = 1;; ++n) {
+        const std::string path = source + "/docs/results/h200-" + model + run + "-redraws-" +
                                  std::to_string(n) + ".json";
         if (!std::filesystem::exists(path)) break;
         auto more = remat::spec::LoadReplayTableFile(path);
