@@ -29,6 +29,16 @@ constexpr double kMinHypervolumeGain = 0.00165;
 // buy little hypervolume for many trials on the 80-layer surfaces.
 constexpr double kStopHypervolumeGain = 0.004;
 
+// After the re-measure round the frontier search resumes only for a policy predicted to add at
+// least this fraction of the (now pooled) frontier's hypervolume: the round replaced lucky single
+// draws by pooled ones, and a gap that opens by more than the noise is worth a trial, one of a
+// few tenths of a percent is the noise again. On the fifth forced-routing MLA + MoE table at
+// 46 GiB two lucky full:block draws hid the `moe` policies at the low-memory end until their
+// re-measures (0.900 of the pooled hypervolume; resumed, 0.980 for three trials more); at
+// kStopHypervolumeGain the 80-layer flash surface took 0.2%-gain trials past 15% of its
+// policies for no hypervolume (docs/results.md).
+constexpr double kResumeHypervolumeGain = 0.01;
+
 // The initial plan measures a single label beyond the first boundaries only as a calibration
 // point for the predictions, at most one per this many equivalence classes (search/
 // equivalence.h). On the small H200 tables (24-96 policies, 23-71 classes) those labels took
@@ -145,6 +155,9 @@ std::vector<FrontierPoint> RaisedFrontier(const SearchSpec& spec,
 //              (RecommendPolicy: it must beat the current one by more than the noise, or tie
 //              with less recompute); the search ends when none could. Full recompute is tried only
 //              when no selective policy fits as measured and none is predicted to.
+// Once the re-measure round has ended (ObserveRemeasured), the frontier objective takes the pooled
+// figures for its own and resumes for a policy predicted to add at least kResumeHypervolumeGain
+// (the recommend objective does not resume: the round settles its ties).
 // While nothing fits, the policy with the highest predicted throughput among those predicted to
 // fit goes first (under recommend: the plan's order first, and full recompute only once no
 // selective policy may fit). Beyond the plan (under recommend: beyond the control) a proposal
@@ -180,6 +193,13 @@ class GuidedStrategy : public Strategy {
   }
 
   void Observe(const TrialResult& result) override { results_[result.policy.ToString()] = result; }
+
+  void ObserveRemeasured(const std::vector<TrialResult>& pooled) override {
+    for (const TrialResult& r : pooled) {
+      if (tried_.count(r.policy.ToString())) results_[r.policy.ToString()] = r;
+    }
+    remeasured_ = true;
+  }
 
   bool Done() const override {
     if (results_.size() < proposed_.size()) return false;  // outstanding trials
@@ -217,6 +237,7 @@ class GuidedStrategy : public Strategy {
     for (const auto& c : proposed_) tried_.insert(c.policy.ToString());
     results_.clear();
     for (const auto& r : results) Observe(r);
+    remeasured_ = false;  // the caller passes the round's pooled results again when it ended
   }
 
  private:
@@ -240,6 +261,7 @@ class GuidedStrategy : public Strategy {
   }
 
   std::optional<Candidate> NextCandidate() const {
+    if (remeasured_) return NextAfterRemeasures();
     if (spec_.search.objective == Objective::kRecommend) return NextForRecommendation();
     for (const auto& c : plan_) {
       if (!tried_.count(c.policy.ToString())) return c;
@@ -263,6 +285,18 @@ class GuidedStrategy : public Strategy {
     return NextForRecommendation();
   }
 
+  // After the re-measure round (frontier objective only): a policy predicted to add at least
+  // kResumeHypervolumeGain to the pooled frontier, proposed once every trial before it is in.
+  std::optional<Candidate> NextAfterRemeasures() const {
+    if (spec_.search.objective != Objective::kFrontier || Outstanding()) return std::nullopt;
+    const auto results = Results();
+    if (ComputeFrontier(results, spec_.search.memory_metric, spec_.search.MemoryBudgetBytes())
+            .empty()) {
+      return std::nullopt;
+    }
+    return NextForFrontier(results, nullptr, kResumeHypervolumeGain);
+  }
+
   // Untried policies beyond the plan that would be proposed for the frontier now, in any order.
   int OpenFollowUps() const {
     if (spec_.search.objective == Objective::kRecommend) return 1;
@@ -275,15 +309,17 @@ class GuidedStrategy : public Strategy {
       return 1;
     }
     int open = 0;
-    NextForFrontier(results, &open);
-    if (open == 0 && NextForRecommendation()) open = 1;
+    NextForFrontier(results, &open, remeasured_ ? kResumeHypervolumeGain : kMinHypervolumeGain);
+    if (open == 0 && !remeasured_ && NextForRecommendation()) open = 1;
     return open;
   }
 
-  // `open`, when given, counts every untried policy predicted to add at least
-  // kMinHypervolumeGain on its own (0 when the frontier is settled).
+  // Proposes only a policy predicted to add at least `min_gain` of the frontier's hypervolume on
+  // its own; `open`, when given, counts every such untried policy (0 when the frontier is
+  // settled).
   std::optional<Candidate> NextForFrontier(const std::vector<TrialResult>& results,
-                                           int* open = nullptr) const {
+                                           int* open = nullptr,
+                                           double min_gain = kMinHypervolumeGain) const {
     const uint64_t budget = spec_.search.MemoryBudgetBytes();
     const auto frontier = ComputeFrontier(results, spec_.search.memory_metric, budget);
     double t_min = frontier.front().tokens_per_s;
@@ -321,7 +357,7 @@ class GuidedStrategy : public Strategy {
             static_cast<uint64_t>(point.memory_bytes * (1 - 0.5 * caching_spread));
       }
       const double gain = Hypervolume(ParetoFrontier(with), budget, t_ref) - base;
-      if (gain < kMinHypervolumeGain * base) continue;
+      if (gain < min_gain * base) continue;
       if (open != nullptr) ++*open;
       if (!best || gain > best_gain) {
         best_gain = gain;
@@ -466,6 +502,7 @@ class GuidedStrategy : public Strategy {
   }
 
   SearchSpec spec_;
+  bool remeasured_ = false;  // ObserveRemeasured: the re-measure round has ended
   std::vector<Candidate> plan_;
   std::vector<Policy> all_;  // class representatives, and full-recompute class members
   mutable Predictor predictor_;

@@ -47,6 +47,12 @@ class Strategy {
   // The number of trials this strategy expects to run in total (an estimate for progress bars).
   virtual int PlannedTotal() const = 0;
 
+  // The one round of near-tie re-measures (search/remeasure.h) has ended, every re-measure in
+  // it final: `pooled` holds each re-measured policy's runs combined (CombineRemeasured). The
+  // strategy takes them for its own single results; Done() may then be false again. Called at
+  // most once, after Done(); the default ignores them.
+  virtual void ObserveRemeasured(const std::vector<TrialResult>& pooled) { (void)pooled; }
+
   // What the strategy has learnt about its own predictions so far, one sentence for the search's
   // output (e.g. the measured error of the memory predictions); "" when nothing.
   virtual std::string Notes() const { return ""; }

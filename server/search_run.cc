@@ -269,7 +269,25 @@ absl::Status SearchRun::RestoreTrials(
   }
   strategy->Restore(proposed, restored);
   results = std::move(all);
+  ObserveRemeasuresOnceFinal();
   return absl::OkStatus();
+}
+
+void SearchRun::ObserveRemeasuresOnceFinal() {
+  if (!remeasure_proposed || remeasures_observed) return;
+  std::set<std::string> again;
+  for (const auto& t : trials) {
+    if (!t->remeasure) continue;
+    if (!IsFinal(t->rec.status)) return;
+    again.insert(t->rec.policy);
+  }
+  if (again.empty()) return;
+  remeasures_observed = true;
+  std::vector<search::TrialResult> pooled;
+  for (search::TrialResult& r : search::CombineRemeasured(spec, results)) {
+    if (again.count(r.policy.ToString())) pooled.push_back(std::move(r));
+  }
+  strategy->ObserveRemeasured(pooled);
 }
 
 std::vector<search::FrontierPoint> SearchRun::Frontier() const {
@@ -410,6 +428,7 @@ void SearchRun::MarkFinal(RunTrial& t, const v1::TrialResult& result,
   search::TrialResult domain = ResultToDomain(t.rec.policy, result);
   if (!t.remeasure) strategy->Observe(domain);
   results.push_back(std::move(domain));
+  if (t.remeasure) ObserveRemeasuresOnceFinal();
 }
 
 void SearchRun::CancelAll(const std::string& message,

@@ -116,8 +116,13 @@ struct SearchRun {
   void Join(RunTrial& t, const std::string& leader_id);
   void Unjoin(RunTrial& t);
   // A final result (ResultOfTrial / CoordinatorResult): the trial leaves the queue or its
-  // lease, the strategy observes it.
+  // lease, the strategy observes it (a re-measure: once the round's last one is final, the
+  // strategy observes every re-measured policy's runs pooled, all at once, so what it does next
+  // does not depend on the order they finished in).
   void MarkFinal(RunTrial& t, const v1::TrialResult& result, const std::string& by_worker);
+  // When the re-measure round was proposed and every re-measure is final: the strategy observes
+  // their pooled runs, once.
+  void ObserveRemeasuresOnceFinal();
   // Cancels every trial not yet final; `on_cancel(trial)` runs first for each.
   void CancelAll(const std::string& message, const std::function<void(RunTrial&)>& on_cancel);
 
@@ -142,6 +147,9 @@ struct SearchRun {
   // The one round of near-tie re-measures (search/remeasure.h) was proposed: once the strategy
   // is done and nothing is outstanding, before the search concludes.
   bool remeasure_proposed = false;
+  // Every re-measure of that round is final and the strategy has their pooled runs
+  // (Strategy::ObserveRemeasured): it may have gone on.
+  bool remeasures_observed = false;
   bool finalize_pending = false;             // finished, but the store write failed
   // Since when (monotonic ms) no connected worker could run its trials while some worker was
   // connected; 0: not waiting so (Scheduler::State::CheckServed).

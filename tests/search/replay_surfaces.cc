@@ -304,8 +304,31 @@ Outcome Replay(const SearchSpec& spec, const Table& table, const Draws& draws) {
       strategy->Observe(guided.back());
     }
   }
-  o.notes = strategy->Notes();
+  const size_t before_round = guided.size();
   RemeasureRound(spec, table, draws, &guided, &o);
+  if (guided.size() > before_round) {
+    // As the coordinator does once every re-measure is in (server/search_run.cc): the strategy
+    // takes the pooled runs, and may go on.
+    std::set<std::string> again;
+    for (size_t i = before_round; i < guided.size(); ++i) {
+      again.insert(guided[i].policy.ToString());
+    }
+    std::vector<TrialResult> pooled;
+    for (TrialResult& r : CombineRemeasured(spec, guided)) {
+      if (again.count(r.policy.ToString())) pooled.push_back(std::move(r));
+    }
+    strategy->ObserveRemeasured(pooled);
+    for (int guard = 0; guard < 1000 && !strategy->Done(); ++guard) {
+      const auto batch = strategy->Propose(1);
+      if (batch.empty()) break;
+      for (const auto& c : batch) {
+        guided.push_back(answer(c.policy));
+        o.order.push_back(c.policy.ToString() + "(after the re-measures)");
+        strategy->Observe(guided.back());
+      }
+    }
+  }
+  o.notes = strategy->Notes();
   for (const TrialResult& r : guided) {
     if (r.status != TrialStatus::kOk) continue;
     o.measured_steps += r.measured_steps;
@@ -459,7 +482,9 @@ std::string Describe(const std::string& name, const Outcome& o, bool frontiers) 
   out += buf;
   if (o.goal_trials > 0) {
     const size_t k = std::min(o.goal_trials, o.pooled_by_trials.size());
-    std::snprintf(buf, sizeof(buf), "; pooled %.4f after %zu trials, the most any %zu reach %.4f",
+    std::snprintf(buf, sizeof(buf),
+                  "; pooled %.4f after the first %zu measurements, the most any %zu trials reach "
+                  "%.4f",
                   k > 0 ? o.pooled_by_trials[k - 1] : 0.0, k, o.goal_trials,
                   o.best_pooled_at_goal);
     out += buf;

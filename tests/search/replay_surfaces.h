@@ -74,8 +74,11 @@ std::optional<Surface> MakeSurface(const std::string& name);
 // policy it names is served a different recorded measurement, its next unused draw in `draws`,
 // else the table's figure for a member of its equivalence class the search did not measure (the
 // same tensors: search/equivalence.h); one with neither is not re-measured (counted in
-// remeasures_without_draw). The frontier and the recommendation then come from the runs pooled
-// (CombineRemeasured), and the re-measures count as trials.
+// remeasures_without_draw). The strategy is then handed the re-measured policies' runs pooled
+// (Strategy::ObserveRemeasured, as server/search_run.cc does once every re-measure is in) and
+// may go on: those trials are marked "(after the re-measures)" in `order` and count as the
+// strategy's. The frontier and the recommendation come from the runs pooled
+// (CombineRemeasured); re-measures are counted apart (`remeasures`).
 struct Outcome;
 Outcome Replay(const SearchSpec& spec, const Table& table, const Draws& draws);
 struct Outcome {
@@ -96,7 +99,7 @@ struct Outcome {
   size_t exhaustive_classes = 0;
   double recommendation_throughput_ratio = 0;
   std::vector<std::string> order;  // the guided trials, in the order proposed
-  // pooled_hypervolume_ratio of the first k+1 trials of `order` (re-measures included).
+  // pooled_hypervolume_ratio of the first k+1 measurements of `order` (re-measures included).
   std::vector<double> pooled_by_trials;
   // The trial goal (GoalShare of the policies, rounded down) and the largest pooled ratio any
   // that many trials of the table reach, chosen knowing it (the pooled frontier's best points):

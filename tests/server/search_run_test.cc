@@ -308,6 +308,103 @@ TEST(SearchRunTest, RestoreRebuildsQueueLeasesAndResults) {
                    .ok());
 }
 
+// A scripted strategy that records the re-measure round's pooled runs and, given them, has one
+// more policy to propose (as the guided one may: search/planner.h ObserveRemeasured).
+class ResumingStrategy : public ListStrategy {
+ public:
+  ResumingStrategy(std::vector<std::string> policies, std::string after)
+      : ListStrategy(std::move(policies)), after_(std::move(after)) {}
+  std::vector<search::Candidate> Propose(int max_count) override {
+    if (!resumed_) return ListStrategy::Propose(max_count);
+    std::vector<search::Candidate> out;
+    if (max_count > 0 && !after_proposed_) {
+      after_proposed_ = true;
+      search::Candidate c;
+      c.policy = *search::ParsePolicy(after_);
+      out.push_back(c);
+    }
+    return out;
+  }
+  void Observe(const search::TrialResult& r) override {
+    if (r.policy.ToString() == after_) after_observed_ = true;
+    ListStrategy::Observe(r);
+  }
+  bool Done() const override {
+    return resumed_ ? after_observed_ : ListStrategy::Done();
+  }
+  void ObserveRemeasured(const std::vector<search::TrialResult>& pooled) override {
+    ++calls;
+    this->pooled = pooled;
+    resumed_ = true;
+  }
+  int calls = 0;
+  std::vector<search::TrialResult> pooled;
+
+ private:
+  std::string after_;
+  bool resumed_ = false, after_proposed_ = false, after_observed_ = false;
+};
+
+// The re-measure round's runs reach the strategy pooled, all at once when the last is final
+// (whatever order they finish in), and the strategy may go on; a restart hands them over again.
+TEST(SearchRunTest, TheStrategySeesTheRemeasuresPooledOnceAllAreIn) {
+  auto run = NewRun({"selective:[]", "selective:[core_attn]", "full:uniform:1"});
+  SearchRun& s = *run;
+  auto owned = std::make_unique<ResumingStrategy>(
+      std::vector<std::string>{"selective:[]", "selective:[core_attn]"}, "full:uniform:1");
+  ResumingStrategy* strategy = owned.get();
+  s.strategy = std::move(owned);
+  std::vector<RunTrial*> first = s.Enqueue(s.Proposals(2, Ids()));
+  ASSERT_EQ(first.size(), 2u);
+  s.MarkFinal(*first[0], Measured(10, 1.0), "");
+  s.MarkFinal(*first[1], Measured(8, 2.0), "");
+  EXPECT_TRUE(s.strategy->Done());
+  // The round (a replayed search has none of its own: its table holds one run per policy).
+  s.remeasure_proposed = true;
+  std::vector<TrialRecord> again(2);
+  for (int i = 0; i < 2; ++i) {
+    again[i].id = "again-" + std::to_string(i);
+    again[i].search_id = s.rec.id;
+    again[i].seq = 2 + i;
+    again[i].policy = first[i]->rec.policy;
+    again[i].status = v1::TRIAL_STATUS_PENDING;
+  }
+  std::vector<RunTrial*> round = s.Enqueue(std::move(again));
+  ASSERT_TRUE(round[0]->remeasure && round[1]->remeasure);
+  s.MarkFinal(*round[1], Measured(8, 3.0), "");  // the second finishes first
+  EXPECT_EQ(strategy->calls, 0);
+  EXPECT_TRUE(s.Proposals(1, Ids()).empty());
+  s.MarkFinal(*round[0], Measured(10, 1.5), "");
+  ASSERT_EQ(strategy->calls, 1);
+  ASSERT_EQ(strategy->pooled.size(), 2u);
+  for (const search::TrialResult& r : strategy->pooled) {
+    // Each policy's two runs pooled (medians only here: their median).
+    EXPECT_DOUBLE_EQ(r.step_time_s, r.policy.ToString() == "selective:[]" ? 1.25 : 2.5);
+  }
+  EXPECT_FALSE(s.strategy->Done());
+  std::vector<TrialRecord> more = s.Proposals(2, Ids());
+  ASSERT_EQ(more.size(), 1u);
+  EXPECT_EQ(more[0].policy, "full:uniform:1");
+  EXPECT_EQ(s.Proposals(2, Ids()).size(), 1u);  // still unsaved: the same proposal
+
+  // A restart with the round final: the restored strategy is handed the pooled runs again.
+  std::vector<TrialRecord> records;
+  for (const auto& t : s.trials) records.push_back(t->rec);
+  auto fresh = SearchRun::FromRecord(s.rec);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  auto restored = std::make_unique<ResumingStrategy>(
+      std::vector<std::string>{"selective:[]", "selective:[core_attn]"}, "full:uniform:1");
+  ResumingStrategy* again_strategy = restored.get();
+  (*fresh)->strategy = std::move(restored);
+  ASSERT_TRUE((*fresh)
+                  ->RestoreTrials(std::move(records),
+                                  [](RunTrial&) -> absl::StatusOr<bool> { return true; })
+                  .ok());
+  EXPECT_EQ(again_strategy->calls, 1);
+  EXPECT_EQ(again_strategy->pooled.size(), 2u);
+  EXPECT_TRUE((*fresh)->remeasures_observed);
+}
+
 TEST(SearchRunTest, UnreadableStoredResultsBecomeFailures) {
   v1::TrialResult bad;
   bad.set_status(v1::TRIAL_STATUS_RUNNING);  // never a stored final result
