@@ -187,7 +187,13 @@ MemoryError Predictor::MeasuredMemoryError(const std::map<std::string, TrialResu
   std::sort(sorted.begin(), sorted.end());
   const size_t n = sorted.size();
   out.bias = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
-  for (double e : errors) out.spread = std::max(out.spread, std::fabs(e - out.bias));
+  // The 90th percentile (nearest rank) of the distances from the median: the largest with fewer
+  // than ten errors, the largest but one from ten on.
+  std::vector<double> distance;
+  for (double e : errors) distance.push_back(std::fabs(e - out.bias));
+  std::sort(distance.begin(), distance.end());
+  const size_t rank = static_cast<size_t>(std::ceil(kMemoryErrorQuantile * distance.size()));
+  out.spread = distance[std::clamp<size_t>(rank, 1, distance.size()) - 1];
   return out;
 }
 

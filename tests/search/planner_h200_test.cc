@@ -100,11 +100,13 @@ TEST(PlannerOnH200Measurements, MlaSecondRun) {
 // The third MLA run (2026-12-03, night) was measured after the search changes of that day, as a
 // held-out table: forced load balancing, adaptively (73 of 76 met the 2% target), at 130 GiB so
 // every policy ran; replayed at the spec's 80 GiB. The plan is within -0.016..+0.094 GiB of every
-// peak. 21 trials (27.6%, two over the goal's quarter): being optimistic about `moe`, which no
-// plan trial runs, costs this table two trials for no hypervolume (19 trials without it).
+// peak. 21 trials (27.6%, two over the goal's quarter) while the fit test's margin was the
+// largest memory-prediction error: being optimistic about `moe`, which no plan trial runs, cost
+// two trials, and five policies predicted 1.1-1.7% over the budget were tried (all over it).
+// With the errors' 90th percentile (search/predict.h), 19 (25.0%) for the same frontier.
 TEST(PlannerOnH200Measurements, MlaThirdRunForcedBalancingHeldOut) {
   const replay::Outcome o = Evaluate("mla", "-r3");
-  ExpectEfficient(o, 0.28, 0.98);
+  ExpectEfficient(o, 0.25, 0.98);
   EXPECT_GE(o.recommendation_throughput_ratio, 0.99);
 }
 // The 96-policy MLA + MoE table was measured with every policy running (130 GiB), so it is

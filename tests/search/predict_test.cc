@@ -58,6 +58,51 @@ TEST(Predict, MemoryErrorFindsAPolicyTheModelGotWrong) {
   EXPECT_GT(e.spread, 0.03);
 }
 
+// The spread is the errors' 90th percentile: with ten or more, one policy measured off its
+// neighbours (allocator caching) does not set the margin for every other prediction; with fewer
+// it does.
+TEST(Predict, MemoryErrorSpreadIsItsNinetiethPercentile) {
+  const SearchSpec spec = testing::MlaSpec();
+  Predictor predictor(spec);
+  auto measured = [&](const std::string& odd, double by, size_t count) {
+    std::map<std::string, TrialResult> out;
+    for (const Policy& p : EnumerateValidPolicies(spec)) {
+      if (out.size() == count) continue;
+      TrialResult r;
+      r.policy = p;
+      r.status = TrialStatus::kOk;
+      RankResult rank;
+      rank.peak_allocated_bytes = rank.peak_reserved_bytes = static_cast<uint64_t>(
+          EstimateMemory(spec, p).peak_bytes * (p.ToString() == odd ? by : 1.0));
+      r.ranks = {rank};
+      r.step_time_s = 1;
+      r.tokens_per_s = 1000;
+      out[p.ToString()] = r;
+    }
+    return out;
+  };
+  // MlaSpec has 16 selective policies; the first 20 valid ones add four full-recompute ones.
+  // One policy 3% over its model: its own leave-one-out error and its neighbour's (anchored on
+  // it) are about 3%, every other is 0.
+  const auto nine = measured("", 1, 9);
+  int odd_among_nine = 0;
+  for (const Policy& p : EnumerateValidPolicies(spec)) {
+    if (p.IsFull()) continue;
+    SCOPED_TRACE(p.ToString());
+    const MemoryError few = predictor.MeasuredMemoryError(measured(p.ToString(), 1.03, 9));
+    if (nine.count(p.ToString())) {
+      ++odd_among_nine;
+      EXPECT_GT(few.spread, 0.025);  // 9 errors: the largest
+    } else {
+      EXPECT_EQ(few.spread, 0);
+    }
+    const MemoryError many = predictor.MeasuredMemoryError(measured(p.ToString(), 1.03, 20));
+    EXPECT_EQ(many.trials, 20);
+    EXPECT_LT(many.spread, 0.005);  // 20 errors: the two largest are past the 90th percentile
+  }
+  EXPECT_GE(odd_among_nine, 5);
+}
+
 // full:uniform:1 and full:block:<layers> keep the same tensors and recompute the same: measured
 // both, they are two draws of one policy, and the block N below is predicted from their mean.
 TEST(Predict, BlockFamilyEndIsTheMeanOfItsTwoDraws) {
