@@ -294,7 +294,9 @@ class GuidedStrategy : public Strategy {
             .empty()) {
       return std::nullopt;
     }
-    return NextForFrontier(results, nullptr, kResumeHypervolumeGain);
+    auto next = NextForFrontier(results, nullptr, kResumeHypervolumeGain);
+    if (next) next->reason = "after the re-measures (their runs pooled): " + next->reason;
+    return next;
   }
 
   // Untried policies beyond the plan that would be proposed for the frontier now, in any order.
