@@ -215,21 +215,25 @@ int main(int argc, char** argv) {
   if (!source.empty()) {
     // Every measured table under docs/results: h200-MODEL-exhaustive-table[-rN].json, replayed
     // with examples/replay/h200-MODEL.yaml (a table added there is scored without a change here).
-    std::vector<std::pair<std::string, std::string>> tables;  // name, model
+    struct TableFile {
+      std::string file, model, run;  // run: "" or "-rN"
+    };
+    std::vector<TableFile> tables;
     const std::regex pattern(R"(h200-([a-z0-9-]+?)-exhaustive-table(-r[0-9]+)?\.json)");
     std::error_code ec;
     for (const auto& f : std::filesystem::directory_iterator(source + "/docs/results", ec)) {
       std::smatch m;
       const std::string file = f.path().filename().string();
-      if (std::regex_match(file, m, pattern)) tables.push_back({file, m[1].str()});
+      if (std::regex_match(file, m, pattern)) tables.push_back({file, m[1].str(), m[2].str()});
     }
-    std::sort(tables.begin(), tables.end());
+    std::sort(tables.begin(), tables.end(),
+              [](const TableFile& a, const TableFile& b) { return a.file < b.file; });
     if (ec || tables.empty()) {
       std::fprintf(stderr, "error: --source: no H200 tables under %s/docs/results\n",
                    source.c_str());
       return 2;
     }
-    for (const auto& [file, model] : tables) {
+    for (const auto& [file, model, run] : tables) {
       const std::string name = file.substr(0, file.size() - 5);  // less ".json"
       auto spec = remat::spec::LoadSpecFile(source + "/examples/replay/h200-" + model + ".yaml");
       auto table = remat::spec::LoadReplayTableFile(source + "/docs/results/" + file);
@@ -251,9 +255,6 @@ int main(int argc, char** argv) {
       // the trials' JSON lines), measured on the machine that measured the table, beside it: a
       // table measured another day (another machine start, perhaps another way) does not borrow
       // another's runs.
-      const std::string run = file.substr(
-          ("h200-" + model + "-exhaustive-table").size(),
-          file.size() - ("h200-" + model + "-exhaustive-table.json").size());  // "" or "-rN"
       replay::Draws draws;
       for (int n = 1;; ++n) {
         const std::string path = source + "/docs/results/h200-" + model + run + "-redraws-" +

@@ -250,6 +250,5 @@ TEST(PlannerOnLargeSurfaces, BestHypervolumeOfIsTheBestSubset) {
   EXPECT_GT(o.exhaustive_throughput_ratio, 0.0);
 }
 
-
 }  // namespace
 }  // namespace remat::search

@@ -295,15 +295,19 @@ Outcome Replay(const SearchSpec& spec, const Table& table, const Draws& draws) {
   Outcome o;
   auto strategy = MakeGuidedStrategy(spec);
   std::vector<TrialResult> guided;
-  for (int guard = 0; guard < 1000 && !strategy->Done(); ++guard) {
-    const auto batch = strategy->Propose(1);
-    if (batch.empty()) break;
-    for (const auto& c : batch) {
-      guided.push_back(answer(c.policy));
-      o.order.push_back(c.policy.ToString());
-      strategy->Observe(guided.back());
+  // Everything the strategy proposes until it is done, each answered before the next proposal.
+  auto run_strategy = [&](const std::string& mark) {
+    for (int guard = 0; guard < 1000 && !strategy->Done(); ++guard) {
+      const auto batch = strategy->Propose(1);
+      if (batch.empty()) break;
+      for (const auto& c : batch) {
+        guided.push_back(answer(c.policy));
+        o.order.push_back(c.policy.ToString() + mark);
+        strategy->Observe(guided.back());
+      }
     }
-  }
+  };
+  run_strategy("");
   const size_t before_round = guided.size();
   RemeasureRound(spec, table, draws, &guided, &o);
   if (guided.size() > before_round) {
@@ -318,15 +322,7 @@ Outcome Replay(const SearchSpec& spec, const Table& table, const Draws& draws) {
       if (again.count(r.policy.ToString())) pooled.push_back(std::move(r));
     }
     strategy->ObserveRemeasured(pooled);
-    for (int guard = 0; guard < 1000 && !strategy->Done(); ++guard) {
-      const auto batch = strategy->Propose(1);
-      if (batch.empty()) break;
-      for (const auto& c : batch) {
-        guided.push_back(answer(c.policy));
-        o.order.push_back(c.policy.ToString() + "(after the re-measures)");
-        strategy->Observe(guided.back());
-      }
-    }
+    run_strategy("(after the re-measures)");
   }
   o.notes = strategy->Notes();
   for (const TrialResult& r : guided) {
