@@ -2,12 +2,18 @@
 // keeps of the exhaustive search's frontier and recommendation (step 4).
 //
 //   remat-search-bench [--seeds N] [--first-seed S] [--source DIR] [--frontiers] [--noise-target X]
-//                      [--label-costs]
+//                      [--label-costs] [--redeals K]
 //
 // --first-seed S runs seeds S..S+N-1 of each synthetic surface (default 1): the defaults were
 // chosen on seeds 1-5, so `--first-seed 6 --seeds 15` gives held-out figures.
 // --noise-target X sets search.noise_target for every surface and table (0: every synthetic
 // trial measures exactly its 5 steps, as before adaptive measurement; the default is each spec's).
+// --redeals K (default 50; 0: none): each measured table that holds a further run of every ok
+// policy (h200-MODEL-rN-redraws-1.json) is dealt again K times from its runs (each policy's table
+// figure one of its runs at random, the others its draws: replay::Redeal) and the frontier search
+// replayed on every deal; one line says in how many deals each goal is met, with the median and
+// the worst figure, beside the exhaustive recommendation's. One recorded table is one draw of its
+// noise; the deals are the draws the same machine could as well have given.
 // --label-costs (with --source) prints, instead of the replays, what each H200 table measures of
 // each label's replay against the step-cost model (search/predict.h StepCost): over every pair of
 // ok selective policies that differ by that label alone (and where the model charges it
@@ -55,6 +61,7 @@ namespace replay = remat::search::replay;
 bool g_frontiers = false;
 bool g_label_costs = false;
 double g_noise_target = -1;  // --noise-target: overrides every spec's search.noise_target
+int g_redeals = 50;          // --redeals: deals of each table with a further run of every policy
 
 // --label-costs: one line per label of `table` that some pair of its policies differs by.
 void PrintLabelCosts(const std::string& name, const SearchSpec& spec, const replay::Table& table) {
@@ -146,6 +153,45 @@ void Summary(const char* what, const Tally& f, const Tally& r) {
       100 * r.sum_share / r.runs, 100 * r.worst_share, r.matches, r.runs, r.worst_rec);
 }
 
+// The fraction of `v` at least `goal` (at most, with `at_most`), its median and its worst.
+std::string Share(std::vector<double> v, double goal, bool at_most, const char* fmt) {
+  std::sort(v.begin(), v.end());
+  size_t met = 0;
+  for (double x : v) met += at_most ? x <= goal + 1e-12 : x >= goal - 1e-12;
+  char a[32], b[32], buf[160];
+  std::snprintf(a, sizeof(a), fmt, v[v.size() / 2]);
+  std::snprintf(b, sizeof(b), fmt, at_most ? v.back() : v.front());
+  std::snprintf(buf, sizeof(buf), "%zu/%zu (median %s, worst %s)", met, v.size(), a, b);
+  return buf;
+}
+
+// --redeals K: the table dealt K more times from its recorded runs (replay::Redeal), the frontier
+// objective replayed on each; how often each goal is met, beside how often the recommendation rule
+// given every policy measured once (the exhaustive search's) meets its goal.
+void Redeals(const std::string& label, SearchSpec spec, const replay::Table& table,
+             const replay::Draws& draws) {
+  spec.search.objective = Objective::kFrontier;
+  spec.search.max_trials = 1000;
+  std::vector<double> share, hv, rec, exhaustive_rec;
+  for (int seed = 1; seed <= g_redeals; ++seed) {
+    const replay::Deal deal = replay::Redeal(table, draws, static_cast<uint64_t>(seed));
+    const replay::Outcome o = replay::Replay(spec, deal.table, deal.draws);
+    share.push_back(static_cast<double>(o.guided_trials) / o.exhaustive_trials);
+    hv.push_back(o.pooled_hypervolume_ratio);
+    rec.push_back(o.recommendation_throughput_ratio);
+    exhaustive_rec.push_back(o.exhaustive_throughput_ratio);
+  }
+  const double goal_share = replay::GoalShare(table.size());
+  std::printf(
+      "%s dealt again %d times from its runs: trials within %.0f%% in %s; pooled hypervolume "
+      ">= %.2f in %s; recommendation >= %.2f of the best in %s (the exhaustive rule's: %s)\n",
+      label.c_str(), g_redeals, 100 * goal_share,
+      Share(share, goal_share, true, "%.3f").c_str(), replay::kTableHypervolumeGoal,
+      Share(hv, replay::kTableHypervolumeGoal, false, "%.3f").c_str(), replay::kRecommendationGoal,
+      Share(rec, replay::kRecommendationGoal, false, "%.3f").c_str(),
+      Share(exhaustive_rec, replay::kRecommendationGoal, false, "%.3f").c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,6 +204,12 @@ int main(int argc, char** argv) {
       first_seed = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--frontiers")) {
       g_frontiers = true;
+    } else if (!std::strcmp(argv[i], "--redeals") && i + 1 < argc) {
+      g_redeals = std::atoi(argv[++i]);
+      if (g_redeals < 0) {
+        std::fprintf(stderr, "error: --redeals: must be 0 or a positive integer\n");
+        return 2;
+      }
     } else if (!std::strcmp(argv[i], "--label-costs")) {
       g_label_costs = true;
     } else if (!std::strcmp(argv[i], "--source") && i + 1 < argc) {
@@ -172,7 +224,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "error: %s: unknown argument (usage: remat-search-bench [--seeds N] "
                    "[--first-seed S] [--source REPO_DIR] [--frontiers] [--noise-target X] "
-                   "[--label-costs])\n",
+                   "[--label-costs] [--redeals K])\n",
                    argv[i]);
       return 2;
     }
@@ -281,6 +333,9 @@ int main(int argc, char** argv) {
         Tally f, r;
         Run(label, at, t, draws, &f, &r);
         Summary(label.c_str(), f, r);
+        if (g_redeals > 0 && replay::HasFurtherRunOfEach(t, draws)) {
+          Redeals(label, at, t, draws);
+        }
       }
     }
   }

@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <random>
+#include <set>
 
 #include "tests/search/replay_surfaces.h"
 
@@ -178,6 +180,55 @@ TEST(PlannerOnLargeSurfaces, SyntheticDrawsKeepMemoryAndRedrawSteps) {
   }
   EXPECT_GT(ok, 50u);
   EXPECT_EQ(redrawn, 2 * ok);
+}
+
+// A table dealt again from its runs: each policy keeps exactly its recorded runs (the table's
+// figure is one of them, the draws the others), seed 0 is the table as recorded, and the deals
+// differ from policy to policy (every run of a two-run policy is the table's figure in some deal,
+// and no deal swaps all policies or none).
+TEST(PlannerOnLargeSurfaces, RedealKeepsEachPolicysRuns) {
+  auto surface = replay::MakeSurface("mixtral-like");
+  ASSERT_TRUE(surface.has_value());
+  const auto& spec = surface->spec;
+  const auto table = replay::SyntheticTable(spec, surface->step_time_s, surface->noise, 4);
+  const auto draws = replay::SyntheticDraws(spec, surface->step_time_s, surface->noise, 4, 1);
+  ASSERT_TRUE(replay::HasFurtherRunOfEach(table, draws));
+  auto runs_of = [](const replay::Table& t, const replay::Draws& d, const std::string& policy) {
+    std::vector<double> out{t.at(policy).step_time_s};
+    if (auto it = d.find(policy); it != d.end()) {
+      for (const TrialResult& r : it->second) out.push_back(r.step_time_s);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const replay::Deal recorded = replay::Redeal(table, draws, 0);
+  std::map<std::string, std::set<double>> seen;  // each two-run policy's table figures
+  for (uint64_t seed = 0; seed <= 20; ++seed) {
+    const replay::Deal deal = replay::Redeal(table, draws, seed);
+    ASSERT_EQ(deal.table.size(), table.size());
+    size_t swapped = 0, two_runs = 0;
+    for (const auto& [policy, r] : table) {
+      EXPECT_EQ(runs_of(deal.table, deal.draws, policy), runs_of(table, draws, policy)) << policy;
+      EXPECT_EQ(deal.table.at(policy).PeakReservedBytes(), r.PeakReservedBytes()) << policy;
+      if (r.status != TrialStatus::kOk) continue;
+      ++two_runs;
+      swapped += deal.table.at(policy).step_time_s != r.step_time_s;
+      seen[policy].insert(deal.table.at(policy).step_time_s);
+      if (seed == 0) {
+        EXPECT_EQ(recorded.table.at(policy).step_time_s, r.step_time_s) << policy;
+      }
+    }
+    if (seed == 0) {
+      EXPECT_EQ(swapped, 0u);
+    } else {
+      EXPECT_GT(swapped, 0u) << seed;
+      EXPECT_LT(swapped, two_runs) << seed;
+    }
+  }
+  for (const auto& [policy, figures] : seen) EXPECT_EQ(figures.size(), 2u) << policy;
+  replay::Draws missing = draws;
+  missing.erase(missing.begin());
+  EXPECT_FALSE(replay::HasFurtherRunOfEach(table, missing));
 }
 
 // The replay runs the coordinator's re-measure round and serves each re-measure a different

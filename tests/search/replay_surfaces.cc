@@ -25,6 +25,13 @@ uint64_t Hash(uint64_t seed, const std::string& s) {
   return h;
 }
 
+// splitmix64's finaliser: every output bit depends on every input bit.
+uint64_t Mix(uint64_t x) {
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 double Uniform(std::mt19937_64& rng, double half_width) {
   return std::uniform_real_distribution<double>(-half_width, half_width)(rng);
 }
@@ -413,6 +420,38 @@ Outcome Replay(const SearchSpec& spec, const Table& table, const Draws& draws) {
     }
   }
   return o;
+}
+
+Deal Redeal(const Table& table, const Draws& draws, uint64_t seed) {
+  Deal out{table, draws};
+  if (seed == 0) return out;
+  for (auto& [policy, runs] : out.draws) {
+    auto it = out.table.find(policy);
+    if (it == out.table.end() || runs.empty()) continue;
+    // Run 0 is the table's; 1..n its draws. The chosen one moves to the table, the others keep
+    // their order.
+    std::vector<TrialResult> all{it->second};
+    all.insert(all.end(), runs.begin(), runs.end());
+    // FNV-1a's low bits follow the seed's (an odd multiplier keeps bit 0): mixed first.
+    const size_t pick = Mix(Hash(seed, policy)) % all.size();
+    it->second = all[pick];
+    runs.clear();
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (i != pick) runs.push_back(all[i]);
+    }
+  }
+  return out;
+}
+
+bool HasFurtherRunOfEach(const Table& table, const Draws& draws) {
+  bool any = false;
+  for (const auto& [policy, r] : table) {
+    if (r.status != TrialStatus::kOk) continue;
+    auto it = draws.find(policy);
+    if (it == draws.end() || it->second.empty()) return false;
+    any = true;
+  }
+  return any;
 }
 
 // An exact dynamic programme over the points by memory: the area a chosen point adds runs from

@@ -122,9 +122,27 @@ inline Outcome Replay(const SearchSpec& spec, const Table& table) {
   return Replay(spec, table, Draws{});
 }
 
+// A table dealt again from its recorded runs: for each policy with further draws, one of its
+// runs (the table's figure or a draw, picked by a hash of `seed` and the policy) is the table's
+// figure and the others are its draws, in their recorded order. Where every ok policy has a
+// further run (HasFurtherRunOfEach), each deal is a table the same machine could have measured
+// as well as the one it did: replaying many deals tells what a search makes of the table's noise,
+// where the one recorded table tells what it makes of one draw of it. The pooled reference (every
+// run of each class) is the same for every deal. Seed 0 is the table as recorded.
+struct Deal {
+  Table table;
+  Draws draws;
+};
+Deal Redeal(const Table& table, const Draws& draws, uint64_t seed);
+bool HasFurtherRunOfEach(const Table& table, const Draws& draws);
+
 // The share of a table's policies the guided search is to stay within: 15% of 150 or more
 // policies, 25% of fewer (the measured H200 tables and the 60-150-policy surfaces).
 inline double GoalShare(size_t policies) { return policies >= 150 ? 0.15 : 0.25; }
+// The other goals on a measured table: at least this share of the pooled exhaustive hypervolume,
+// and a recommendation within 3% of the best pooled throughput that fits.
+inline constexpr double kTableHypervolumeGoal = 0.95;
+inline constexpr double kRecommendationGoal = 0.97;
 
 // The largest Hypervolume (search/frontier.h) any `k` points of `frontier`, a Pareto frontier,
 // reach. A dominated point never adds more than the frontier point that dominates it, so no k
