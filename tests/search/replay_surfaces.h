@@ -96,6 +96,10 @@ struct Outcome {
   // exhaustive one, the classes, and the guided recommendation's class throughput (pooled) over
   // the best pooled throughput that fits the budget less headroom (1 when both find nothing).
   double pooled_hypervolume_ratio = 0;
+  // The same with the guided frontier's policies taken at their classes' pooled figures: what the
+  // frontier the search reports delivers, run again and again. Under pooled_hypervolume_ratio by
+  // as much as the search's frontier owes to lucky single draws.
+  double delivered_hypervolume_ratio = 0;
   size_t exhaustive_classes = 0;
   double recommendation_throughput_ratio = 0;
   std::vector<std::string> order;  // the guided trials, in the order proposed
