@@ -226,8 +226,16 @@ class GuidedStrategy : public Strategy {
                       std::to_string(e.trials) + " trials; ";
     out += e.trials < kMinErrorTrials ? std::string("too few to correct by")
                                       : Fmt("predictions corrected by %+.1f%%", 100 * fit.bias);
-    return out + Fmt(": one predicted up to %.1f%% over the budget is still tried",
-                     100 * fit.margin);
+    out += Fmt(": one predicted up to %.1f%% over the budget is still tried", 100 * fit.margin);
+    const auto scales = predictor_.LabelChargeScales(results_);
+    if (!scales.empty()) {
+      out += "; replay charges as measured by pairs of trials (times the model's):";
+      for (const auto& [label, s] : scales) {
+        out += std::string(" ") + LabelName(label) + Fmt(" x%.2f", s.scale) +
+               " (" + std::to_string(s.pairs) + (s.pairs == 1 ? " pair)" : " pairs)");
+      }
+    }
+    return out;
   }
 
   void Restore(const std::vector<Candidate>& proposed,

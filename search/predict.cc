@@ -41,16 +41,19 @@ double Predictor::StepCost(const Policy& policy) {
   return 1.0 + Model(policy).recompute_flops / model_flops_ + elementwise;
 }
 
-double Predictor::StepRatio(const Policy& from, const Policy& to,
-                            const std::set<Label>& discounted) {
-  if (discounted.empty() || from.IsFull() || to.IsFull()) return StepCost(to) / StepCost(from);
-  // The labels `to` drops, then the ones it adds; with no label discounted the steps' product
-  // is StepCost's ratio.
+double Predictor::StepRatio(const Policy& from, const Policy& to, const Charges& charges) {
+  if ((charges.discounted.empty() && charges.scales.empty()) || from.IsFull() || to.IsFull()) {
+    return StepCost(to) / StepCost(from);
+  }
+  // The labels `to` drops, then the ones it adds; with every label charged as the model says the
+  // steps' product is StepCost's ratio.
   double ratio = 1;
   Policy at = from;
   auto charge = [&](Label l, const Policy& without, const Policy& with) {
     const double c = StepCost(with) / StepCost(without) - 1;
-    return 1 + c * (discounted.count(l) ? kUnmeasuredLabelScale : 1.0);
+    if (charges.discounted.count(l)) return 1 + c * kUnmeasuredLabelScale;
+    const auto it = charges.scales.find(l);
+    return 1 + c * (it == charges.scales.end() ? 1.0 : it->second.scale);
   };
   for (Label l : from.labels) {
     if (to.Has(l)) continue;
@@ -68,13 +71,13 @@ double Predictor::StepRatio(const Policy& from, const Policy& to,
 }
 
 Prediction Predictor::PredictFrom(const TrialResult& anchor, const Policy& policy,
-                                  const std::set<Label>& discounted) {
+                                  const Charges& charges) {
   const MemoryMetric metric = spec_.search.memory_metric;
   Prediction out;
   const double model_anchor = Model(anchor.policy).peak_bytes;
   const double ratio = model_anchor > 0 ? Model(policy).peak_bytes / model_anchor : 1;
   out.memory_bytes = anchor.PeakBytes(metric) * ratio;
-  out.tokens_per_s = anchor.tokens_per_s / StepRatio(anchor.policy, policy, discounted);
+  out.tokens_per_s = anchor.tokens_per_s / StepRatio(anchor.policy, policy, charges);
   return out;
 }
 
@@ -237,19 +240,57 @@ Prediction Predictor::PredictExcluding(const std::map<std::string, TrialResult>&
     // Optimistic: the labels of `policy` that no selective trial ran, whatever its outcome (a
     // label whose own trial did not fit was still tried, and the plan tries every label but
     // moe and shared_experts).
-    std::set<Label> discounted;
-    if (optimistic && !policy.IsFull()) {
-      discounted.insert(policy.labels.begin(), policy.labels.end());
-      for (const auto& [key, r] : measured) {
-        if (r.predicted || r.policy.IsFull() || key == exclude) continue;
-        for (Label l : r.policy.labels) discounted.erase(l);
+    Charges charges;
+    if (!policy.IsFull()) {
+      charges.scales = LabelChargeScales(measured, exclude);
+      if (optimistic) {
+        charges.discounted.insert(policy.labels.begin(), policy.labels.end());
+        for (const auto& [key, r] : measured) {
+          if (r.predicted || r.policy.IsFull() || key == exclude) continue;
+          for (Label l : r.policy.labels) charges.discounted.erase(l);
+        }
       }
     }
-    out = PredictFrom(*anchor, policy, discounted);
+    out = PredictFrom(*anchor, policy, charges);
   } else {
     out.memory_bytes = model_peak;  // nothing measured: the model alone, no time
   }
   out.known_not_to_fit = known_not_to_fit;
+  return out;
+}
+
+std::map<Label, Predictor::LabelScale> Predictor::LabelChargeScales(
+    const std::map<std::string, TrialResult>& measured, const std::string& exclude) {
+  std::vector<const TrialResult*> ok;
+  for (const auto& [key, r] : measured) {
+    if (key != exclude && Usable(r) && !r.predicted && !r.policy.IsFull()) ok.push_back(&r);
+  }
+  std::map<Label, std::vector<double>> model, seen;
+  for (const TrialResult* without : ok) {
+    for (const TrialResult* with : ok) {
+      if (with->policy.labels.size() != without->policy.labels.size() + 1) continue;
+      std::vector<Label> added;
+      for (Label l : with->policy.labels) {
+        if (!without->policy.Has(l)) added.push_back(l);
+      }
+      if (added.size() != 1) continue;
+      // A label the model charges nothing beside the others (moe_act or shared_experts beside
+      // moe, which replays them already) says nothing about its charge.
+      const double charge = StepCost(with->policy) / StepCost(without->policy) - 1;
+      if (!(charge > 0)) continue;
+      model[added.front()].push_back(charge);
+      seen[added.front()].push_back(without->tokens_per_s / with->tokens_per_s - 1);
+    }
+  }
+  std::map<Label, LabelScale> out;
+  for (const auto& [label, charges] : model) {
+    // MedianStepTime is a plain median of its values.
+    const double m = MedianStepTime(charges);
+    if (!(m > 0)) continue;
+    out[label] = {std::clamp(MedianStepTime(seen[label]) / m, kMinLabelChargeScale,
+                             kMaxLabelChargeScale),
+                  static_cast<int>(charges.size())};
+  }
   return out;
 }
 

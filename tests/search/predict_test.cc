@@ -174,6 +174,53 @@ TEST(Predict, OptimisticAboutALabelNoTrialHasRun) {
   EXPECT_NEAR(predictor.Predict(measured, target, true).tokens_per_s, model, 1e-6);
 }
 
+// A label's charge in a prediction is what the search's pairs of trials (policies that differ by
+// that label alone) measure of it against the model, within [kMinLabelChargeScale,
+// kMaxLabelChargeScale]; a label no pair differs by keeps the model's charge.
+TEST(Predict, LabelChargesAreWhatPairsOfTrialsMeasure) {
+  const SearchSpec spec = testing::DenseSpec();
+  Predictor predictor(spec);
+  const Policy none = Policy::None();
+  const Policy core = Policy::Selective({Label::kCoreAttn});
+  const Policy norm = Policy::Selective({Label::kLayernorm});
+  const Policy mlp = Policy::Selective({Label::kMlp});
+  const Policy core_norm = Policy::Selective({Label::kCoreAttn, Label::kLayernorm});
+  auto charge = [&](const Policy& with, const Policy& without) {
+    return predictor.StepCost(with) / predictor.StepCost(without) - 1;
+  };
+  auto trial = [&](const Policy& p, double tokens_per_s) {
+    TrialResult r;
+    r.policy = p;
+    r.status = TrialStatus::kOk;
+    RankResult rank;
+    rank.peak_allocated_bytes = rank.peak_reserved_bytes =
+        static_cast<uint64_t>(EstimateMemory(spec, p).peak_bytes);
+    r.ranks = {rank};
+    r.tokens_per_s = tokens_per_s;
+    r.step_time_s = 1000 / tokens_per_s;
+    return r;
+  };
+  std::map<std::string, TrialResult> measured = {
+      {none.ToString(), trial(none, 1000)},
+      {core.ToString(), trial(core, 1000 / (1 + 3 * charge(core, none)))},
+      {norm.ToString(), trial(norm, 1000 / (1 + 2 * charge(norm, none)))},
+      {mlp.ToString(), trial(mlp, 1000 / (1 + 10 * charge(mlp, none)))}};
+  const auto scales = predictor.LabelChargeScales(measured);
+  ASSERT_EQ(scales.size(), 3u);
+  EXPECT_NEAR(scales.at(Label::kCoreAttn).scale, 3, 1e-9);
+  EXPECT_NEAR(scales.at(Label::kLayernorm).scale, 2, 1e-9);
+  EXPECT_EQ(scales.at(Label::kMlp).scale, kMaxLabelChargeScale);
+  EXPECT_EQ(scales.at(Label::kCoreAttn).pairs, 1);
+  // Left out, a trial's pairs are gone with it.
+  EXPECT_EQ(predictor.LabelChargeScales(measured, core.ToString()).count(Label::kCoreAttn), 0u);
+  // [core_attn, layernorm] from its nearest measured neighbour, [core_attn] (both replay the
+  // scores; layernorm saves little): layernorm charged twice the model's charge beside it.
+  const Prediction p = predictor.Predict(measured, core_norm);
+  EXPECT_NEAR(p.tokens_per_s, measured.at(core.ToString()).tokens_per_s /
+                                  (1 + 2 * charge(core_norm, core)),
+              1e-6);
+}
+
 TEST(Predict, FitTestUsesTheMeasuredErrorOnceThereAreEnoughTrials) {
   MemoryError few;
   few.trials = kMinErrorTrials - 1;
