@@ -124,8 +124,13 @@ Table SyntheticTable(const SearchSpec& spec, double step_time_s, const Noise& no
   const MemoryEstimate control = EstimateMemory(spec, Policy::None());
 
   Table table;
-  for (const Policy& p : EnumerateValidPolicies(spec)) {
+  for (const Policy& member : EnumerateValidPolicies(spec)) {
+    // A selective policy is "measured" as its equivalence class's representative (the same
+    // tensors, the same replay: search/equivalence.h), with step times of its own.
+    const Policy p =
+        member.IsFull() ? member : EquivalenceClassOf(spec, member).representative;
     std::mt19937_64 prng(Hash(seed, p.ToString()));
+    std::mt19937_64 member_rng(Hash(seed, member.ToString()));
     const MemoryEstimate e = EstimateMemory(spec, p);
     const double held = e.peak_bytes - e.static_bytes;
     double allocated = e.static_bytes + held * (1 + activation_error);
@@ -145,6 +150,10 @@ Table SyntheticTable(const SearchSpec& spec, double step_time_s, const Noise& no
     allocated *= 1 + Uniform(prng, 0.001);
     // Caching over allocated: independent per selective policy, smooth in N along a family.
     double caching = std::uniform_real_distribution<double>(0, noise.fragmentation)(prng);
+    // The member's own stream past the same two draws: its steps (a representative's are as
+    // before).
+    Uniform(member_rng, 0.001);
+    std::uniform_real_distribution<double>(0, noise.fragmentation)(member_rng);
     if (p.IsFull()) {
       const double phase = p.method == RecomputeMethod::kBlock ? caching_block : caching_uniform;
       caching = noise.fragmentation *
@@ -154,7 +163,7 @@ Table SyntheticTable(const SearchSpec& spec, double step_time_s, const Noise& no
     const double reserved = std::ceil(allocated * (1 + caching) / grid) * grid;
 
     TrialResult r;
-    r.policy = p;
+    r.policy = member;
     RankResult rank;
     if (reserved > budget) {
       r.status = TrialStatus::kOom;
@@ -168,8 +177,9 @@ Table SyntheticTable(const SearchSpec& spec, double step_time_s, const Noise& no
       const double t = step_time_s * (1 + cost);
       // Another run of the table draws its steps from a stream of its own; draw 0 keeps the
       // table's stream, so tables with and without draws are the same.
-      std::mt19937_64 redraw(Hash(seed * 1000003ull + static_cast<uint64_t>(draw), p.ToString()));
-      std::mt19937_64& srng = draw > 0 ? redraw : prng;
+      std::mt19937_64 redraw(
+          Hash(seed * 1000003ull + static_cast<uint64_t>(draw), member.ToString()));
+      std::mt19937_64& srng = draw > 0 ? redraw : member_rng;
       std::normal_distribution<double> jitter(0, noise.step_jitter);
       std::uniform_real_distribution<double> unit(0, 1);
       // At least noise.measure_steps, then as the adaptive rule measures (search/noise.h): the
@@ -192,7 +202,7 @@ Table SyntheticTable(const SearchSpec& spec, double step_time_s, const Noise& no
       r.tokens_per_s = TokensPerSecond(spec, r.step_time_s);
     }
     r.ranks.push_back(rank);
-    table[p.ToString()] = std::move(r);
+    table[member.ToString()] = std::move(r);
   }
   return table;
 }

@@ -7,7 +7,9 @@
 // every valid policy "measured" as the memory/FLOP model predicts it, with the errors a real
 // measurement has against the model: a systematic error per label and per full-recompute family
 // member (smooth in N), allocator caching on reserved memory, a true replay cost off the FLOP
-// model's, and step-time noise per step. Reserved memory follows what the six H200 exhaustive
+// model's, and step-time noise per step. A selective policy is measured as its equivalence
+// class's representative (search/equivalence.h: the same memory and expected step time), with
+// step times of its own. Reserved memory follows what the six H200 exhaustive
 // tables show (docs/results/h200-*-exhaustive-table*.json): 1-8% over allocated, on a grid of
 // about 1-2 GiB, and monotone along full:block:N and full:uniform:N (the caching follows the
 // allocation pattern, which changes smoothly with N), not independent noise per trial.
