@@ -231,8 +231,8 @@ class GuidedStrategy : public Strategy {
     if (!scales.empty()) {
       out += "; replay charges as measured by pairs of trials (times the model's):";
       for (const auto& [label, s] : scales) {
-        out += std::string(" ") + LabelName(label) + Fmt(" x%.2f", s.scale) +
-               " (" + std::to_string(s.pairs) + (s.pairs == 1 ? " pair)" : " pairs)");
+        out += std::string(" ") + LabelName(label) + Fmt(" x%.2f", s.scale) + " (" +
+               std::to_string(s.pairs) + (s.pairs == 1 ? " pair)" : " pairs)");
       }
     }
     return out;

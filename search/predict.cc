@@ -286,10 +286,10 @@ std::map<Label, Predictor::LabelScale> Predictor::LabelChargeScales(
   for (const auto& [label, charges] : model) {
     // MedianStepTime is a plain median of its values.
     const double m = MedianStepTime(charges);
+    const double y = MedianStepTime(seen[label]);
     if (!(m > 0)) continue;
-    out[label] = {std::clamp(MedianStepTime(seen[label]) / m, kMinLabelChargeScale,
-                             kMaxLabelChargeScale),
-                  static_cast<int>(charges.size())};
+    out[label] = {std::clamp(y / m, kMinLabelChargeScale, kMaxLabelChargeScale),
+                  static_cast<int>(charges.size()), y, m};
   }
   return out;
 }

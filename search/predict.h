@@ -133,8 +133,9 @@ class Predictor {
   // some pair of `measured` differs by; with the number of such pairs. `exclude`: a trial to
   // leave out (the leave-one-out error).
   struct LabelScale {
-    double scale = 1;
+    double scale = 1;  // measured over modelled, within the bounds
     int pairs = 0;
+    double measured = 0, modelled = 0;  // the medians over the pairs
   };
   std::map<Label, LabelScale> LabelChargeScales(const std::map<std::string, TrialResult>& measured,
                                                 const std::string& exclude = "");

@@ -63,44 +63,23 @@ bool g_label_costs = false;
 double g_noise_target = -1;  // --noise-target: overrides every spec's search.noise_target
 int g_redeals = 50;          // --redeals: deals of each table with a further run of every policy
 
-// --label-costs: one line per label of `table` that some pair of its policies differs by.
+// --label-costs: one line per label of `table` that some pair of its policies differs by, as the
+// search's predictions learn it from their own pairs (Predictor::LabelChargeScales), here over
+// every ok selective policy of the table; the ratio unbounded.
 void PrintLabelCosts(const std::string& name, const SearchSpec& spec, const replay::Table& table) {
-  using remat::search::Label;
-  using remat::search::TrialResult;
   remat::search::Predictor predictor(spec);
-  std::vector<const TrialResult*> ok;
+  std::map<std::string, remat::search::TrialResult> measured;
   for (const auto& [k, r] : table) {
-    if (r.status == remat::search::TrialStatus::kOk && !r.policy.IsFull() && r.step_time_s > 0) {
-      ok.push_back(&r);
+    if (r.status != remat::search::TrialStatus::kOk || r.policy.IsFull() || !(r.step_time_s > 0)) {
+      continue;
     }
+    measured[k] = r;
+    measured[k].tokens_per_s = remat::search::TokensPerSecond(spec, r.step_time_s);
   }
-  std::map<Label, std::vector<double>> model, measured;
-  for (const TrialResult* a : ok) {
-    for (const TrialResult* b : ok) {
-      // b is a with one label more.
-      if (b->policy.labels.size() != a->policy.labels.size() + 1) continue;
-      std::vector<Label> more;
-      for (Label l : b->policy.labels) {
-        if (!a->policy.Has(l)) more.push_back(l);
-      }
-      if (more.size() != 1) continue;
-      const Label added = more.front();
-      const double charge = predictor.StepCost(b->policy) / predictor.StepCost(a->policy) - 1;
-      // A label the policy replays already (moe_act or shared_experts beside moe): one class.
-      if (!(charge > 0)) continue;
-      model[added].push_back(charge);
-      measured[added].push_back(b->step_time_s / a->step_time_s - 1);
-    }
-  }
-  for (const auto& [label, charges] : model) {
-    // MedianStepTime is a plain median (the step times' is the one it was written for).
-    const double m = remat::search::MedianStepTime(charges);
-    const double y = remat::search::MedianStepTime(measured[label]);
-    char ratio[32] = "-";
-    if (m > 0) std::snprintf(ratio, sizeof(ratio), "%.2f", y / m);
-    std::printf("[label-cost] %-40s %-15s pairs %3zu  measured %6.2f%%  model %6.2f%%  ratio %s\n",
-                name.c_str(), remat::search::LabelName(label), charges.size(), 100 * y, 100 * m,
-                ratio);
+  for (const auto& [label, s] : predictor.LabelChargeScales(measured)) {
+    std::printf("[label-cost] %-40s %-15s pairs %3d  measured %6.2f%%  model %6.2f%%  ratio %.2f\n",
+                name.c_str(), remat::search::LabelName(label), s.pairs, 100 * s.measured,
+                100 * s.modelled, s.measured / s.modelled);
   }
 }
 
@@ -187,12 +166,11 @@ void Redeals(const std::string& label, SearchSpec spec, const replay::Table& tab
       "%s dealt again %d times from its runs: trials within %.0f%% in %s; pooled hypervolume "
       ">= %.2f in %s (its frontier's policies at their pooled figures: %s); recommendation >= "
       "%.2f of the best in %s (the exhaustive rule's: %s)\n",
-      label.c_str(), g_redeals, 100 * goal_share,
-      Share(share, goal_share, true, "%.3f").c_str(), replay::kTableHypervolumeGoal,
+      label.c_str(), g_redeals, 100 * goal_share, Share(share, goal_share, true, "%.3f").c_str(),
+      replay::kTableHypervolumeGoal,
       Share(hv, replay::kTableHypervolumeGoal, false, "%.3f").c_str(),
       Share(delivered, replay::kTableHypervolumeGoal, false, "%.3f").c_str(),
-      replay::kRecommendationGoal,
-      Share(rec, replay::kRecommendationGoal, false, "%.3f").c_str(),
+      replay::kRecommendationGoal, Share(rec, replay::kRecommendationGoal, false, "%.3f").c_str(),
       Share(exhaustive_rec, replay::kRecommendationGoal, false, "%.3f").c_str());
 }
 

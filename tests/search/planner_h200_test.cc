@@ -250,7 +250,8 @@ TEST(PlannerOnH200Measurements, MlaMoe16FifthRunWithItsSecondRuns) {
   }
   // Deals of the table at 46 GiB (each policy's figure one of its two runs) where a lucky draw
   // settles the search early: the re-measures' pooled runs open the gap and it resumes.
-  auto spec = spec::LoadSpecFile(std::string(REMAT_SOURCE_DIR) + "/examples/replay/h200-mla-moe16.yaml");
+  auto spec =
+      spec::LoadSpecFile(std::string(REMAT_SOURCE_DIR) + "/examples/replay/h200-mla-moe16.yaml");
   auto table = spec::LoadReplayTableFile(std::string(REMAT_SOURCE_DIR) +
                                          "/docs/results/h200-mla-moe16-exhaustive-table-r5.json");
   ASSERT_TRUE(spec.ok() && table.ok());
@@ -262,7 +263,8 @@ TEST(PlannerOnH200Measurements, MlaMoe16FifthRunWithItsSecondRuns) {
     const replay::Deal deal = replay::Redeal(t, draws, seed);
     const replay::Outcome o = replay::Replay(*spec, deal.table, deal.draws);
     bool any = false;
-    for (const std::string& p : o.order) any |= p.find("(after the re-measures)") != std::string::npos;
+    for (const std::string& p : o.order)
+      any |= p.find("(after the re-measures)") != std::string::npos;
     resumed += any;
   }
   std::printf("mla-moe16-r5 @46: the search resumed after its re-measures in %d of 20 deals\n",
@@ -281,8 +283,8 @@ TEST(PlannerOnH200Measurements, MlaMoe16FifthRunWithItsSecondRuns) {
 // ran a median 5.2% faster than the first (up to 15% on moe-recomputing policies); the replay
 // meets the goals (11 of 44 trials, 0.955, 0.988).
 TEST(PlannerOnH200Measurements, DenseThirdAndMoeFifthRunsWithTheirSecondRuns) {
-  const replay::Outcome dense = Evaluate("dense", "-r3", Objective::kFrontier, 0,
-                                         SecondRuns("dense", "-r3", 24));
+  const replay::Outcome dense =
+      Evaluate("dense", "-r3", Objective::kFrontier, 0, SecondRuns("dense", "-r3", 24));
   ExpectEfficient(dense, 0.42, 0.99);
   EXPECT_GE(dense.recommendation_throughput_ratio, 0.97);
   const replay::Outcome moe =

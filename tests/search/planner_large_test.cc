@@ -303,8 +303,10 @@ TEST(PlannerOnLargeSurfaces, BestHypervolumeOfIsTheBestSubset) {
   // table: never more than its hypervolume, however lucky the guided draws (seeds 1-5 of this
   // noisy surface: the pooled ratio runs over 1 on some of them, measured on lucky draws).
   for (uint64_t seed = 1; seed <= 5; ++seed) {
-    const auto t = replay::SyntheticTable(surface->spec, surface->step_time_s, surface->noise, seed);
-    const auto d = replay::SyntheticDraws(surface->spec, surface->step_time_s, surface->noise, seed, 1);
+    const auto t =
+        replay::SyntheticTable(surface->spec, surface->step_time_s, surface->noise, seed);
+    const auto d =
+        replay::SyntheticDraws(surface->spec, surface->step_time_s, surface->noise, seed, 1);
     const replay::Outcome r = replay::Replay(surface->spec, t, d);
     EXPECT_GT(r.delivered_hypervolume_ratio, 0.5) << seed;
     EXPECT_LE(r.delivered_hypervolume_ratio, 1.0 + 1e-12) << seed;

@@ -13,6 +13,21 @@
 namespace remat::search {
 namespace {
 
+// A trial of `p` that peaks where the model says, at `tokens_per_s` (0 unless ok).
+TrialResult ModelTrial(const SearchSpec& spec, const Policy& p, double tokens_per_s,
+                       TrialStatus status = TrialStatus::kOk) {
+  TrialResult r;
+  r.policy = p;
+  r.status = status;
+  RankResult rank;
+  rank.peak_allocated_bytes = rank.peak_reserved_bytes =
+      static_cast<uint64_t>(EstimateMemory(spec, p).peak_bytes);
+  r.ranks = {rank};
+  r.tokens_per_s = status == TrialStatus::kOk ? tokens_per_s : 0;
+  r.step_time_s = 1000 / tokens_per_s;
+  return r;
+}
+
 // Every valid selective single label and the control, "measured" at the model's peak times
 // `scale` (and times `odd` for `odd_policy`), at a throughput the model's step cost gives.
 std::map<std::string, TrialResult> Measured(const SearchSpec& spec, double scale,
@@ -144,16 +159,7 @@ TEST(Predict, BlockFamilyEndIsTheMeanOfItsTwoDraws) {
 TEST(Predict, OptimisticAboutALabelNoTrialHasRun) {
   const SearchSpec spec = testing::MoeSpec();
   auto trial = [&](const Policy& p, TrialStatus status) {
-    TrialResult r;
-    r.policy = p;
-    r.status = status;
-    RankResult rank;
-    rank.peak_allocated_bytes = rank.peak_reserved_bytes =
-        static_cast<uint64_t>(EstimateMemory(spec, p).peak_bytes);
-    r.ranks = {rank};
-    r.step_time_s = 1;
-    r.tokens_per_s = status == TrialStatus::kOk ? 1000 : 0;
-    return r;
+    return ModelTrial(spec, p, 1000, status);
   };
   const Policy core = Policy::Selective({Label::kCoreAttn});
   const Policy target = Policy::Selective({Label::kCoreAttn, Label::kMoe});
@@ -189,16 +195,7 @@ TEST(Predict, LabelChargesAreWhatPairsOfTrialsMeasure) {
     return predictor.StepCost(with) / predictor.StepCost(without) - 1;
   };
   auto trial = [&](const Policy& p, double tokens_per_s) {
-    TrialResult r;
-    r.policy = p;
-    r.status = TrialStatus::kOk;
-    RankResult rank;
-    rank.peak_allocated_bytes = rank.peak_reserved_bytes =
-        static_cast<uint64_t>(EstimateMemory(spec, p).peak_bytes);
-    r.ranks = {rank};
-    r.tokens_per_s = tokens_per_s;
-    r.step_time_s = 1000 / tokens_per_s;
-    return r;
+    return ModelTrial(spec, p, tokens_per_s);
   };
   std::map<std::string, TrialResult> measured = {
       {none.ToString(), trial(none, 1000)},
@@ -216,9 +213,8 @@ TEST(Predict, LabelChargesAreWhatPairsOfTrialsMeasure) {
   // [core_attn, layernorm] from its nearest measured neighbour, [core_attn] (both replay the
   // scores; layernorm saves little): layernorm charged twice the model's charge beside it.
   const Prediction p = predictor.Predict(measured, core_norm);
-  EXPECT_NEAR(p.tokens_per_s, measured.at(core.ToString()).tokens_per_s /
-                                  (1 + 2 * charge(core_norm, core)),
-              1e-6);
+  EXPECT_NEAR(p.tokens_per_s,
+              measured.at(core.ToString()).tokens_per_s / (1 + 2 * charge(core_norm, core)), 1e-6);
 }
 
 TEST(Predict, FitTestUsesTheMeasuredErrorOnceThereAreEnoughTrials) {

@@ -127,8 +127,7 @@ Table SyntheticTable(const SearchSpec& spec, double step_time_s, const Noise& no
   for (const Policy& member : EnumerateValidPolicies(spec)) {
     // A selective policy is "measured" as its equivalence class's representative (the same
     // tensors, the same replay: search/equivalence.h), with step times of its own.
-    const Policy p =
-        member.IsFull() ? member : EquivalenceClassOf(spec, member).representative;
+    const Policy p = member.IsFull() ? member : EquivalenceClassOf(spec, member).representative;
     std::mt19937_64 prng(Hash(seed, p.ToString()));
     std::mt19937_64 member_rng(Hash(seed, member.ToString()));
     const MemoryEstimate e = EstimateMemory(spec, p);
