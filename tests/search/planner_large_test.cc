@@ -151,7 +151,6 @@ TEST(PlannerOnLargeSurfaces, KnownNoiseStopsNoLaterThanExactFigures) {
   EXPECT_NE(noisy.notes.find("memory predictions"), std::string::npos) << noisy.notes;
 }
 
-
 // Another run of a synthetic table (a re-measure's draw) keeps every policy's memory and status
 // and draws its steps afresh; draw 0 is the table itself.
 TEST(PlannerOnLargeSurfaces, SyntheticDrawsKeepMemoryAndRedrawSteps) {
@@ -201,7 +200,6 @@ TEST(PlannerOnLargeSurfaces, RedealKeepsEachPolicysRuns) {
     std::sort(out.begin(), out.end());
     return out;
   };
-  const replay::Deal recorded = replay::Redeal(table, draws, 0);
   std::map<std::string, std::set<double>> seen;  // each two-run policy's table figures
   for (uint64_t seed = 0; seed <= 20; ++seed) {
     const replay::Deal deal = replay::Redeal(table, draws, seed);
@@ -214,9 +212,6 @@ TEST(PlannerOnLargeSurfaces, RedealKeepsEachPolicysRuns) {
       ++two_runs;
       swapped += deal.table.at(policy).step_time_s != r.step_time_s;
       seen[policy].insert(deal.table.at(policy).step_time_s);
-      if (seed == 0) {
-        EXPECT_EQ(recorded.table.at(policy).step_time_s, r.step_time_s) << policy;
-      }
     }
     if (seed == 0) {
       EXPECT_EQ(swapped, 0u);
@@ -268,8 +263,8 @@ TEST(PlannerOnLargeSurfaces, BestHypervolumeOfIsTheBestSubset) {
     uint64_t memory = rng() % 10;
     double tokens = 10 + rng() % 10;
     for (size_t i = 0; i < n; ++i) {  // a frontier: memory and throughput rise together
-      frontier.push_back({Policy::Full(RecomputeMethod::kBlock, static_cast<int>(i + 1)), memory,
-                          tokens});
+      frontier.push_back(
+          {Policy::Full(RecomputeMethod::kBlock, static_cast<int>(i + 1)), memory, tokens});
       memory += 1 + rng() % 15;
       tokens += 1 + rng() % 10;
     }
@@ -291,8 +286,7 @@ TEST(PlannerOnLargeSurfaces, BestHypervolumeOfIsTheBestSubset) {
   auto surface = replay::MakeSurface("mixtral-like");
   ASSERT_TRUE(surface.has_value());
   surface->spec.search.max_trials = 1000;
-  const auto table =
-      replay::SyntheticTable(surface->spec, surface->step_time_s, surface->noise, 1);
+  const auto table = replay::SyntheticTable(surface->spec, surface->step_time_s, surface->noise, 1);
   const replay::Outcome o = replay::Replay(surface->spec, table);
   EXPECT_EQ(o.goal_trials, o.exhaustive_trials / 4);  // 80 policies: a quarter
   EXPECT_LE(o.best_pooled_at_goal, 1.0 + 1e-12);
