@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <vector>
 
 #include "search/rules.h"
@@ -171,7 +173,7 @@ std::optional<Prediction> Predictor::PredictFamily(
 
 Prediction Predictor::Predict(const std::map<std::string, TrialResult>& measured,
                               const Policy& policy, bool optimistic) {
-  return PredictExcluding(measured, policy, "", optimistic);
+  return PredictExcluding(measured, policy, "", optimistic, /*measured_charges=*/true);
 }
 
 MemoryError Predictor::MeasuredMemoryError(const std::map<std::string, TrialResult>& measured) {
@@ -210,7 +212,7 @@ FitTest FitTestFrom(const MemoryError& error) {
 
 Prediction Predictor::PredictExcluding(const std::map<std::string, TrialResult>& measured,
                                        const Policy& policy, const std::string& exclude,
-                                       bool optimistic) {
+                                       bool optimistic, bool measured_charges) {
   bool known_not_to_fit = false;
   if (policy.IsFull()) {
     if (auto p = PredictFamily(measured, policy, exclude)) {
@@ -242,7 +244,7 @@ Prediction Predictor::PredictExcluding(const std::map<std::string, TrialResult>&
     // moe and shared_experts).
     Charges charges;
     if (!policy.IsFull()) {
-      charges.scales = LabelChargeScales(measured, exclude);
+      if (measured_charges) charges.scales = LabelChargeScales(measured, exclude);
       if (optimistic) {
         charges.discounted.insert(policy.labels.begin(), policy.labels.end());
         for (const auto& [key, r] : measured) {
@@ -260,6 +262,26 @@ Prediction Predictor::PredictExcluding(const std::map<std::string, TrialResult>&
 }
 
 std::map<Label, Predictor::LabelScale> Predictor::LabelChargeScales(
+    const std::map<std::string, TrialResult>& measured, const std::string& exclude) {
+  // Every pair of trials is O(n^2); a proposal predicts every untried policy from the same
+  // measurements, so the scales are kept until the measurements change (an O(n) fingerprint).
+  uint64_t key = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) { key = (key ^ v) * 1099511628211ull; };
+  for (const auto& [k, r] : measured) {
+    mix(std::hash<std::string>{}(k));
+    mix(static_cast<uint64_t>(r.status));
+    mix(r.predicted);
+    uint64_t bits = 0;
+    std::memcpy(&bits, &r.tokens_per_s, sizeof(bits));
+    mix(bits);
+  }
+  mix(std::hash<std::string>{}(exclude));
+  if (auto it = scales_cache_.find(key); it != scales_cache_.end()) return it->second;
+  if (scales_cache_.size() >= kScalesCacheEntries) scales_cache_.clear();
+  return scales_cache_[key] = ComputeLabelChargeScales(measured, exclude);
+}
+
+std::map<Label, Predictor::LabelScale> Predictor::ComputeLabelChargeScales(
     const std::map<std::string, TrialResult>& measured, const std::string& exclude) {
   std::vector<const TrialResult*> ok;
   for (const auto& [key, r] : measured) {

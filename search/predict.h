@@ -26,9 +26,11 @@
 // or an ok one over the budget, marks its family member as not fitting: the block N below it
 // cannot fit either.
 //
-// Thread-safety: none (caches model estimates); one Predictor per strategy, used under its lock.
+// Thread-safety: none (caches model estimates and measured label charges); one Predictor per
+// strategy, used under its lock.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
@@ -141,10 +143,13 @@ class Predictor {
                                                 const std::string& exclude = "");
 
  private:
-  // Predict, with the trial keyed `exclude` (if any) left out of `measured`.
+  // Predict, with the trial keyed `exclude` (if any) left out of `measured`; labels charged as
+  // the model says unless `measured_charges` (the leave-one-out memory error needs no time).
   Prediction PredictExcluding(const std::map<std::string, TrialResult>& measured,
                               const Policy& policy, const std::string& exclude,
-                              bool optimistic = false);
+                              bool optimistic = false, bool measured_charges = false);
+  std::map<Label, LabelScale> ComputeLabelChargeScales(
+      const std::map<std::string, TrialResult>& measured, const std::string& exclude);
   std::optional<Prediction> PredictFamily(const std::map<std::string, TrialResult>& measured,
                                           const Policy& policy, const std::string& exclude);
   // How each label is charged in a prediction: the labels no trial ran (when optimistic) and
@@ -162,6 +167,9 @@ class Predictor {
   SearchSpec spec_;
   double model_flops_ = 1;
   std::map<std::string, MemoryEstimate> cache_;
+  // LabelChargeScales by a fingerprint of its arguments; cleared when full.
+  static constexpr size_t kScalesCacheEntries = 64;
+  std::map<uint64_t, std::map<Label, LabelScale>> scales_cache_;
 };
 
 }  // namespace remat::search
