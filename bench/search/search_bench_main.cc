@@ -32,10 +32,11 @@
 // what tells a search's miss from the table's: the exhaustive recommendation's throughput on
 // the same scale (the recommendation rule given every policy measured once), the pooled ratio
 // after the goal's share of the policies (25%, 15% of 150 or more) and the most any that many
-// trials could reach (replay::BestHypervolumeOf), and after each trial of the order {in
-// braces}. The mla-moe16 tables (measured with every policy running) are replayed at 46, 58 (the
-// spec's) and 68 GiB: the low end of their frontier, the middle, and all but the control's end.
-// docs/results.md records them.
+// trials could reach (replay::BestHypervolumeOf), alone and beginning with the initial plan's
+// trials (what a search that walks the plan can still reach), and after each trial of the order
+// {in braces}. The mla-moe16 tables (measured with every policy running) are replayed at 46, 58
+// (the spec's) and 68 GiB: the low end of their frontier, the middle, and all but the control's
+// end. docs/results.md records them.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>

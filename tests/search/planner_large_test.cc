@@ -252,8 +252,8 @@ TEST(PlannerOnLargeSurfaces, ReplayedRemeasuresAreServedOtherDraws) {
   }
 }
 
-// The bench's bound (the most any k trials of a table reach) against every k-subset of small
-// random frontiers, and the figures a replay reports beside it.
+// The bench's bound (the most any k trials of a table reach, alone and beside the plan's points)
+// against every k-subset of small random frontiers, and the figures a replay reports beside it.
 TEST(PlannerOnLargeSurfaces, BestHypervolumeOfIsTheBestSubset) {
   std::mt19937_64 rng(7);
   const uint64_t budget = 100;
@@ -269,8 +269,13 @@ TEST(PlannerOnLargeSurfaces, BestHypervolumeOfIsTheBestSubset) {
       tokens += 1 + rng() % 10;
     }
     std::shuffle(frontier.begin(), frontier.end(), rng);
+    // Forced points anywhere: on or off the frontier, dominated, over the budget, under t_ref.
+    std::vector<FrontierPoint> forced;
+    for (size_t i = 0, f = rng() % 4; i < f; ++i) {
+      forced.push_back({Policy::None(), rng() % 120, static_cast<double>(rng() % 60)});
+    }
     for (size_t k = 0; k <= n + 1; ++k) {
-      double best = 0;
+      double best = 0, best_forced = 0;
       for (uint32_t mask = 0; mask < (1u << n); ++mask) {
         if (static_cast<size_t>(__builtin_popcount(mask)) > k) continue;
         std::vector<FrontierPoint> chosen;
@@ -278,9 +283,14 @@ TEST(PlannerOnLargeSurfaces, BestHypervolumeOfIsTheBestSubset) {
           if (mask & (1u << i)) chosen.push_back(frontier[i]);
         }
         best = std::max(best, Hypervolume(chosen, budget, 5.0));
+        chosen.insert(chosen.end(), forced.begin(), forced.end());
+        best_forced = std::max(best_forced, Hypervolume(chosen, budget, 5.0));
       }
       EXPECT_NEAR(replay::BestHypervolumeOf(frontier, k, budget, 5.0), best, 1e-9 * best)
           << "round " << round << ", k " << k;
+      EXPECT_NEAR(replay::BestHypervolumeOf(frontier, k, budget, 5.0, forced), best_forced,
+                  1e-9 * best_forced)
+          << "round " << round << ", k " << k << ", " << forced.size() << " forced";
     }
   }
   auto surface = replay::MakeSurface("mixtral-like");
@@ -290,6 +300,8 @@ TEST(PlannerOnLargeSurfaces, BestHypervolumeOfIsTheBestSubset) {
   const replay::Outcome o = replay::Replay(surface->spec, table);
   EXPECT_EQ(o.goal_trials, o.exhaustive_trials / 4);  // 80 policies: a quarter
   EXPECT_LE(o.best_pooled_at_goal, 1.0 + 1e-12);
+  EXPECT_GT(o.plan_trials, 0u);
+  EXPECT_LE(o.best_pooled_at_goal_after_plan, o.best_pooled_at_goal + 1e-12);
   ASSERT_EQ(o.pooled_by_trials.size(), o.order.size());
   EXPECT_DOUBLE_EQ(o.pooled_by_trials.back(), o.pooled_hypervolume_ratio);
   EXPECT_GT(o.exhaustive_throughput_ratio, 0.0);

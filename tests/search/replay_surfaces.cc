@@ -386,23 +386,34 @@ Outcome Replay(const SearchSpec& spec, const Table& table, const Draws& draws) {
   for (const auto& p : fp) tp_min = tp_min == 0 ? p.tokens_per_s : std::min(tp_min, p.tokens_per_s);
   const double hv_p = Hypervolume(fp, budget, 0.9 * tp_min);
   o.pooled_hypervolume_ratio = hv_p > 0 ? Hypervolume(fg, budget, 0.9 * tp_min) / hv_p : 1;
-  {
-    std::map<std::string, const TrialResult*> by_representative;
-    for (const TrialResult& r : pooled) by_representative[r.policy.ToString()] = &r;
-    std::vector<FrontierPoint> delivered;
-    for (const FrontierPoint& f : fg) {
-      const auto it =
-          by_representative.find(EquivalenceClassOf(spec, f.policy).representative.ToString());
-      if (it == by_representative.end() || it->second->status != TrialStatus::kOk) continue;
-      const uint64_t memory = it->second->PeakBytes(spec.search.memory_metric);
-      if (memory <= budget) delivered.push_back({f.policy, memory, it->second->tokens_per_s});
-    }
-    o.delivered_hypervolume_ratio =
-        hv_p > 0 ? Hypervolume(ParetoFrontier(delivered), budget, 0.9 * tp_min) / hv_p : 1;
+  // A policy at its class's pooled figure, when that ran and fits the budget.
+  std::map<std::string, const TrialResult*> by_representative;
+  for (const TrialResult& r : pooled) by_representative[r.policy.ToString()] = &r;
+  auto pooled_point = [&](const Policy& policy) -> std::optional<FrontierPoint> {
+    const auto it =
+        by_representative.find(EquivalenceClassOf(spec, policy).representative.ToString());
+    if (it == by_representative.end() || it->second->status != TrialStatus::kOk) return {};
+    const uint64_t memory = it->second->PeakBytes(spec.search.memory_metric);
+    if (memory > budget) return {};
+    return FrontierPoint{policy, memory, it->second->tokens_per_s};
+  };
+  std::vector<FrontierPoint> delivered;
+  for (const FrontierPoint& f : fg) {
+    if (auto point = pooled_point(f.policy)) delivered.push_back(*point);
   }
+  o.delivered_hypervolume_ratio =
+      hv_p > 0 ? Hypervolume(ParetoFrontier(delivered), budget, 0.9 * tp_min) / hv_p : 1;
   if (hv_p > 0) {
     o.goal_trials = static_cast<size_t>(GoalShare(all.size()) * all.size());
     o.best_pooled_at_goal = BestHypervolumeOf(fp, o.goal_trials, budget, 0.9 * tp_min) / hv_p;
+    std::vector<FrontierPoint> plan;
+    for (const Candidate& c : InitialPlan(spec)) {
+      ++o.plan_trials;
+      if (auto point = pooled_point(c.policy)) plan.push_back(*point);
+    }
+    const size_t rest = o.goal_trials > o.plan_trials ? o.goal_trials - o.plan_trials : 0;
+    o.best_pooled_at_goal_after_plan =
+        BestHypervolumeOf(fp, rest, budget, 0.9 * tp_min, plan) / hv_p;
   }
   for (size_t k = 1; k <= o.order.size() && hv_p > 0; ++k) {
     std::vector<TrialResult> first(guided.begin(), guided.begin() + k);
@@ -478,38 +489,50 @@ bool HasFurtherRunOfEach(const Table& table, const Draws& draws) {
 }
 
 // An exact dynamic programme over the points by memory: the area a chosen point adds runs from
-// its memory to the next chosen point's (or the budget), at its throughput.
-double BestHypervolumeOf(std::vector<FrontierPoint> frontier, size_t k, uint64_t budget,
-                         double t_ref) {
-  frontier.erase(std::remove_if(frontier.begin(), frontier.end(),
-                                [&](const FrontierPoint& p) {
-                                  return p.memory_bytes > budget || !(p.tokens_per_s > t_ref);
-                                }),
-                 frontier.end());
-  std::sort(frontier.begin(), frontier.end(), [](const FrontierPoint& a, const FrontierPoint& b) {
-    return a.memory_bytes < b.memory_bytes;
-  });
-  const size_t n = frontier.size();
-  if (k == 0 || n == 0) return 0;
-  k = std::min(k, n);
-  // best[j][i]: the largest area to the right of point i's memory with i chosen and j more
-  // points chosen after it (a frontier's throughput rises with its memory).
-  auto height = [&](size_t i) { return frontier[i].tokens_per_s - t_ref; };
-  std::vector<std::vector<double>> best(k, std::vector<double>(n, 0));
-  for (size_t i = 0; i < n; ++i) {
-    best[0][i] = (static_cast<double>(budget) - frontier[i].memory_bytes) * height(i);
+// its memory to the next chosen point's (or the budget), at its throughput. That is Hypervolume's
+// sweep when each chosen point is faster than the ones before it; a chosen point that is not
+// (a forced one may be dominated) is counted low, and the best choice leaves it out: it adds
+// nothing, and a forced point costs nothing to leave out either.
+double BestHypervolumeOf(const std::vector<FrontierPoint>& frontier, size_t k, uint64_t budget,
+                         double t_ref, const std::vector<FrontierPoint>& forced) {
+  struct Item {
+    uint64_t memory;
+    double height;  // throughput over t_ref
+    size_t cost;    // 1 for a frontier point, 0 for a forced one
+  };
+  std::vector<Item> items;
+  for (const auto* set : {&frontier, &forced}) {
+    for (const FrontierPoint& p : *set) {
+      if (p.memory_bytes > budget || !(p.tokens_per_s > t_ref)) continue;
+      items.push_back({p.memory_bytes, p.tokens_per_s - t_ref, set == &forced ? 0u : 1u});
+    }
   }
-  for (size_t j = 1; j < k; ++j) {
-    for (size_t i = 0; i < n; ++i) {
-      best[j][i] = best[j - 1][i];
-      for (size_t next = i + 1; next < n; ++next) {
-        const double span =
-            static_cast<double>(frontier[next].memory_bytes) - frontier[i].memory_bytes;
-        best[j][i] = std::max(best[j][i], span * height(i) + best[j - 1][next]);
+  std::sort(items.begin(), items.end(),
+            [](const Item& a, const Item& b) { return a.memory < b.memory; });
+  const size_t n = items.size();
+  // area[c * n + i]: the largest area from the first chosen point's memory to item i's, with i
+  // chosen last and c free points used.
+  constexpr double kUnreached = -1;
+  std::vector<double> area((k + 1) * n, kUnreached);
+  for (size_t i = 0; i < n; ++i) {
+    if (items[i].cost <= k) area[items[i].cost * n + i] = 0;
+  }
+  double best = 0;
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t c = 0; c <= k; ++c) {
+      const double so_far = area[c * n + i];
+      if (so_far == kUnreached) continue;
+      best = std::max(best,
+                      so_far + (static_cast<double>(budget) - items[i].memory) * items[i].height);
+      for (size_t j = i + 1; j < n; ++j) {
+        if (c + items[j].cost > k) continue;
+        double& next = area[(c + items[j].cost) * n + j];
+        next = std::max(next, so_far + static_cast<double>(items[j].memory - items[i].memory) *
+                                           items[i].height);
       }
     }
   }
-  return *std::max_element(best[k - 1].begin(), best[k - 1].end());
+  return best;
 }
 
 std::string Describe(const std::string& name, const Outcome& o, bool frontiers) {
@@ -544,9 +567,9 @@ std::string Describe(const std::string& name, const Outcome& o, bool frontiers) 
     const size_t k = std::min(o.goal_trials, o.pooled_by_trials.size());
     std::snprintf(buf, sizeof(buf),
                   "; pooled %.4f after the first %zu measurements, the most any %zu trials reach "
-                  "%.4f",
-                  k > 0 ? o.pooled_by_trials[k - 1] : 0.0, k, o.goal_trials,
-                  o.best_pooled_at_goal);
+                  "%.4f (%.4f beginning with the plan's %zu)",
+                  k > 0 ? o.pooled_by_trials[k - 1] : 0.0, k, o.goal_trials, o.best_pooled_at_goal,
+                  o.best_pooled_at_goal_after_plan, o.plan_trials);
     out += buf;
   }
   if (!o.notes.empty()) out += "\n  " + o.notes;

@@ -112,6 +112,11 @@ struct Outcome {
   // where it is under the hypervolume goal, no search meets both goals.
   size_t goal_trials = 0;
   double best_pooled_at_goal = 0;
+  // The same for a search that walks the initial plan first (InitialPlan, search/planner.h; the
+  // contract's plan: the control, the first boundaries, full recompute): the plan's trials and
+  // the largest pooled ratio its policies and the goal's remaining trials reach together.
+  size_t plan_trials = 0;
+  double best_pooled_at_goal_after_plan = 0;
   // The exhaustive recommendation's class throughput (pooled) over the best pooled throughput
   // that fits: what the recommendation rule makes of every policy measured once. A guided
   // recommendation that misses where this misses too is the rule on one draw per policy, not
@@ -151,10 +156,12 @@ inline constexpr double kTableHypervolumeGoal = 0.95;
 inline constexpr double kRecommendationGoal = 0.97;
 
 // The largest Hypervolume (search/frontier.h) any `k` points of `frontier`, a Pareto frontier,
-// reach. A dominated point never adds more than the frontier point that dominates it, so no k
-// measurements of a table do better than k of its frontier's points.
-double BestHypervolumeOf(std::vector<FrontierPoint> frontier, size_t k, uint64_t budget,
-                         double t_ref);
+// reach together with every point of `forced` (any points; none by default). A dominated point
+// never adds more than the frontier point that dominates it, so no k measurements of a table do
+// better than k of its frontier's points; with the plan's points forced, no search that walks
+// the plan first does better with k trials more.
+double BestHypervolumeOf(const std::vector<FrontierPoint>& frontier, size_t k, uint64_t budget,
+                         double t_ref, const std::vector<FrontierPoint>& forced = {});
 
 // One line of figures and the guided order, for logs and the bench; with `frontiers`, both
 // frontiers point by point as well.
