@@ -34,7 +34,8 @@
 // after the goal's share of the policies (25%, 15% of 150 or more) and the most any that many
 // trials could reach (replay::BestHypervolumeOf), alone and beginning with the initial plan's
 // trials (what a search that walks the plan can still reach), and after each trial of the order
-// {in braces}. The mla-moe16 tables (measured with every policy running) are replayed at 46, 58
+// {in braces}. After the recorded tables, every goal they miss, each with what it owes to
+// (Ledger). The mla-moe16 tables (measured with every policy running) are replayed at 46, 58
 // (the spec's) and 68 GiB: the low end of their frontier, the middle, and all but the control's
 // end. docs/results.md records them.
 #include <algorithm>
@@ -93,8 +94,70 @@ struct Tally {
   double worst_pooled_hv = 1e9, sum_pooled_hv = 0, worst_rec = 1e9;  // pooled classes
 };
 
+// The goals on the recorded tables, the frontier objective's replay of each: every check, and
+// each miss with what it owes to. A trial share is out of reach for a search that walks the
+// initial plan where the plan's trials and the rest of the goal's reach under the hypervolume goal
+// at best (Outcome::best_pooled_at_goal_after_plan); a recommendation is the rule's where the rule
+// given every policy measured once misses as well (Outcome::exhaustive_throughput_ratio); the
+// rest are the search's. The hypervolume by the pooled reading (the search's own draws); the
+// delivered reading (its frontier's policies at their pooled figures) is counted beside it.
+struct Ledger {
+  int replays = 0, checks = 0, after_plan = 0, rule = 0, search = 0, delivered = 0;
+  std::vector<std::string> misses;
+  void Add(const std::string& name, const replay::Outcome& o) {
+    char buf[320];
+    ++replays;
+    checks += 3;
+    auto miss = [&](int* cause, const char* fmt, auto... args) {
+      ++*cause;
+      std::snprintf(buf, sizeof(buf), fmt, args...);
+      misses.push_back(name + " " + buf);
+    };
+    const size_t policies = o.exhaustive_trials;
+    if (static_cast<double>(o.guided_trials) > replay::GoalShare(policies) * policies + 1e-9) {
+      if (o.best_pooled_at_goal_after_plan < replay::kTableHypervolumeGoal) {
+        miss(&after_plan,
+             "trials: %zu of %zu, goal %zu: out of reach after the plan (its %zu trials and the "
+             "rest reach %.4f at most; any %zu: %.4f)",
+             o.guided_trials, policies, o.goal_trials, o.plan_trials,
+             o.best_pooled_at_goal_after_plan, o.goal_trials, o.best_pooled_at_goal);
+      } else {
+        const size_t k = std::min(o.goal_trials, o.pooled_by_trials.size());
+        miss(&search,
+             "trials: %zu of %zu, goal %zu: the search's (pooled %.4f after its first %zu)",
+             o.guided_trials, policies, o.goal_trials, k > 0 ? o.pooled_by_trials[k - 1] : 0.0, k);
+      }
+    }
+    if (o.pooled_hypervolume_ratio < replay::kTableHypervolumeGoal) {
+      miss(&search, "hypervolume: %.4f (delivered %.4f): the search's", o.pooled_hypervolume_ratio,
+           o.delivered_hypervolume_ratio);
+    } else if (o.delivered_hypervolume_ratio < replay::kTableHypervolumeGoal) {
+      miss(&delivered, "hypervolume delivered: %.4f (pooled %.4f: met by that reading)",
+           o.delivered_hypervolume_ratio, o.pooled_hypervolume_ratio);
+    }
+    if (o.recommendation_throughput_ratio < replay::kRecommendationGoal) {
+      if (o.exhaustive_throughput_ratio < replay::kRecommendationGoal) {
+        miss(&rule, "recommendation: %.3f: the rule's (given every policy measured once: %.3f)",
+             o.recommendation_throughput_ratio, o.exhaustive_throughput_ratio);
+      } else {
+        miss(&search, "recommendation: %.3f: the search's (the rule given every policy: %.3f)",
+             o.recommendation_throughput_ratio, o.exhaustive_throughput_ratio);
+      }
+    }
+  }
+  void Print() const {
+    if (replays == 0) return;
+    for (const std::string& m : misses) std::printf("[miss] %s\n", m.c_str());
+    std::printf(
+        "goals on the recorded tables: %d replays, %d checks, %d missed: %d out of reach after "
+        "the plan, %d the recommendation rule's, %d the search's; by the delivered reading of "
+        "the hypervolume %d more\n",
+        replays, checks, after_plan + rule + search, after_plan, rule, search, delivered);
+  }
+};
+
 void Run(const std::string& name, SearchSpec spec, const replay::Table& table,
-         const replay::Draws& draws, Tally* frontier, Tally* recommend) {
+         const replay::Draws& draws, Tally* frontier, Tally* recommend, Ledger* ledger = nullptr) {
   if (g_noise_target >= 0) spec.search.noise_target = g_noise_target;
   for (Objective obj : {Objective::kFrontier, Objective::kRecommend}) {
     spec.search.objective = obj;
@@ -116,6 +179,7 @@ void Run(const std::string& name, SearchSpec spec, const replay::Table& table,
     t->worst_rec = std::min(t->worst_rec, o.recommendation_throughput_ratio);
     std::printf("[%s] %s\n", remat::search::Name(obj),
                 replay::Describe(name, o, g_frontiers).c_str());
+    if (ledger != nullptr && obj == Objective::kFrontier) ledger->Add(name, o);
   }
 }
 
@@ -268,6 +332,7 @@ int main(int argc, char** argv) {
                    source.c_str());
       return 2;
     }
+    Ledger ledger;
     for (const auto& [file, model, run] : tables) {
       const std::string name = file.substr(0, file.size() - 5);  // less ".json"
       auto spec = remat::spec::LoadSpecFile(source + "/examples/replay/h200-" + model + ".yaml");
@@ -314,13 +379,14 @@ int main(int argc, char** argv) {
         const std::string label =
             budgets.size() > 1 ? name + " @" + std::to_string(static_cast<int>(gib)) + "GiB" : name;
         Tally f, r;
-        Run(label, at, t, draws, &f, &r);
+        Run(label, at, t, draws, &f, &r, &ledger);
         Summary(label.c_str(), f, r);
         if (g_redeals > 0 && replay::HasFurtherRunOfEach(t, draws)) {
           Redeals(label, at, t, draws);
         }
       }
     }
+    ledger.Print();
   }
   return 0;
 }
