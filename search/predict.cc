@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <functional>
 #include <vector>
 
 #include "search/rules.h"
@@ -244,7 +242,7 @@ Prediction Predictor::PredictExcluding(const std::map<std::string, TrialResult>&
     // moe and shared_experts).
     Charges charges;
     if (!policy.IsFull()) {
-      if (measured_charges) charges.scales = LabelChargeScales(measured, exclude);
+      if (measured_charges) charges.scales = LabelChargeScales(measured);
       if (optimistic) {
         charges.discounted.insert(policy.labels.begin(), policy.labels.end());
         for (const auto& [key, r] : measured) {
@@ -262,30 +260,26 @@ Prediction Predictor::PredictExcluding(const std::map<std::string, TrialResult>&
 }
 
 std::map<Label, Predictor::LabelScale> Predictor::LabelChargeScales(
-    const std::map<std::string, TrialResult>& measured, const std::string& exclude) {
-  // Every pair of trials is O(n^2); a proposal predicts every untried policy from the same
-  // measurements, so the scales are kept until the measurements change (an O(n) fingerprint).
-  uint64_t key = 1469598103934665603ull;
-  auto mix = [&](uint64_t v) { key = (key ^ v) * 1099511628211ull; };
-  for (const auto& [k, r] : measured) {
-    mix(std::hash<std::string>{}(k));
-    mix(static_cast<uint64_t>(r.status));
-    mix(r.predicted);
-    uint64_t bits = 0;
-    std::memcpy(&bits, &r.tokens_per_s, sizeof(bits));
-    mix(bits);
+    const std::map<std::string, TrialResult>& measured) {
+  // Every pair of trials is O(n^2), and a proposal predicts every untried policy from the same
+  // measurements: computed again only when what it reads of them has changed (an O(n) check).
+  std::vector<std::tuple<std::string, bool, bool, double>> inputs;
+  inputs.reserve(measured.size());
+  for (const auto& [key, r] : measured) {
+    inputs.emplace_back(key, Usable(r), r.predicted, r.tokens_per_s);
   }
-  mix(std::hash<std::string>{}(exclude));
-  if (auto it = scales_cache_.find(key); it != scales_cache_.end()) return it->second;
-  if (scales_cache_.size() >= kScalesCacheEntries) scales_cache_.clear();
-  return scales_cache_[key] = ComputeLabelChargeScales(measured, exclude);
+  if (inputs != scales_inputs_ || scales_inputs_.empty()) {
+    scales_ = ComputeLabelChargeScales(measured);
+    scales_inputs_ = std::move(inputs);
+  }
+  return scales_;
 }
 
 std::map<Label, Predictor::LabelScale> Predictor::ComputeLabelChargeScales(
-    const std::map<std::string, TrialResult>& measured, const std::string& exclude) {
+    const std::map<std::string, TrialResult>& measured) {
   std::vector<const TrialResult*> ok;
   for (const auto& [key, r] : measured) {
-    if (key != exclude && Usable(r) && !r.predicted && !r.policy.IsFull()) ok.push_back(&r);
+    if (Usable(r) && !r.predicted && !r.policy.IsFull()) ok.push_back(&r);
   }
   std::map<Label, std::vector<double>> model, seen;
   for (const TrialResult* without : ok) {

@@ -30,11 +30,12 @@
 // strategy, used under its lock.
 #pragma once
 
-#include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "search/memory_model.h"
 #include "search/policy.h"
@@ -132,15 +133,13 @@ class Predictor {
   MemoryError MeasuredMemoryError(const std::map<std::string, TrialResult>& measured);
 
   // Each label's measured charge over the model's (see kMinLabelChargeScale), for the labels
-  // some pair of `measured` differs by; with the number of such pairs. `exclude`: a trial to
-  // leave out (the leave-one-out error).
+  // some pair of `measured` differs by; with the number of such pairs.
   struct LabelScale {
     double scale = 1;  // measured over modelled, within the bounds
     int pairs = 0;
     double measured = 0, modelled = 0;  // the medians over the pairs
   };
-  std::map<Label, LabelScale> LabelChargeScales(const std::map<std::string, TrialResult>& measured,
-                                                const std::string& exclude = "");
+  std::map<Label, LabelScale> LabelChargeScales(const std::map<std::string, TrialResult>& measured);
 
  private:
   // Predict, with the trial keyed `exclude` (if any) left out of `measured`; labels charged as
@@ -149,7 +148,7 @@ class Predictor {
                               const Policy& policy, const std::string& exclude,
                               bool optimistic = false, bool measured_charges = false);
   std::map<Label, LabelScale> ComputeLabelChargeScales(
-      const std::map<std::string, TrialResult>& measured, const std::string& exclude);
+      const std::map<std::string, TrialResult>& measured);
   std::optional<Prediction> PredictFamily(const std::map<std::string, TrialResult>& measured,
                                           const Policy& policy, const std::string& exclude);
   // How each label is charged in a prediction: the labels no trial ran (when optimistic) and
@@ -167,9 +166,11 @@ class Predictor {
   SearchSpec spec_;
   double model_flops_ = 1;
   std::map<std::string, MemoryEstimate> cache_;
-  // LabelChargeScales by a fingerprint of its arguments; cleared when full.
-  static constexpr size_t kScalesCacheEntries = 64;
-  std::map<uint64_t, std::map<Label, LabelScale>> scales_cache_;
+  // The last LabelChargeScales: what of its measurements it reads (each trial's key, whether
+  // it can anchor, whether it was predicted, its throughput), and what it gave. A proposal
+  // predicts every untried policy from the same measurements.
+  std::vector<std::tuple<std::string, bool, bool, double>> scales_inputs_;
+  std::map<Label, LabelScale> scales_;
 };
 
 }  // namespace remat::search

@@ -208,13 +208,17 @@ TEST(Predict, LabelChargesAreWhatPairsOfTrialsMeasure) {
   EXPECT_NEAR(scales.at(Label::kLayernorm).scale, 2, 1e-9);
   EXPECT_EQ(scales.at(Label::kMlp).scale, kMaxLabelChargeScale);
   EXPECT_EQ(scales.at(Label::kCoreAttn).pairs, 1);
-  // Left out, a trial's pairs are gone with it.
-  EXPECT_EQ(predictor.LabelChargeScales(measured, core.ToString()).count(Label::kCoreAttn), 0u);
   // [core_attn, layernorm] from its nearest measured neighbour, [core_attn] (both replay the
   // scores; layernorm saves little): layernorm charged twice the model's charge beside it.
   const Prediction p = predictor.Predict(measured, core_norm);
   EXPECT_NEAR(p.tokens_per_s,
               measured.at(core.ToString()).tokens_per_s / (1 + 2 * charge(core_norm, core)), 1e-6);
+  // The charges follow the measurements (they are kept between calls): a trial measured again,
+  // or one that no longer anchors, is charged anew.
+  measured[core.ToString()].tokens_per_s = 1000 / (1 + 1.5 * charge(core, none));
+  EXPECT_NEAR(predictor.LabelChargeScales(measured).at(Label::kCoreAttn).scale, 1.5, 1e-9);
+  measured[core.ToString()].status = TrialStatus::kOom;
+  EXPECT_EQ(predictor.LabelChargeScales(measured).count(Label::kCoreAttn), 0u);
 }
 
 TEST(Predict, FitTestUsesTheMeasuredErrorOnceThereAreEnoughTrials) {
